@@ -1,0 +1,296 @@
+//! The heartbeat: one task per `Locker` that renews every lease it holds,
+//! enforces validity deadlines and runs the `max_hold` watchdog.
+//!
+//! One task rather than one per lease so that a backend with batch renewal
+//! renews thousands of leases in a handful of round trips: leases due within
+//! a quarter interval of each other are renewed together, after which their
+//! schedules stay aligned.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant};
+use tracing::{debug, warn};
+
+use crate::lease::LeaseState;
+use crate::metrics::RenewalOutcome;
+use crate::{LeaseStatus, LockBackend, LossReason, RenewRequest};
+
+/// Most leases renewed in one `renew_many` call.
+const MAX_BATCH: usize = 1000;
+
+enum Command {
+    Track(Arc<LeaseState>),
+    Forget {
+        id: u64,
+        release: Option<Arc<LeaseState>>,
+    },
+}
+
+/// Sends leases to the heartbeat task. Cloned into every guard.
+#[derive(Clone, Debug)]
+pub(crate) struct HeartbeatHandle {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl HeartbeatHandle {
+    /// Starts the heartbeat task on the current tokio runtime.
+    pub(crate) fn spawn(backend: Arc<dyn LockBackend>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batch = backend.capabilities().batch_renew;
+        tokio::spawn(Heartbeat::new(backend, batch).run(rx));
+        Self { tx }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Starts renewing and watching `lease`. Returns false if the task is gone.
+    pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
+        self.tx.send(Command::Track(lease)).is_ok()
+    }
+
+    /// Stops renewing lease `id`; the caller releases it.
+    pub(crate) fn forget(&self, id: u64) {
+        let _ = self.tx.send(Command::Forget { id, release: None });
+    }
+
+    /// Stops renewing `lease` and releases it in the background. Never blocks,
+    /// so it is safe from `Drop`, even outside a runtime.
+    pub(crate) fn forget_and_release(&self, lease: Arc<LeaseState>) {
+        let id = lease.id;
+        let _ = self.tx.send(Command::Forget {
+            id,
+            release: Some(lease),
+        });
+    }
+}
+
+struct Entry {
+    lease: Arc<LeaseState>,
+    next_renew: Instant,
+    in_flight: bool,
+}
+
+type RenewResult = (u64, Instant, Result<LeaseStatus, String>);
+
+struct Heartbeat {
+    backend: Arc<dyn LockBackend>,
+    batch: bool,
+    entries: HashMap<u64, Entry>,
+    in_flight: JoinSet<Vec<RenewResult>>,
+}
+
+impl Heartbeat {
+    fn new(backend: Arc<dyn LockBackend>, batch: bool) -> Self {
+        Self {
+            backend,
+            batch,
+            entries: HashMap::new(),
+            in_flight: JoinSet::new(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            let wake = self
+                .next_wake()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                biased;
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.apply_command(cmd),
+                    None => break,
+                },
+                Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                    match done {
+                        Ok(results) => results.into_iter().for_each(|r| self.apply_result(r)),
+                        Err(e) => warn!(error = %e, "a renewal task failed"),
+                    }
+                }
+                _ = sleep_until(wake) => {}
+            }
+            self.sweep(Instant::now());
+        }
+        debug!("heartbeat stopped: no Locker or guard is left");
+    }
+
+    fn apply_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Track(lease) => {
+                let next_renew = lease.acquired_at + lease.interval;
+                self.entries.insert(
+                    lease.id,
+                    Entry {
+                        lease,
+                        next_renew,
+                        in_flight: false,
+                    },
+                );
+            }
+            Command::Forget { id, release } => {
+                self.entries.remove(&id);
+                if let Some(lease) = release {
+                    if lease.loss_reason() != Some(LossReason::Stolen) {
+                        self.release_in_background(lease);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The earliest instant at which some lease needs attention.
+    fn next_wake(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .flat_map(|e| {
+                let renew = (e.lease.auto_renew && !e.in_flight).then_some(e.next_renew);
+                [renew, e.lease.valid_until(), e.lease.hold_deadline]
+            })
+            .flatten()
+            .min()
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        let mut ended = Vec::new();
+        let mut due = Vec::new();
+        for (id, e) in &self.entries {
+            let lease = &e.lease;
+            if lease.loss_reason().is_none() && lease.hold_deadline.is_some_and(|h| now >= h) {
+                lease.mark_lost(LossReason::MaxHoldExceeded);
+            }
+            if lease.check_valid(now).is_err() {
+                ended.push(*id);
+                continue;
+            }
+            let slack = if self.batch {
+                lease.interval / 4
+            } else {
+                Duration::ZERO
+            };
+            if lease.auto_renew && !e.in_flight && e.next_renew <= now + slack {
+                due.push(*id);
+            }
+        }
+        for id in ended {
+            if let Some(e) = self.entries.remove(&id) {
+                if e.lease.loss_reason() != Some(LossReason::Stolen) {
+                    self.release_in_background(e.lease);
+                }
+            }
+        }
+        if !due.is_empty() {
+            self.dispatch(due);
+        }
+    }
+
+    fn dispatch(&mut self, due: Vec<u64>) {
+        let mut leases = Vec::with_capacity(due.len());
+        for id in &due {
+            if let Some(e) = self.entries.get_mut(id) {
+                e.in_flight = true;
+                e.lease.set_renew_in_flight(true);
+                leases.push(Arc::clone(&e.lease));
+            }
+        }
+        if self.batch {
+            for chunk in leases.chunks(MAX_BATCH) {
+                let chunk = chunk.to_vec();
+                let backend = Arc::clone(&self.backend);
+                self.in_flight
+                    .spawn(async move { renew_batch(backend, chunk).await });
+            }
+        } else {
+            for lease in leases {
+                let backend = Arc::clone(&self.backend);
+                self.in_flight.spawn(async move {
+                    let sent_at = Instant::now();
+                    let r = backend
+                        .renew(&lease.name, &lease.owner, lease.ttl)
+                        .await
+                        .map_err(|e| e.to_string());
+                    vec![(lease.id, sent_at, r)]
+                });
+            }
+        }
+    }
+
+    fn apply_result(&mut self, (id, sent_at, result): RenewResult) {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        entry.in_flight = false;
+        let lease = Arc::clone(&entry.lease);
+        lease.set_renew_in_flight(false);
+        let metrics = lease.metrics();
+        match result {
+            Ok(LeaseStatus::Held) => {
+                metrics.renewal(&lease.label, RenewalOutcome::Renewed);
+                lease.extend(sent_at);
+                entry.next_renew = sent_at + lease.interval;
+            }
+            Ok(status) => {
+                let (outcome, reason) = match status {
+                    LeaseStatus::Stolen => (RenewalOutcome::Stolen, LossReason::Stolen),
+                    _ => (RenewalOutcome::Expired, LossReason::Expired),
+                };
+                metrics.renewal(&lease.label, outcome);
+                lease.mark_lost(reason);
+                self.entries.remove(&id);
+            }
+            Err(message) => {
+                metrics.renewal(&lease.label, RenewalOutcome::Error);
+                lease.set_renew_failing();
+                warn!(lock = %lease.name, error = %message, "renewal failed; retrying while the lease is valid");
+                let retry = (lease.interval / 4).max(Duration::from_millis(5));
+                entry.next_renew = Instant::now() + retry;
+            }
+        }
+    }
+
+    fn release_in_background(&self, lease: Arc<LeaseState>) {
+        let backend = Arc::clone(&self.backend);
+        tokio::spawn(async move {
+            if let Err(e) = backend.release(&lease.name, &lease.owner).await {
+                warn!(lock = %lease.name, error = %e, "background release failed; the lease ends at its TTL");
+            }
+        });
+    }
+}
+
+async fn renew_batch(
+    backend: Arc<dyn LockBackend>,
+    leases: Vec<Arc<LeaseState>>,
+) -> Vec<RenewResult> {
+    let requests: Vec<RenewRequest> = leases
+        .iter()
+        .map(|l| RenewRequest {
+            name: l.name.clone(),
+            owner: l.owner,
+            ttl: l.ttl,
+        })
+        .collect();
+    let sent_at = Instant::now();
+    let answer = backend.renew_many(&requests).await;
+    let statuses: Vec<Result<LeaseStatus, String>> = match answer {
+        Ok(statuses) if statuses.len() == leases.len() => statuses.into_iter().map(Ok).collect(),
+        Ok(statuses) => {
+            let msg = format!(
+                "backend answered {} statuses for {} leases",
+                statuses.len(),
+                leases.len()
+            );
+            vec![Err(msg); leases.len()]
+        }
+        Err(e) => vec![Err(e.to_string()); leases.len()],
+    };
+    leases
+        .iter()
+        .zip(statuses)
+        .map(|(l, s)| (l.id, sent_at, s))
+        .collect()
+}

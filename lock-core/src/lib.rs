@@ -1,0 +1,62 @@
+//! Backend-independent distributed locking.
+//!
+//! A [`LockBackend`] makes single attempts against one lock service (Redis,
+//! Postgres, etcd, or the in-process memory backend). Everything that loops or
+//! waits lives here, once: the [`Locker`] acquires (once, or waiting with
+//! timeout and cancellation), a heartbeat renews every held lease at
+//! `ttl / 3`, a watchdog ends leases at their `max_hold`, and every outcome is
+//! counted in Prometheus metrics.
+//!
+//! # What a lease promises
+//!
+//! - **Mutual exclusion** while the backend's lease is valid, and **owner-only
+//!   renewal and release** by a 128-bit [`OwnerToken`].
+//! - **Local validity.** A lease is valid locally until
+//!   `request_sent_at + ttl - drift`, counted on the monotonic clock from when
+//!   the last successful acquire or renew request was *sent*.
+//!   [`LeaseHandle::assert_held`] fails after that instant even if the
+//!   heartbeat never ran, so a paused or starved process does not trust a stale
+//!   flag.
+//! - **Fail closed.** Losing a lease (stolen, expired, backend down past the
+//!   deadline, `max_hold` reached) fires the lease's cancellation token, makes
+//!   `assert_held` fail, and aborts a [`Locker::with_lock`] job; a backend
+//!   that cannot be reached at acquire time means the job does not run.
+//! - **Fencing tokens** where the backend issues them: pass
+//!   [`LeaseHandle::fencing_token`] to the protected resource and have it
+//!   reject lower tokens. A lease cannot stop a paused process from believing
+//!   it is still inside its critical section; a fencing token can stop its
+//!   writes from landing.
+//!
+//! # Examples
+//!
+//! See [`Locker`].
+#![forbid(unsafe_code)]
+
+mod backend;
+mod error;
+mod heartbeat;
+mod lease;
+mod local;
+mod locker;
+mod metrics;
+mod name;
+mod options;
+mod outcome;
+mod token;
+mod wait;
+
+pub use backend::{
+    AcquireAttempt, Capabilities, Expiry, Lease, LeaseStatus, LockBackend, ReleaseOutcome,
+    ReleaseSignal, RenewRequest,
+};
+pub use error::{BackendError, BackendErrorKind, Error, LossReason, Result};
+pub use lease::{LeaseHandle, LockGuard};
+pub use locker::{Locker, LockerBuilder};
+pub use metrics::{AcquireOutcome, LockMetrics, RenewalOutcome};
+pub use name::{LockName, MAX_NAME_LEN};
+pub use options::LockOptions;
+pub use outcome::{RunOutcome, SkipReason};
+pub use token::OwnerToken;
+
+/// Re-exported so backends and callers name the same `async_trait`.
+pub use async_trait::async_trait;

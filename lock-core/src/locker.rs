@@ -1,0 +1,494 @@
+//! The [`Locker`]: acquires locks through a backend and keeps them.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus::Registry;
+use tokio::time::{sleep, sleep_until, Instant};
+use tracing::warn;
+
+use crate::heartbeat::HeartbeatHandle;
+use crate::lease::{LeaseParts, LeaseState};
+use crate::local::{LocalClaim, LocalClaims};
+use crate::metrics::AcquireOutcome;
+use crate::wait::Backoff;
+use crate::{
+    AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Error, LockBackend, LockGuard,
+    LockMetrics, LockName, LockOptions, OwnerToken, Result, RunOutcome, SkipReason,
+};
+
+/// Acquires and holds distributed locks through one backend.
+///
+/// Build one per process and clone it freely: clones share the backend, the
+/// in-process guard (a name held or being acquired through any clone is
+/// denied locally without a backend call), the heartbeat task and the metrics.
+///
+/// # Examples
+///
+/// ```
+/// # async fn demo(backend: impl lock_core::LockBackend + 'static) -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::{LockName, LockOptions, Locker, RunOutcome};
+///
+/// let locker = Locker::new(backend)?;
+/// let name = LockName::new("reports/nightly")?;
+/// let opts = LockOptions::new(Duration::from_secs(30)).with_max_hold(Duration::from_secs(600));
+/// match locker.with_lock(&name, &opts, |lease| async move {
+///     lease.assert_held()?; // before every unsafe write
+///     Ok::<_, lock_core::Error>(42)
+/// }).await? {
+///     RunOutcome::Completed(value) => println!("ran: {value:?}"),
+///     RunOutcome::Skipped(why) => println!("skipped: {why:?}"),
+///     RunOutcome::Aborted(reason) => println!("lock lost: {reason}"),
+///     _ => {}
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Option<Arc<dyn LockBackend>>,
+    capabilities: Option<Capabilities>,
+    lock_required: bool,
+    metrics: LockMetrics,
+    claims: Arc<LocalClaims>,
+    heartbeat: Mutex<Option<HeartbeatHandle>>,
+    next_id: AtomicU64,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.inner.backend)
+            .field("lock_required", &self.inner.lock_required)
+            .finish()
+    }
+}
+
+/// Builds a [`Locker`].
+#[derive(Default)]
+pub struct LockerBuilder {
+    backend: Option<Arc<dyn LockBackend>>,
+    metrics: Option<LockMetrics>,
+    registry: Option<Registry>,
+    lock_required: bool,
+}
+
+impl fmt::Debug for LockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockerBuilder")
+            .field("backend", &self.backend)
+            .field("lock_required", &self.lock_required)
+            .finish()
+    }
+}
+
+impl LockerBuilder {
+    /// Uses `backend`. Without one, the `Locker` runs in unlocked mode.
+    pub fn backend(mut self, backend: impl LockBackend + 'static) -> Self {
+        self.backend = Some(Arc::new(backend));
+        self
+    }
+
+    /// Uses an already shared backend.
+    pub fn backend_arc(mut self, backend: Arc<dyn LockBackend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// Reports into `metrics` (shared with other `Locker`s).
+    pub fn metrics(mut self, metrics: LockMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Registers fresh metrics in `registry` at [`LockerBuilder::build`].
+    pub fn registry(mut self, registry: &Registry) -> Self {
+        self.registry = Some(registry.clone());
+        self
+    }
+
+    /// Refuses to run anything when no backend is configured, instead of
+    /// falling back to the in-process guard.
+    pub fn lock_required(mut self, required: bool) -> Self {
+        self.lock_required = required;
+        self
+    }
+
+    /// Builds the `Locker`. Metrics default to the process's default registry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the metrics cannot be registered.
+    pub fn build(self) -> Result<Locker> {
+        let metrics = match (self.metrics, self.registry) {
+            (Some(m), _) => m,
+            (None, Some(r)) => LockMetrics::register(&r)?,
+            (None, None) => LockMetrics::default_registry()?,
+        };
+        let capabilities = self.backend.as_ref().map(|b| b.capabilities());
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                capabilities,
+                lock_required: self.lock_required,
+                metrics,
+                claims: Arc::default(),
+                heartbeat: Mutex::new(None),
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+}
+
+/// Whether an attempt records a denial in metrics (a waiting acquire records
+/// only its final outcome, not every poll).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CountDenials {
+    Yes,
+    No,
+}
+
+impl Locker {
+    /// A `Locker` over `backend`, reporting into the default registry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the metrics cannot be registered.
+    pub fn new(backend: impl LockBackend + 'static) -> Result<Self> {
+        Self::builder().backend(backend).build()
+    }
+
+    /// A `Locker` with no backend: jobs run behind the in-process guard only,
+    /// with a warning on every run. Safe for one replica only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the metrics cannot be registered.
+    pub fn unlocked() -> Result<Self> {
+        Self::builder().build()
+    }
+
+    /// Starts a builder.
+    pub fn builder() -> LockerBuilder {
+        LockerBuilder::default()
+    }
+
+    /// The backend, if one is configured.
+    pub fn backend(&self) -> Option<&Arc<dyn LockBackend>> {
+        self.inner.backend.as_ref()
+    }
+
+    /// The backend's capabilities, if one is configured.
+    pub fn capabilities(&self) -> Option<&Capabilities> {
+        self.inner.capabilities.as_ref()
+    }
+
+    /// The metrics this `Locker` reports into.
+    pub fn metrics(&self) -> &LockMetrics {
+        &self.inner.metrics
+    }
+
+    /// Tries once to acquire `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Contended`] (held elsewhere), [`Error::HeldLocally`],
+    /// [`Error::Unavailable`] (backend failed; fail closed),
+    /// [`Error::LockRequired`], or [`Error::Config`] for bad options.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped after the backend granted the
+    /// lock, the lock is released in the background.
+    pub async fn try_lock(&self, name: &LockName, opts: &LockOptions) -> Result<LockGuard> {
+        self.validate(opts)?;
+        self.attempt(name, opts, CountDenials::Yes).await
+    }
+
+    /// Acquires `name`, waiting while it is held (here or elsewhere) until the
+    /// options' acquire timeout. Waiters wake on the backend's release
+    /// notification where it has one, otherwise poll with jittered backoff.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the timeout passes; [`Error::Unavailable`] at
+    /// once if the backend fails (fail closed); as [`Locker::try_lock`] otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future stops waiting and leaves nothing
+    /// behind (a lock granted at that moment is released in the background).
+    pub async fn lock(&self, name: &LockName, opts: &LockOptions) -> Result<LockGuard> {
+        self.validate(opts)?;
+        let started = Instant::now();
+        let deadline = opts.acquire_timeout().map(|t| started + t);
+        let notify = self
+            .inner
+            .capabilities
+            .as_ref()
+            .is_some_and(|c| c.release_notify);
+        let mut backoff = Backoff::new(opts.ttl());
+        loop {
+            let signal = match (&self.inner.backend, notify) {
+                (Some(b), true) => b.subscribe_release(name).await.ok().flatten(),
+                _ => None,
+            };
+            let local_freed = self.inner.claims.freed();
+            tokio::pin!(local_freed);
+            local_freed.as_mut().enable();
+            match self.attempt(name, opts, CountDenials::No).await {
+                Err(Error::Contended { .. } | Error::HeldLocally { .. }) => {}
+                other => return other,
+            }
+            let nap = backoff.next_sleep();
+            let far = Instant::now() + nap + nap;
+            tokio::select! {
+                _ = async { if let Some(s) = signal { s.await } else { std::future::pending().await } } => {}
+                _ = &mut local_freed => {}
+                _ = sleep(nap) => {}
+                _ = sleep_until(deadline.unwrap_or(far)), if deadline.is_some() => {
+                    self.inner.metrics.acquisition(&label_for(name, opts), AcquireOutcome::Denied);
+                    return Err(Error::Timeout { name: name.clone(), waited: started.elapsed() });
+                }
+            }
+        }
+    }
+
+    /// Runs `job` while holding `name`, if it can be acquired now.
+    ///
+    /// The job receives a [`LeaseHandle`](crate::LeaseHandle); it should call
+    /// `assert_held()` before every unsafe write. If the lock is lost while the
+    /// job runs (stolen, expired, backend down past the deadline, or `max_hold`
+    /// reached), the job's future is dropped at once and the run is
+    /// [`RunOutcome::Aborted`]. After the job returns, ownership is verified
+    /// with the backend once more before the run counts as completed; then the
+    /// lock is released.
+    ///
+    /// # Errors
+    ///
+    /// Only for bad input ([`Error::Config`], [`Error::Entropy`]); every other
+    /// situation is a [`RunOutcome`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the job and releases the lock in the background.
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        job: F,
+    ) -> Result<RunOutcome<T>>
+    where
+        F: FnOnce(crate::LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = match self.try_lock(name, opts).await {
+            Ok(g) => g,
+            Err(e) => return skip_reason(e).map(RunOutcome::Skipped),
+        };
+        let handle = guard.handle();
+        let work = job(handle.clone());
+        let value = tokio::select! {
+            biased;
+            reason = handle.lost() => return Ok(RunOutcome::Aborted(reason)),
+            value = work => value,
+        };
+        match handle.verify().await {
+            Ok(()) => {}
+            Err(Error::LockLost { reason, .. }) => return Ok(RunOutcome::Aborted(reason)),
+            Err(e) => {
+                // The backend cannot confirm; the local deadline still can.
+                warn!(lock = %name, error = %e, "could not re-verify the lock after the job; relying on its local deadline");
+                if let Err(Error::LockLost { reason, .. }) = handle.assert_held() {
+                    return Ok(RunOutcome::Aborted(reason));
+                }
+            }
+        }
+        if let Err(e) = guard.release().await {
+            warn!(lock = %name, error = %e, "release after a completed run failed");
+        }
+        Ok(RunOutcome::Completed(value))
+    }
+
+    fn validate(&self, opts: &LockOptions) -> Result<()> {
+        let min_ttl = self
+            .inner
+            .capabilities
+            .as_ref()
+            .map(|c| c.min_ttl)
+            .unwrap_or_default();
+        opts.validate(min_ttl)
+    }
+
+    async fn attempt(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        count: CountDenials,
+    ) -> Result<LockGuard> {
+        let label = label_for(name, opts);
+        let metrics = &self.inner.metrics;
+        let Some(claim) = self.inner.claims.claim(name) else {
+            if count == CountDenials::Yes {
+                metrics.acquisition(&label, AcquireOutcome::DeniedLocal);
+            }
+            return Err(Error::HeldLocally { name: name.clone() });
+        };
+        let Some(backend) = self.inner.backend.clone() else {
+            return self.unlocked_guard(name, opts, label, claim);
+        };
+        let owner = OwnerToken::generate()?;
+        let mut cleanup = ReleaseOnDrop::arm(Arc::clone(&backend), name.clone(), owner);
+        let sent_at = Instant::now();
+        let attempt = backend.try_acquire(name, &owner, opts.ttl()).await;
+        let lease = match attempt {
+            Ok(AcquireAttempt::Acquired(lease)) => lease,
+            Ok(_) => {
+                cleanup.disarm();
+                if count == CountDenials::Yes {
+                    metrics.acquisition(&label, AcquireOutcome::Denied);
+                }
+                return Err(Error::Contended { name: name.clone() });
+            }
+            Err(source) => {
+                // The request may have reached the server; keep the cleanup armed.
+                let outcome = if source.kind().is_unavailable() {
+                    AcquireOutcome::Unavailable
+                } else {
+                    AcquireOutcome::Error
+                };
+                metrics.acquisition(&label, outcome);
+                warn!(lock = %name, error = %source, "lock backend failed on acquire; not running (fail closed)");
+                return Err(Error::Unavailable {
+                    name: name.clone(),
+                    source,
+                });
+            }
+        };
+        if Instant::now() >= sent_at + opts.ttl() - opts.drift() {
+            // The grant arrived after its own validity ran out (X5): unusable.
+            metrics.acquisition(&label, AcquireOutcome::Unavailable);
+            return Err(Error::Unavailable {
+                name: name.clone(),
+                source: BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!("acquire took longer than the TTL of {:?}", opts.ttl()),
+                ),
+            });
+        }
+        cleanup.disarm();
+        metrics.acquisition(&label, AcquireOutcome::Acquired);
+        let state = Arc::new(LeaseState::new(LeaseParts {
+            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            name: name.clone(),
+            owner,
+            fencing: lease.fencing_token,
+            label,
+            options: opts.clone(),
+            sent_at,
+            backend: Some(Arc::clone(&backend)),
+            metrics: metrics.clone(),
+        }));
+        let heartbeat = self.heartbeat(&backend);
+        heartbeat.track(Arc::clone(&state));
+        Ok(LockGuard::new(state, Some(heartbeat), claim))
+    }
+
+    fn unlocked_guard(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        label: String,
+        claim: LocalClaim,
+    ) -> Result<LockGuard> {
+        let metrics = &self.inner.metrics;
+        if self.inner.lock_required {
+            metrics.acquisition(&label, AcquireOutcome::Unavailable);
+            return Err(Error::LockRequired { name: name.clone() });
+        }
+        warn!(lock = %name, "running without a distributed lock: no backend is configured; this is only safe with a single replica");
+        metrics.acquisition(&label, AcquireOutcome::Unlocked);
+        let state = Arc::new(LeaseState::new(LeaseParts {
+            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            name: name.clone(),
+            owner: OwnerToken::generate()?,
+            fencing: None,
+            label,
+            options: opts.clone(),
+            sent_at: Instant::now(),
+            backend: None,
+            metrics: metrics.clone(),
+        }));
+        Ok(LockGuard::new(state, None, claim))
+    }
+
+    /// The heartbeat task, started on first use (and restarted if the runtime
+    /// that ran it has gone).
+    fn heartbeat(&self, backend: &Arc<dyn LockBackend>) -> HeartbeatHandle {
+        let mut slot = self
+            .inner
+            .heartbeat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match slot.as_ref() {
+            Some(hb) if !hb.is_closed() => hb.clone(),
+            _ => {
+                let hb = HeartbeatHandle::spawn(Arc::clone(backend));
+                *slot = Some(hb.clone());
+                hb
+            }
+        }
+    }
+}
+
+fn label_for(name: &LockName, opts: &LockOptions) -> String {
+    opts.metric_label()
+        .map_or_else(|| name.as_str().to_owned(), str::to_owned)
+}
+
+fn skip_reason(e: Error) -> Result<SkipReason> {
+    match e {
+        Error::Contended { .. } => Ok(SkipReason::HeldElsewhere),
+        Error::HeldLocally { .. } => Ok(SkipReason::HeldLocally),
+        Error::Unavailable { source, .. } => Ok(SkipReason::Unavailable(source)),
+        Error::LockRequired { .. } => Ok(SkipReason::LockRequired),
+        other => Err(other),
+    }
+}
+
+/// Releases an owner token if an acquire is abandoned midway, so a cancelled
+/// or failed acquire leaves no lock behind on the server.
+struct ReleaseOnDrop {
+    armed: Option<(Arc<dyn LockBackend>, LockName, OwnerToken)>,
+}
+
+impl ReleaseOnDrop {
+    fn arm(backend: Arc<dyn LockBackend>, name: LockName, owner: OwnerToken) -> Self {
+        Self {
+            armed: Some((backend, name, owner)),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let Some((backend, name, owner)) = self.armed.take() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = backend.release(&name, &owner).await;
+            });
+        }
+    }
+}

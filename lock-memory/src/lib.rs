@@ -1,0 +1,339 @@
+//! An in-process [`LockBackend`]: the embedded default.
+//!
+//! Locks live in a map shared by every clone of one [`MemoryBackend`], so
+//! several [`Locker`](lock_core::Locker)s over clones of it behave like
+//! replicas sharing one lock server. Expiry uses tokio's clock, which lets
+//! tests pause and advance time exactly.
+//!
+//! It coordinates tasks of one process only: use it for single-replica
+//! deployments, development and tests, and a server backend for more replicas.
+//!
+//! The saboteur methods ([`MemoryBackend::steal`], [`MemoryBackend::expire`])
+//! change a lease behind its holder's back, the way another client or an
+//! operator could on a real server.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use lock_core::{
+    async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, Lease, LeaseStatus,
+    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+};
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, Instant};
+
+/// Above this many entries, expired ones are purged on acquire.
+const PURGE_THRESHOLD: usize = 1024;
+
+/// The in-process lock backend. Clones share the same locks.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::{Locker, LockName, LockOptions};
+/// use lock_memory::MemoryBackend;
+///
+/// let backend = MemoryBackend::new();
+/// let a = Locker::builder().backend(backend.clone()).registry(&Default::default()).build()?;
+/// let b = Locker::builder().backend(backend).registry(&Default::default()).build()?;
+/// let name = LockName::new("job")?;
+/// let opts = LockOptions::new(Duration::from_secs(5));
+/// let guard = a.try_lock(&name, &opts).await?;
+/// assert!(b.try_lock(&name, &opts).await.is_err());
+/// guard.release().await?;
+/// assert!(b.try_lock(&name, &opts).await.is_ok());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBackend {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    fence: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: HashMap<LockName, Entry>,
+    waiters: HashMap<LockName, Arc<Notify>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    owner: OwnerToken,
+    expires_at: Instant,
+}
+
+impl State {
+    /// The live entry for `name`, dropping it if it has expired.
+    fn live(&mut self, name: &LockName, now: Instant) -> Option<Entry> {
+        match self.locks.get(name) {
+            Some(e) if e.expires_at > now => Some(*e),
+            Some(_) => {
+                self.locks.remove(name);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn status(&mut self, name: &LockName, owner: &OwnerToken, now: Instant) -> LeaseStatus {
+        match self.live(name, now) {
+            Some(e) if e.owner == *owner => LeaseStatus::Held,
+            Some(_) => LeaseStatus::Stolen,
+            None => LeaseStatus::Expired,
+        }
+    }
+
+    fn renew(
+        &mut self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        now: Instant,
+    ) -> LeaseStatus {
+        let status = self.status(name, owner, now);
+        if status == LeaseStatus::Held {
+            if let Some(e) = self.locks.get_mut(name) {
+                e.expires_at = now + ttl;
+            }
+        }
+        status
+    }
+
+    fn wake(&mut self, name: &LockName) {
+        if let Some(n) = self.waiters.remove(name) {
+            n.notify_waiters();
+        }
+    }
+}
+
+impl MemoryBackend {
+    /// An empty backend.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section is a single map update, so a poisoned lock
+        // cannot hold a half-applied change.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Saboteur: hands `name` to a new owner for `ttl`, as another client
+    /// overwriting the key would. Returns the thief's token, or `None` if the
+    /// lock was not held.
+    pub fn steal(&self, name: &LockName, ttl: Duration) -> Option<OwnerToken> {
+        let thief = OwnerToken::generate().ok()?;
+        let now = Instant::now();
+        let mut st = self.state();
+        st.live(name, now)?;
+        st.locks.insert(
+            name.clone(),
+            Entry {
+                owner: thief,
+                expires_at: now + ttl,
+            },
+        );
+        Some(thief)
+    }
+
+    /// Saboteur: deletes `name` as if its TTL had run out. Returns whether a
+    /// live lease was removed.
+    pub fn expire(&self, name: &LockName) -> bool {
+        let now = Instant::now();
+        let mut st = self.state();
+        let removed = st.live(name, now).is_some();
+        st.locks.remove(name);
+        st.wake(name);
+        removed
+    }
+
+    /// The owner currently holding `name`, if any.
+    pub fn holder(&self, name: &LockName) -> Option<OwnerToken> {
+        self.state().live(name, Instant::now()).map(|e| e.owner)
+    }
+
+    /// How many live leases exist.
+    pub fn live_leases(&self) -> usize {
+        let now = Instant::now();
+        self.state()
+            .locks
+            .values()
+            .filter(|e| e.expires_at > now)
+            .count()
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Expiry::Ttl)
+            .with_fencing(true)
+            .with_batch_renew(true)
+            .with_release_notify(true)
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let now = Instant::now();
+        let mut st = self.state();
+        if st.locks.len() > PURGE_THRESHOLD {
+            st.locks.retain(|_, e| e.expires_at > now);
+        }
+        if st.live(name, now).is_some() {
+            return Ok(AcquireAttempt::Held);
+        }
+        st.locks.insert(
+            name.clone(),
+            Entry {
+                owner: *owner,
+                expires_at: now + ttl,
+            },
+        );
+        // One counter for all names: strictly increasing per name as required,
+        // without keeping a counter per name ever used.
+        let fence = self.shared.fence.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(AcquireAttempt::Acquired(Lease::new(Some(fence))))
+    }
+
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        Ok(self.state().renew(name, owner, ttl, Instant::now()))
+    }
+
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        Ok(self.state().status(name, owner, Instant::now()))
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        let now = Instant::now();
+        let mut st = self.state();
+        match st.status(name, owner, now) {
+            LeaseStatus::Held => {
+                st.locks.remove(name);
+                st.wake(name);
+                Ok(ReleaseOutcome::Released)
+            }
+            _ => Ok(ReleaseOutcome::NotHeld),
+        }
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        let now = Instant::now();
+        let mut st = self.state();
+        Ok(requests
+            .iter()
+            .map(|r| st.renew(&r.name, &r.owner, r.ttl, now))
+            .collect())
+    }
+
+    async fn subscribe_release(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
+        let now = Instant::now();
+        let mut st = self.state();
+        let expires_at = st.live(name, now).map(|e| e.expires_at);
+        let notify = Arc::clone(st.waiters.entry(name.clone()).or_default());
+        drop(st);
+        let mut notified = Box::pin(notify.notified_owned());
+        notified.as_mut().enable();
+        Ok(Some(ReleaseSignal::new(async move {
+            // A lease that simply runs out wakes nobody; its expiry instant does.
+            match expires_at {
+                Some(at) => {
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = sleep_until(at) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> LockName {
+        LockName::new(s).expect("valid name")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expires_after_ttl_and_compares_on_owner() -> Result<(), Box<dyn std::error::Error>> {
+        let b = MemoryBackend::new();
+        let (a, other) = (OwnerToken::generate()?, OwnerToken::generate()?);
+        let n = name("x");
+        let ttl = Duration::from_secs(1);
+        assert!(matches!(
+            b.try_acquire(&n, &a, ttl).await?,
+            AcquireAttempt::Acquired(_)
+        ));
+        assert_eq!(b.try_acquire(&n, &other, ttl).await?, AcquireAttempt::Held);
+        assert_eq!(b.renew(&n, &other, ttl).await?, LeaseStatus::Stolen);
+        assert_eq!(b.release(&n, &other).await?, ReleaseOutcome::NotHeld);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(b.check(&n, &a).await?, LeaseStatus::Held);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(b.check(&n, &a).await?, LeaseStatus::Expired);
+        assert_eq!(b.renew(&n, &a, ttl).await?, LeaseStatus::Expired);
+        assert_eq!(
+            b.holder(&n),
+            None,
+            "an expired lease is never re-created by renew"
+        );
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_wakes_a_subscriber() -> Result<(), Box<dyn std::error::Error>> {
+        let b = MemoryBackend::new();
+        let a = OwnerToken::generate()?;
+        let n = name("x");
+        b.try_acquire(&n, &a, Duration::from_secs(60)).await?;
+        let signal = b.subscribe_release(&n).await?.ok_or("memory notifies")?;
+        let start = Instant::now();
+        let b2 = b.clone();
+        let n2 = n.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let _ = b2.release(&n2, &a).await;
+        });
+        signal.await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        Ok(())
+    }
+}
