@@ -1,1 +1,23 @@
-//! placeholder
+//! The conformance suite: every case written once, run against every backend.
+//!
+//! A backend joins by implementing [`BackendFactory`] (independent replicas,
+//! a [`Saboteur`] that acts from outside, a timing profile) and adding one
+//! line to `tests/conformance.rs`. Cases are chosen by the backend's
+//! [`Capabilities`](lock_core::Capabilities), never by its name, and each run
+//! uses its own random name prefix.
+//!
+//! Servers come from, in order: an URL in the environment, a private server
+//! the [`harness`] starts from the binary on `PATH`, or (with the `docker`
+//! feature) a container. With `CI=true`, a backend whose server cannot be had
+//! fails the run instead of being skipped.
+
+pub mod backends;
+pub mod cases;
+pub mod factory;
+pub mod faulty;
+pub mod harness;
+pub mod observe;
+pub mod suite;
+
+pub use factory::{BackendFactory, BoxError, Ctx, Replica, Saboteur, Timing};
+pub use suite::Suite;

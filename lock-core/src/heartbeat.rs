@@ -3,7 +3,7 @@
 //!
 //! One task rather than one per lease so that a backend with batch renewal
 //! renews thousands of leases in a handful of round trips: leases due within
-//! a quarter interval of each other are renewed together, after which their
+//! an eighth of an interval of each other are renewed together, after which their
 //! schedules stay aligned.
 
 use std::collections::HashMap;
@@ -167,8 +167,11 @@ impl Heartbeat {
                 ended.push(*id);
                 continue;
             }
+            // Batching slack: renew a little early to share a round trip. It
+            // must stay below the retry delay, or a failed renewal would be due
+            // again in the same sweep and spin.
             let slack = if self.batch {
-                lease.interval / 4
+                lease.interval / 8
             } else {
                 Duration::ZERO
             };

@@ -242,15 +242,18 @@ impl Locker {
             let local_freed = self.inner.claims.freed();
             tokio::pin!(local_freed);
             local_freed.as_mut().enable();
-            match self.attempt(name, opts, CountDenials::No).await {
-                Err(Error::Contended { .. } | Error::HeldLocally { .. }) => {}
+            // Only a local denial waits for a local release: a remote denial
+            // drops this attempt's own claim, which would wake us at once.
+            let held_locally = match self.attempt(name, opts, CountDenials::No).await {
+                Err(Error::HeldLocally { .. }) => true,
+                Err(Error::Contended { .. }) => false,
                 other => return other,
-            }
+            };
             let nap = backoff.next_sleep();
             let far = Instant::now() + nap + nap;
             tokio::select! {
                 _ = async { if let Some(s) = signal { s.await } else { std::future::pending().await } } => {}
-                _ = &mut local_freed => {}
+                _ = &mut local_freed, if held_locally => {}
                 _ = sleep(nap) => {}
                 _ = sleep_until(deadline.unwrap_or(far)), if deadline.is_some() => {
                     self.inner.metrics.acquisition(&label_for(name, opts), AcquireOutcome::Denied);

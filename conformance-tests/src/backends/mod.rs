@@ -1,0 +1,3 @@
+//! Factories for each backend compiled into the suite.
+
+pub mod memory;

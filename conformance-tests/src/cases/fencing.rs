@@ -1,0 +1,39 @@
+use std::sync::{Arc, Mutex};
+
+use crate::Ctx;
+
+/// Fencing tokens strictly increase across holders on different replicas.
+pub(super) async fn fencing_tokens_increase(ctx: Ctx) {
+    let name = ctx.name("fenced");
+    let opts = ctx.opts().with_acquire_timeout(ctx.timing().ttl * 30);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let replica = ctx.replica().await;
+        let (name, opts, seen) = (name.clone(), opts.clone(), Arc::clone(&seen));
+        workers.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let guard = replica.locker.lock(&name, &opts).await.expect("acquire");
+                let token = guard
+                    .fencing_token()
+                    .expect("a fencing backend issues tokens");
+                // Pushed while holding the lock, so the order is the order of holders.
+                seen.lock().expect("lock").push(token);
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    let seen = seen.lock().expect("lock");
+    assert_eq!(seen.len(), 80);
+    for pair in seen.windows(2) {
+        assert!(
+            pair[1] > pair[0],
+            "fencing token went from {} to {}",
+            pair[0],
+            pair[1]
+        );
+    }
+}

@@ -1,0 +1,80 @@
+//! The conformance cases. Each is written once and runs for every backend
+//! whose capabilities it needs.
+
+mod blocking;
+mod exclusion;
+mod fencing;
+mod input;
+mod local;
+mod loss;
+mod metrics;
+mod model;
+mod renewal;
+mod watchdog;
+
+use std::time::Duration;
+
+use crate::suite::{Case, CaseFn, Requires};
+
+macro_rules! case {
+    ($module:ident :: $name:ident, $req:expr) => {
+        Case {
+            name: stringify!($name),
+            requires: $req,
+            run: CaseFn::Async(|ctx| Box::pin($module::$name(ctx))),
+        }
+    };
+}
+
+/// Every case, in the order they are listed in test output.
+pub static ALL: &[Case] = &[
+    case!(exclusion::mutual_exclusion, Requires::Nothing),
+    case!(renewal::renewal_keeps_lease_alive, Requires::Nothing),
+    case!(renewal::deadline_without_heartbeat, Requires::Nothing),
+    case!(
+        renewal::stalled_renewal_fails_closed_at_deadline,
+        Requires::Nothing
+    ),
+    case!(loss::theft_is_detected, Requires::Nothing),
+    case!(loss::expiry_is_detected, Requires::Nothing),
+    case!(loss::stale_holder_cannot_touch_successor, Requires::Nothing),
+    case!(loss::release_after_loss_reports_lost, Requires::Nothing),
+    case!(watchdog::max_hold_aborts_and_frees, Requires::Nothing),
+    case!(local::in_process_guard, Requires::Nothing),
+    case!(local::unlocked_mode, Requires::Nothing),
+    case!(local::fail_closed_when_backend_down, Requires::Nothing),
+    case!(
+        local::fail_closed_when_server_unreachable,
+        Requires::Nothing
+    ),
+    case!(
+        local::backend_failure_mid_job_aborts_before_deadline,
+        Requires::Nothing
+    ),
+    case!(fencing::fencing_tokens_increase, Requires::Fencing),
+    case!(
+        blocking::blocking_acquire_wakes_on_release,
+        Requires::Nothing
+    ),
+    case!(blocking::blocking_acquire_times_out, Requires::Nothing),
+    case!(
+        blocking::cancelled_acquire_leaves_nothing,
+        Requires::Nothing
+    ),
+    case!(metrics::metrics_track_outcomes, Requires::Nothing),
+    case!(input::bad_input_is_rejected, Requires::Nothing),
+    Case {
+        name: "model_agrees",
+        requires: Requires::PausedClock,
+        run: CaseFn::Blocking(model::model_agrees),
+    },
+];
+
+/// Asserts `actual` lies in `[low, high]`, naming what was measured.
+#[track_caller]
+pub(crate) fn assert_between(what: &str, actual: Duration, low: Duration, high: Duration) {
+    assert!(
+        actual >= low && actual <= high,
+        "{what}: {actual:?} is outside [{low:?}, {high:?}]"
+    );
+}

@@ -1,0 +1,95 @@
+use lock_core::{Error, LossReason, RenewalOutcome};
+use std::sync::Arc;
+use tokio::time::{sleep, Instant};
+
+use super::assert_between;
+use crate::faulty::{Fault, FaultyBackend};
+use crate::Ctx;
+
+/// The heartbeat keeps a lease for 3.5 × TTL; nobody else gets it meanwhile.
+pub(super) async fn renewal_keeps_lease_alive(ctx: Ctx) {
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let name = ctx.name("renewed");
+    let ttl = ctx.timing().ttl;
+    let guard = a
+        .locker
+        .try_lock(&name, &ctx.opts())
+        .await
+        .expect("free lock");
+    let until = Instant::now() + ttl * 7 / 2;
+    while Instant::now() < until {
+        assert!(
+            matches!(
+                b.locker.try_lock(&name, &ctx.opts()).await,
+                Err(Error::Contended { .. })
+            ),
+            "another replica acquired a renewed lease"
+        );
+        guard.assert_held().expect("renewed lease stays valid");
+        sleep(ttl / 4).await;
+    }
+    let renewed = a.metrics.renewals(name.as_str(), RenewalOutcome::Renewed);
+    assert!(
+        renewed >= 9,
+        "expected ≥ 9 renewals in 3.5 TTLs at ttl/3, saw {renewed}"
+    );
+    guard.release().await.expect("release");
+}
+
+/// With the heartbeat off, `assert_held` fails exactly at
+/// `sent_at + ttl - drift`, although nothing ever told the lease it expired.
+pub(super) async fn deadline_without_heartbeat(ctx: Ctx) {
+    let a = ctx.replica().await;
+    let name = ctx.name("unrenewed");
+    let opts = ctx.opts().with_auto_renew(false);
+    let before = Instant::now();
+    let guard = a.locker.try_lock(&name, &opts).await.expect("free lock");
+    // The deadline is counted from before the request left, so it can only be earlier.
+    let latest_deadline = before + opts.ttl() - opts.drift() + ctx.timing().tolerance;
+    sleep(opts.ttl() / 2).await;
+    guard.assert_held().expect("valid at half the TTL");
+    let remaining = guard
+        .remaining_validity()
+        .expect("a backed lease has a deadline");
+    sleep(remaining).await;
+    match guard.assert_held() {
+        Err(Error::LockLost {
+            reason: LossReason::Expired,
+            ..
+        }) => {}
+        other => panic!("expected LockLost(expired) at the deadline, got {other:?}"),
+    }
+    assert!(Instant::now() <= latest_deadline + ctx.timing().tolerance);
+    assert_eq!(
+        a.metrics.renewals(name.as_str(), RenewalOutcome::Renewed),
+        0
+    );
+}
+
+/// Renewals that never answer in time: the lease is lost with
+/// `backend_error` at its local deadline, and the job's token fires then.
+pub(super) async fn stalled_renewal_fails_closed_at_deadline(ctx: Ctx) {
+    let timing = ctx.timing();
+    let faulty = FaultyBackend::new(
+        ctx.factory().replica().await.expect("replica"),
+        timing.ttl * 10,
+    );
+    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let name = ctx.name("stalled");
+    let opts = ctx.opts();
+    let before = Instant::now();
+    let guard = a.locker.try_lock(&name, &opts).await.expect("free lock");
+    faulty.set(Fault::StallRenewals);
+    let reason = guard.lost().await;
+    assert_eq!(reason, LossReason::BackendError);
+    let deadline = before + opts.ttl() - opts.drift();
+    assert_between(
+        "loss after a stalled renewal, from acquire",
+        Instant::now() - before,
+        deadline - before - timing.tolerance,
+        deadline - before + timing.tolerance,
+    );
+    assert!(guard.assert_held().is_err());
+    faulty.set(Fault::None);
+    drop(guard);
+}

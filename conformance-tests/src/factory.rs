@@ -1,0 +1,157 @@
+//! What a backend provides to the suite, and what a case sees.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Capabilities, LockBackend, LockMetrics, LockName, LockOptions, Locker};
+use prometheus::Registry;
+
+/// Errors from test plumbing (connecting, sabotaging); cases turn them into failures.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How fast a backend's cases run and how much slack their bounds get.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// The TTL cases use.
+    pub ttl: Duration,
+    /// Slack added to every upper time bound (scheduling on a loaded 2-core
+    /// machine, network round trips). Zero-ish on the paused clock.
+    pub tolerance: Duration,
+    /// Whether cases run on tokio's paused clock (exact, instant).
+    pub paused_clock: bool,
+}
+
+/// Makes replicas of one backend for the suite.
+#[async_trait]
+pub trait BackendFactory: Send + Sync + 'static {
+    /// The prefix of this backend's test names, such as `memory` or `redis`.
+    fn name(&self) -> &str;
+
+    /// What the backends it makes can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The timing profile.
+    fn timing(&self) -> Timing;
+
+    /// A new independent replica with its own connections, as a separate
+    /// process would have. Called inside the case's runtime.
+    async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError>;
+
+    /// A saboteur acting from outside the library.
+    async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError>;
+
+    /// A backend configured to reach a server that is not there (a closed
+    /// port), for the fail-closed case. `None` if the backend has no server.
+    async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
+        None
+    }
+}
+
+/// Changes leases behind their holders' backs, as another client or an
+/// operator could.
+#[async_trait]
+pub trait Saboteur: Send + Sync {
+    /// Gives `name` to a new owner that keeps it for at least `hold`.
+    async fn steal(&self, name: &LockName, hold: Duration) -> Result<(), BoxError>;
+
+    /// Makes the lease on `name` vanish, as its expiry or a killed session would.
+    async fn expire(&self, name: &LockName) -> Result<(), BoxError>;
+
+    /// Whether the owner set by the last [`Saboteur::steal`] of `name` still holds it.
+    async fn thief_holds(&self, name: &LockName) -> Result<bool, BoxError>;
+
+    /// Ends whatever the saboteur itself still holds on `name`.
+    async fn clear(&self, name: &LockName) -> Result<(), BoxError>;
+}
+
+/// One replica: a backend instance and a `Locker` with its own metrics.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// The backend, for single attempts that bypass the `Locker`.
+    pub backend: Arc<dyn LockBackend>,
+    /// The replica's `Locker`.
+    pub locker: Locker,
+    /// The replica's metrics.
+    pub metrics: LockMetrics,
+}
+
+/// What a case gets: the factory, a unique name prefix, and helpers.
+#[derive(Clone)]
+pub struct Ctx {
+    factory: Arc<dyn BackendFactory>,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("backend", &self.factory.name())
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl Ctx {
+    /// A context for one case; `run_id` is random per test run.
+    pub fn new(factory: Arc<dyn BackendFactory>, run_id: &str, case: &str) -> Self {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        Self {
+            prefix: format!("ct-{run_id}/{case}-{seq}"),
+            factory,
+        }
+    }
+
+    /// The factory.
+    pub fn factory(&self) -> &Arc<dyn BackendFactory> {
+        &self.factory
+    }
+
+    /// The timing profile.
+    pub fn timing(&self) -> Timing {
+        self.factory.timing()
+    }
+
+    /// The case's name prefix; every lock it takes starts with it.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A lock name unique to this case.
+    pub fn name(&self, suffix: &str) -> LockName {
+        LockName::new(format!("{}/{suffix}", self.prefix)).expect("test lock names are valid")
+    }
+
+    /// Options with the profile's TTL.
+    pub fn opts(&self) -> LockOptions {
+        LockOptions::new(self.timing().ttl)
+    }
+
+    /// A new replica with its own connections and metrics registry.
+    pub async fn replica(&self) -> Replica {
+        let backend = self.factory.replica().await.expect("replica connects");
+        self.replica_over(backend)
+    }
+
+    /// A replica whose `Locker` uses `backend` (for instance a fault wrapper).
+    pub fn replica_over(&self, backend: Arc<dyn LockBackend>) -> Replica {
+        let metrics = LockMetrics::register(&Registry::new()).expect("fresh registry");
+        let locker = Locker::builder()
+            .backend_arc(Arc::clone(&backend))
+            .metrics(metrics.clone())
+            .build()
+            .expect("locker builds");
+        Replica {
+            backend,
+            locker,
+            metrics,
+        }
+    }
+
+    /// The saboteur.
+    pub async fn saboteur(&self) -> Box<dyn Saboteur> {
+        self.factory.saboteur().await.expect("saboteur connects")
+    }
+}

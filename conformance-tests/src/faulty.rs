@@ -1,0 +1,139 @@
+//! A fault-injecting wrapper backend: counts calls, fails or stalls on demand.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    AcquireAttempt, BackendError, Capabilities, LeaseStatus, LockBackend, LockName, OwnerToken,
+    ReleaseOutcome, ReleaseSignal, RenewRequest,
+};
+
+/// What the wrapper does with each call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fault {
+    /// Pass calls through.
+    None = 0,
+    /// Fail every call at once with an `Unavailable` error (connection refused).
+    Down = 1,
+    /// Let acquires through, but stall renewals until `stall` passes and then
+    /// time out, as a paused server behind an operation timeout would.
+    StallRenewals = 2,
+}
+
+/// Wraps a backend, counting calls and injecting [`Fault`]s. Clones share state.
+#[derive(Debug, Clone)]
+pub struct FaultyBackend {
+    inner: Arc<dyn LockBackend>,
+    fault: Arc<AtomicU8>,
+    calls: Arc<AtomicU64>,
+    stall: Duration,
+}
+
+impl FaultyBackend {
+    /// Wraps `inner`, healthy at first; stalled renewals give up after `stall`.
+    pub fn new(inner: Arc<dyn LockBackend>, stall: Duration) -> Self {
+        Self {
+            inner,
+            fault: Arc::new(AtomicU8::new(Fault::None as u8)),
+            calls: Arc::new(AtomicU64::new(0)),
+            stall,
+        }
+    }
+
+    /// Switches the fault.
+    pub fn set(&self, fault: Fault) {
+        self.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// How many backend calls went through the wrapper.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn fault(&self) -> Fault {
+        match self.fault.load(Ordering::SeqCst) {
+            1 => Fault::Down,
+            2 => Fault::StallRenewals,
+            _ => Fault::None,
+        }
+    }
+
+    async fn gate(&self, is_renewal: bool) -> Result<(), BackendError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.fault() {
+            Fault::None => Ok(()),
+            Fault::Down => Err(BackendError::unavailable("injected: connection refused")),
+            Fault::StallRenewals if is_renewal => {
+                tokio::time::sleep(self.stall).await;
+                Err(BackendError::timeout(
+                    "injected: no answer within the operation timeout",
+                ))
+            }
+            Fault::StallRenewals => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for FaultyBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.gate(false).await?;
+        self.inner.try_acquire(name, owner, ttl).await
+    }
+
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.gate(true).await?;
+        self.inner.renew(name, owner, ttl).await
+    }
+
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.gate(true).await?;
+        self.inner.check(name, owner).await
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.gate(false).await?;
+        self.inner.release(name, owner).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        self.gate(true).await?;
+        self.inner.renew_many(requests).await
+    }
+
+    async fn subscribe_release(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
+        self.gate(false).await?;
+        self.inner.subscribe_release(name).await
+    }
+}

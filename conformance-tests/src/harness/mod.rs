@@ -1,0 +1,35 @@
+//! Test servers: where they come from, and control over private ones.
+//!
+//! A backend's server is taken, in order, from an URL in the environment,
+//! from a private server started from its binary on `PATH` ([`ServerProcess`]),
+//! or, with the `docker` feature, from a container. [`Availability`] turns
+//! "none of these worked" into a failure under `CI=true` and a loud skip
+//! elsewhere, so a missing server is never silently passed over in CI.
+
+mod process;
+
+pub use process::{free_port, wait_for_port, ServerProcess, ServerSpec};
+
+use std::path::PathBuf;
+
+/// Whether this run is in CI (`CI=true`), where every backend must be tested.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The full path of `binary` if it is on `PATH`.
+pub fn which(binary: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Whether a backend's server could be had for this run.
+#[derive(Debug)]
+pub enum Availability<T> {
+    /// Here it is.
+    Ready(T),
+    /// It could not be had, for this reason.
+    Missing(String),
+}

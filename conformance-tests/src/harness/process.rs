@@ -1,0 +1,165 @@
+//! A private server process: own port, own temp dir, pausable and killable.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::BoxError;
+
+/// How to start a server: program, arguments, user, and readiness port.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    /// The binary.
+    pub program: PathBuf,
+    /// Its arguments. `{dir}` is replaced by the temp dir and `{port}` by the port.
+    pub args: Vec<String>,
+    /// Run as this uid/gid instead of root (Postgres refuses to run as root).
+    pub run_as: Option<(u32, u32)>,
+    /// How long to wait for the port to accept connections.
+    pub ready_timeout: Duration,
+}
+
+/// A server started by the tests. Stopped (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct ServerProcess {
+    spec: ServerSpec,
+    port: u16,
+    dir: TempDir,
+    child: Mutex<Option<Child>>,
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> Result<u16, BoxError> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Waits until `127.0.0.1:port` accepts TCP connections.
+pub fn wait_for_port(port: u16, timeout: Duration) -> Result<(), BoxError> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!("nothing accepted connections on {addr} within {timeout:?}").into())
+}
+
+impl ServerProcess {
+    /// Starts the server on a free port with a fresh temp dir and waits until it listens.
+    pub fn start(spec: ServerSpec) -> Result<Self, BoxError> {
+        let dir = tempfile::Builder::new().prefix("lock-test-").tempdir()?;
+        if let Some((uid, gid)) = spec.run_as {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
+        }
+        let server = Self {
+            port: free_port()?,
+            spec,
+            dir,
+            child: Mutex::new(None),
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its private directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().ok()?.as_ref().map(Child::id)
+    }
+
+    fn spawn(&self) -> Result<(), BoxError> {
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        let port = self.port.to_string();
+        let args: Vec<String> = self
+            .spec
+            .args
+            .iter()
+            .map(|a| a.replace("{dir}", &dir).replace("{port}", &port))
+            .collect();
+        let log = std::fs::File::create(self.dir.path().join("server.log"))?;
+        let mut cmd = Command::new(&self.spec.program);
+        cmd.args(&args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if let Some((uid, gid)) = self.spec.run_as {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(gid);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.spec.program.display()))?;
+        *self.child.lock().map_err(|_| "server lock poisoned")? = Some(child);
+        wait_for_port(self.port, self.spec.ready_timeout).map_err(|e| {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+            format!("{e}; server log:\n{log}").into()
+        })
+    }
+
+    fn signal(&self, sig: &str) -> Result<(), BoxError> {
+        let pid = self.pid().ok_or("the server is not running")?;
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("kill -{sig} {pid} failed").into())
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) -> Result<(), BoxError> {
+        self.signal("STOP")
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) -> Result<(), BoxError> {
+        self.signal("CONT")
+    }
+
+    /// Kills the server (SIGKILL) and reaps it.
+    pub fn kill(&self) -> Result<(), BoxError> {
+        let mut slot = self.child.lock().map_err(|_| "server lock poisoned")?;
+        if let Some(mut child) = slot.take() {
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Kills the server if running, then starts it again on the same port and dir.
+    pub fn restart(&self) -> Result<(), BoxError> {
+        self.kill()?;
+        self.spawn()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}

@@ -1,0 +1,183 @@
+//! Turns cases × backends into libtest trials named `backend::case`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use lock_core::Capabilities;
+
+use crate::harness::{in_ci, Availability};
+use crate::{cases, BackendFactory, Ctx};
+
+/// What a case needs from a backend to be meaningful.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requires {
+    /// Nothing beyond the trait.
+    Nothing,
+    /// Fencing tokens.
+    Fencing,
+    /// Cases run on tokio's paused clock (the model test advances time).
+    PausedClock,
+}
+
+impl Requires {
+    fn met_by(self, caps: &Capabilities, paused: bool) -> bool {
+        match self {
+            Self::Nothing => true,
+            Self::Fencing => caps.fencing,
+            Self::PausedClock => paused,
+        }
+    }
+}
+
+/// How a case runs.
+#[derive(Clone, Copy, Debug)]
+pub enum CaseFn {
+    /// In a runtime the suite builds (paused for paused-clock backends).
+    Async(fn(Ctx) -> Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// On the trial's thread, building its own runtimes.
+    Blocking(fn(Ctx)),
+}
+
+/// One conformance case.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// Its name, the part after `backend::`.
+    pub name: &'static str,
+    /// What it needs.
+    pub requires: Requires,
+    /// Its body.
+    pub run: CaseFn,
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .field("requires", &self.requires)
+            .finish()
+    }
+}
+
+/// Longest a real-time case may run before it counts as hung.
+const CASE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The trials of a run: every case for every backend that could be had.
+#[derive(Default)]
+pub struct Suite {
+    trials: Vec<Trial>,
+    run_id: String,
+}
+
+impl std::fmt::Debug for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Suite")
+            .field("trials", &self.trials.len())
+            .finish()
+    }
+}
+
+impl Suite {
+    /// An empty suite with a random run id for name prefixes.
+    pub fn new() -> Self {
+        let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
+        Self {
+            trials: Vec::new(),
+            run_id,
+        }
+    }
+
+    /// Adds every case for `factory`.
+    pub fn add(&mut self, factory: Arc<dyn BackendFactory>) {
+        let caps = factory.capabilities();
+        let timing = factory.timing();
+        for case in cases::ALL {
+            let name = format!("{}::{}", factory.name(), case.name);
+            let met = case.requires.met_by(&caps, timing.paused_clock);
+            let factory = Arc::clone(&factory);
+            let run_id = self.run_id.clone();
+            let case = *case;
+            let trial = Trial::test(name, move || run_case(factory, &run_id, case));
+            self.trials.push(trial.with_ignored_flag(!met));
+        }
+    }
+
+    /// Adds a backend whose server may be missing: its cases if it is there;
+    /// otherwise a failing `backend::server_available` trial under `CI=true`,
+    /// or one loud line on stderr elsewhere.
+    pub fn add_server_backend(
+        &mut self,
+        backend: &str,
+        found: Availability<Arc<dyn BackendFactory>>,
+    ) {
+        match found {
+            Availability::Ready(factory) => self.add(factory),
+            Availability::Missing(why) if in_ci() => {
+                let msg = format!("{backend}: no server ({why}); CI must test every backend");
+                self.trials.push(Trial::test(
+                    format!("{backend}::server_available"),
+                    move || Err(msg.into()),
+                ));
+            }
+            Availability::Missing(why) => {
+                eprintln!("!!! SKIPPING EVERY {backend} CASE: no server ({why}). Set CI=true to make this a failure.");
+            }
+        }
+    }
+
+    /// Adds a trial of its own (backend-specific tests).
+    pub fn push(&mut self, trial: Trial) {
+        self.trials.push(trial);
+    }
+
+    /// The random id of this run.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Runs the trials with libtest's command-line arguments.
+    pub fn run(self, args: &Arguments) -> ExitCode {
+        libtest_mimic::run(args, self.trials).exit_code()
+    }
+}
+
+fn run_case(factory: Arc<dyn BackendFactory>, run_id: &str, case: Case) -> Result<(), Failed> {
+    let ctx = Ctx::new(Arc::clone(&factory), run_id, case.name);
+    match case.run {
+        CaseFn::Blocking(body) => {
+            body(ctx);
+            Ok(())
+        }
+        CaseFn::Async(body) => {
+            let paused = factory.timing().paused_clock;
+            let rt = if paused {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .start_paused(true)
+                    .build()?
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?
+            };
+            let outcome = rt.block_on(async move {
+                if paused {
+                    body(ctx).await;
+                    Ok(())
+                } else {
+                    tokio::time::timeout(CASE_TIMEOUT, body(ctx))
+                        .await
+                        .map_err(|_| {
+                            Failed::from(format!("case did not finish within {CASE_TIMEOUT:?}"))
+                        })
+                }
+            });
+            rt.shutdown_timeout(Duration::from_secs(5));
+            outcome
+        }
+    }
+}
