@@ -375,6 +375,55 @@ impl LockGuard {
         self.handle.clone()
     }
 
+    /// Stops renewal and keeps the lock for `hold` more, then lets it end,
+    /// instead of releasing it now.
+    ///
+    /// A per-run lock released the moment a short job finishes lets a replica
+    /// whose clock is behind take the same run again; keeping the lock as a
+    /// completion mark until clock skew can no longer matter prevents that.
+    /// TTL backends set the lease to expire after `hold`; session backends
+    /// release after `hold` from a background task (or when the session ends).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::release`]; also [`Error::Config`] for a zero `hold`.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the guard is dropped and the lock released.
+    pub async fn retain_for(mut self, hold: Duration) -> Result<()> {
+        if hold.is_zero() {
+            return Err(Error::Config("retain_for needs a non-zero duration".into()));
+        }
+        if let Some(hb) = &self.heartbeat {
+            hb.forget(self.handle.state.id);
+        }
+        let state = Arc::clone(&self.handle.state);
+        let outcome = match (&state.backend, state.check_valid(Instant::now())) {
+            (None, _) => Ok(()),
+            (Some(_), Err(reason)) => Err(state.lost_error(reason)),
+            (Some(backend), Ok(())) => {
+                let session = backend.capabilities().expiry == crate::Expiry::Session;
+                match backend.renew(&state.name, &state.owner, hold).await {
+                    Ok(LeaseStatus::Held) if session => {
+                        let (backend, st) = (Arc::clone(backend), Arc::clone(&state));
+                        tokio::spawn(async move {
+                            tokio::time::sleep(hold).await;
+                            let _ = backend.release(&st.name, &st.owner).await;
+                        });
+                        Ok(())
+                    }
+                    Ok(LeaseStatus::Held) => Ok(()),
+                    Ok(status) => Err(self.handle.lose_on(status)),
+                    Err(e) => Err(Error::Backend(e)),
+                }
+            }
+        };
+        state.end_hold();
+        self.finished = true;
+        outcome
+    }
+
     /// Stops renewal and releases the lock now.
     ///
     /// # Errors

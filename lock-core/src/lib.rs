@@ -42,6 +42,7 @@ mod metrics;
 mod name;
 mod options;
 mod outcome;
+mod ticks;
 mod token;
 mod wait;
 
@@ -56,6 +57,7 @@ pub use metrics::{AcquireOutcome, LockMetrics, RenewalOutcome};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::LockOptions;
 pub use outcome::{RunOutcome, SkipReason};
+pub use ticks::TickStore;
 pub use token::OwnerToken;
 
 /// Re-exported so backends and callers name the same `async_trait`.

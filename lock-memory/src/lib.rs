@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use lock_core::{
     async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, Lease, LeaseStatus,
-    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest, TickStore,
 };
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
@@ -63,6 +63,7 @@ struct Shared {
 #[derive(Debug, Default)]
 struct State {
     locks: HashMap<LockName, Entry>,
+    ticks: HashMap<LockName, i64>,
     waiters: HashMap<LockName, Arc<Notify>>,
 }
 
@@ -284,6 +285,20 @@ impl LockBackend for MemoryBackend {
     }
 }
 
+#[async_trait]
+impl TickStore for MemoryBackend {
+    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
+        Ok(self.state().ticks.get(job).copied())
+    }
+
+    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+        let mut st = self.state();
+        let slot = st.ticks.entry(job.clone()).or_insert(tick);
+        *slot = (*slot).max(tick);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +330,17 @@ mod tests {
             None,
             "an expired lease is never re-created by renew"
         );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn tick_store_keeps_the_maximum() -> Result<(), BackendError> {
+        let b = MemoryBackend::new();
+        let job = name("job");
+        assert_eq!(b.last_completed(&job).await?, None);
+        b.record_completed(&job, 2_000).await?;
+        b.record_completed(&job, 1_000).await?;
+        assert_eq!(b.last_completed(&job).await?, Some(2_000));
         Ok(())
     }
 

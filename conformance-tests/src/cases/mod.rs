@@ -39,6 +39,7 @@ pub static ALL: &[Case] = &[
     case!(loss::expiry_is_detected, Requires::Nothing),
     case!(loss::stale_holder_cannot_touch_successor, Requires::Nothing),
     case!(loss::release_after_loss_reports_lost, Requires::Nothing),
+    case!(loss::retained_lock_ends_after_hold, Requires::Nothing),
     case!(watchdog::max_hold_aborts_and_frees, Requires::Nothing),
     case!(local::in_process_guard, Requires::Nothing),
     case!(local::unlocked_mode, Requires::Nothing),
