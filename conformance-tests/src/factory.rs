@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Capabilities, LockBackend, LockMetrics, LockName, LockOptions, Locker};
+use lock_core::{Capabilities, LockBackend, LockMetrics, LockName, LockOptions, Locker, TickStore};
 use prometheus::Registry;
 
 /// Errors from test plumbing (connecting, sabotaging); cases turn them into failures.
@@ -41,6 +41,12 @@ pub trait BackendFactory: Send + Sync + 'static {
 
     /// A saboteur acting from outside the library.
     async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError>;
+
+    /// A [`TickStore`] on the same server as the replicas' locks, with its own
+    /// connection. Every backend that the scheduler supports returns one.
+    async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
+        Ok(None)
+    }
 
     /// A backend configured to reach a server that is not there (a closed
     /// port), for the fail-closed case. `None` if the backend has no server.

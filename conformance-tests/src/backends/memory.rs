@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Capabilities, LockBackend, LockName, OwnerToken};
+use lock_core::{Capabilities, LockBackend, LockName, OwnerToken, TickStore};
 use lock_memory::MemoryBackend;
 
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
@@ -42,6 +42,10 @@ impl BackendFactory for MemoryFactory {
 
     async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
         Ok(Arc::new(self.backend.clone()))
+    }
+
+    async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
+        Ok(Some(Arc::new(self.backend.clone())))
     }
 
     async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {

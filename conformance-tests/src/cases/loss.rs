@@ -218,15 +218,26 @@ pub(super) async fn retained_lock_ends_after_hold(ctx: Ctx) {
     let name = ctx.name("retained");
     let timing = ctx.timing();
     let hold = timing.ttl / 2;
-    let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("free lock");
+    let guard = a
+        .locker
+        .try_lock(&name, &ctx.opts())
+        .await
+        .expect("free lock");
     let retained_at = Instant::now();
     guard.retain_for(hold).await.expect("retain");
     assert!(
-        matches!(b.locker.try_lock(&name, &ctx.opts()).await, Err(Error::Contended { .. })),
+        matches!(
+            b.locker.try_lock(&name, &ctx.opts()).await,
+            Err(Error::Contended { .. })
+        ),
         "a retained lock was free at once"
     );
     let opts = ctx.opts().with_acquire_timeout(hold + timing.ttl);
-    let g = b.locker.lock(&name, &opts).await.expect("free after the hold");
+    let g = b
+        .locker
+        .lock(&name, &opts)
+        .await
+        .expect("free after the hold");
     assert_between(
         "end of a retained lock",
         retained_at.elapsed(),
