@@ -17,6 +17,7 @@ pub mod factory;
 pub mod faulty;
 pub mod harness;
 pub mod observe;
+pub mod proxy;
 pub mod suite;
 
 pub use factory::{BackendFactory, BoxError, Ctx, Replica, Saboteur, Timing};

@@ -57,3 +57,100 @@ impl RacyCounter {
         *self.value.lock().expect("counter lock")
     }
 }
+
+/// A resource that checks fencing tokens: it accepts a write only if its
+/// token is at least the highest it has seen, and counts both kinds.
+#[derive(Debug, Default)]
+pub struct FencedStore {
+    state: Mutex<FencedState>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct FencedState {
+    max_seen: u64,
+    accepted: u64,
+    rejected_stale: u64,
+}
+
+impl FencedStore {
+    /// Offers a write under `token`; returns whether it was accepted.
+    pub fn write(&self, token: u64) -> bool {
+        let mut st = self.state.lock().expect("fenced store lock");
+        if token >= st.max_seen {
+            st.max_seen = token;
+            st.accepted += 1;
+            true
+        } else {
+            st.rejected_stale += 1;
+            false
+        }
+    }
+
+    /// Writes accepted.
+    pub fn accepted(&self) -> u64 {
+        self.state.lock().expect("fenced store lock").accepted
+    }
+
+    /// Writes rejected because a newer token had already written.
+    pub fn rejected_stale(&self) -> u64 {
+        self.state.lock().expect("fenced store lock").rejected_stale
+    }
+}
+
+/// Every guarded write: when it was allowed, and the holder's deadline then.
+/// A write is unsafe if it was allowed at or after the deadline.
+#[derive(Debug, Default)]
+pub struct GuardLog {
+    entries: Mutex<Vec<(tokio::time::Instant, Option<tokio::time::Instant>)>>,
+}
+
+impl GuardLog {
+    /// Records a write allowed at `at`, under a lease valid until `deadline`.
+    pub fn record(&self, at: tokio::time::Instant, deadline: Option<tokio::time::Instant>) {
+        self.entries
+            .lock()
+            .expect("guard log lock")
+            .push((at, deadline));
+    }
+
+    /// Writes recorded.
+    pub fn writes(&self) -> usize {
+        self.entries.lock().expect("guard log lock").len()
+    }
+
+    /// Writes allowed at or after their lease's local deadline.
+    pub fn after_deadline(&self) -> usize {
+        self.entries
+            .lock()
+            .expect("guard log lock")
+            .iter()
+            .filter(|(at, deadline)| deadline.is_some_and(|d| *at >= d))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fenced_store_rejects_only_older_tokens() {
+        let store = FencedStore::default();
+        assert!(store.write(3));
+        assert!(store.write(3), "the same holder writes again");
+        assert!(store.write(5));
+        assert!(!store.write(4));
+        assert_eq!((store.accepted(), store.rejected_stale()), (3, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn guard_log_counts_writes_at_or_after_the_deadline() {
+        let log = GuardLog::default();
+        let now = tokio::time::Instant::now();
+        let deadline = now + Duration::from_secs(1);
+        log.record(now, Some(deadline));
+        log.record(deadline, Some(deadline));
+        log.record(deadline, None);
+        assert_eq!((log.writes(), log.after_deadline()), (3, 1));
+    }
+}
