@@ -241,3 +241,40 @@ pub(super) async fn backend_failure_mid_job_aborts_before_deadline(ctx: Ctx) {
     );
     faulty.set(Fault::None);
 }
+
+/// A guard dropped after its runtime is gone neither blocks nor panics, and
+/// the lock still ends (by TTL, or with the session that held it).
+pub(super) fn guard_dropped_outside_runtime(ctx: Ctx) {
+    let timing = ctx.timing();
+    let runtime = |paused: bool| {
+        let mut b = tokio::runtime::Builder::new_current_thread();
+        b.enable_all().start_paused(paused);
+        b.build().expect("runtime")
+    };
+    let name = ctx.name("orphan");
+    let first = runtime(timing.paused_clock);
+    let guard = first.block_on(async {
+        let a = ctx.replica().await;
+        a.locker
+            .try_lock(&name, &ctx.opts())
+            .await
+            .expect("free lock")
+    });
+    drop(first);
+    drop(guard);
+    let second = runtime(timing.paused_clock);
+    second.block_on(async {
+        let b = ctx.replica().await;
+        let opts = ctx
+            .opts()
+            .with_acquire_timeout(timing.ttl * 2 + timing.tolerance);
+        let started = Instant::now();
+        let g = b
+            .locker
+            .lock(&name, &opts)
+            .await
+            .expect("the orphaned lock ends");
+        assert!(started.elapsed() <= timing.ttl + timing.ttl / 8 + timing.tolerance);
+        g.release().await.expect("release");
+    });
+}

@@ -65,6 +65,11 @@ pub static ALL: &[Case] = &[
     case!(metrics::metrics_track_outcomes, Requires::Nothing),
     case!(input::bad_input_is_rejected, Requires::Nothing),
     Case {
+        name: "guard_dropped_outside_runtime",
+        requires: Requires::Nothing,
+        run: CaseFn::Blocking(local::guard_dropped_outside_runtime),
+    },
+    Case {
         name: "model_agrees",
         requires: Requires::PausedClock,
         run: CaseFn::Blocking(model::model_agrees),
