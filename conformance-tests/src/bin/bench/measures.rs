@@ -1,0 +1,267 @@
+//! What the benchmark measures. Library and floor alternate in short rounds,
+//! so both see the same machine load.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance_tests::{BoxError, Ctx};
+use lock_core::{LockName, LockOptions};
+use tokio::time::Instant;
+
+use crate::counting::CountingBackend;
+use crate::floors::Floor;
+use crate::report::Row;
+use crate::stats::{ms, Samples};
+use crate::Mode;
+
+const ROUNDS: u32 = 6;
+
+/// Uncontended `try_lock` + `release` at `concurrency`, each task on its own
+/// name, against the raw floor.
+pub(crate) async fn uncontended(
+    ctx: &Ctx,
+    floor: &Arc<dyn Floor>,
+    concurrency: usize,
+    mode: Mode,
+) -> Result<Row, BoxError> {
+    let replica = ctx.replica().await;
+    let opts = ctx.opts();
+    let per_round = mode.duration() / ROUNDS;
+    let (mut lib, mut raw) = (Samples::default(), Samples::default());
+    for round in 0..ROUNDS {
+        let mut tasks = Vec::new();
+        let started = Instant::now();
+        for t in 0..concurrency {
+            let (locker, opts) = (replica.locker.clone(), opts.clone());
+            let name = ctx.name(&format!("u{concurrency}-{round}-{t}"));
+            tasks.push(tokio::spawn(async move {
+                let mut s = Samples::default();
+                let end = Instant::now() + per_round;
+                while Instant::now() < end {
+                    let t0 = Instant::now();
+                    let g = locker.try_lock(&name, &opts).await?;
+                    g.release().await?;
+                    s.push(t0.elapsed());
+                }
+                Ok::<_, BoxError>(s)
+            }));
+        }
+        for t in tasks {
+            lib.merge(t.await??);
+        }
+        lib.add_wall(started.elapsed());
+
+        let mut tasks = Vec::new();
+        let started = Instant::now();
+        for t in 0..concurrency {
+            let floor = Arc::clone(floor);
+            let name = ctx.name(&format!("f{concurrency}-{round}-{t}"));
+            tasks.push(tokio::spawn(async move {
+                let mut s = Samples::default();
+                let end = Instant::now() + per_round;
+                while Instant::now() < end {
+                    let t0 = Instant::now();
+                    floor.cycle(&name).await?;
+                    s.push(t0.elapsed());
+                }
+                Ok::<_, BoxError>(s)
+            }));
+        }
+        for t in tasks {
+            raw.merge(t.await??);
+        }
+        raw.add_wall(started.elapsed());
+    }
+    let ratio = raw.ops_per_sec() / lib.ops_per_sec().max(f64::MIN_POSITIVE);
+    Ok(Row::new(
+        ctx.factory().name(),
+        "acquire+release",
+        format!("concurrency {concurrency}"),
+    )
+    .figure("lib ops/s", format!("{:.0}", lib.ops_per_sec()))
+    .figure("lib p50 ms", ms(lib.percentile(50.0)))
+    .figure("lib p99 ms", ms(lib.percentile(99.0)))
+    .figure("floor ops/s", format!("{:.0}", raw.ops_per_sec()))
+    .figure("floor p50 ms", ms(raw.percentile(50.0)))
+    .figure("floor p99 ms", ms(raw.percentile(99.0)))
+    .figure("lib/floor time", format!("{ratio:.2}")))
+}
+
+/// One `Locker` holding `leases` leases: the time and round trips of one
+/// heartbeat sweep, next to one batched call and one call per lease; CPU
+/// while holding; memory per lease.
+pub(crate) async fn renewal_at_scale(
+    ctx: &Ctx,
+    leases: usize,
+    mode: Mode,
+) -> Result<Row, BoxError> {
+    let backend = ctx.factory().replica().await?;
+    let counting = CountingBackend::new(Arc::clone(&backend));
+    let replica = ctx.replica_over(Arc::new(counting.clone()));
+    let ttl = Duration::from_secs(9);
+    let opts = LockOptions::new(ttl);
+    let names: Vec<LockName> = (0..leases)
+        .map(|i| ctx.name(&format!("s{leases}-{i}")))
+        .collect();
+    let rss_before = rss_bytes();
+    let mut guards = Vec::with_capacity(leases);
+    for n in &names {
+        guards.push(replica.locker.try_lock(n, &opts).await?);
+    }
+    let rss_after = rss_bytes();
+    let acquired_at = Instant::now();
+    let cpu_before = cpu_time();
+    // Hold through at least two sweeps (every ttl/3 = 3 s).
+    tokio::time::sleep(mode.hold().max(Duration::from_secs(7))).await;
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    let held_for = acquired_at.elapsed();
+    let calls: Vec<_> = counting
+        .renew_calls()
+        .into_iter()
+        .filter(|c| c.start > acquired_at)
+        .collect();
+    // The last complete sweep: calls that started within one second of the last call's start.
+    let last_start = calls
+        .iter()
+        .map(|c| c.start)
+        .max()
+        .ok_or("no renewal happened")?;
+    let sweep: Vec<_> = calls
+        .iter()
+        .filter(|c| c.start + Duration::from_secs(1) >= last_start)
+        .collect();
+    let sweep_time = sweep.iter().map(|c| c.end).max().unwrap_or(last_start)
+        - sweep.iter().map(|c| c.start).min().unwrap_or(last_start);
+    let renewed: usize = sweep.iter().map(|c| c.leases).sum();
+
+    // Floors on the raw backend: one batched call over every lease, and one call per lease.
+    let (batched, per_key) = floors_for_renewal(ctx, &backend, leases, ttl).await?;
+    for g in guards {
+        g.release().await?;
+    }
+    let mem_per_lease = rss_after.saturating_sub(rss_before) as f64 / leases as f64;
+    Ok(Row::new(
+        ctx.factory().name(),
+        "renewal sweep",
+        format!("{leases} leases"),
+    )
+    .figure("sweep ms", ms(sweep_time))
+    .figure("round trips", sweep.len().to_string())
+    .figure("leases renewed", renewed.to_string())
+    .figure("batched floor ms", ms(batched))
+    .figure("per-key floor ms", ms(per_key))
+    .figure(
+        "sweep/batched",
+        format!(
+            "{:.2}",
+            sweep_time.as_secs_f64() / batched.as_secs_f64().max(1e-9)
+        ),
+    )
+    .figure(
+        "cpu % while holding",
+        format!("{:.1}", 100.0 * cpu.as_secs_f64() / held_for.as_secs_f64()),
+    )
+    .figure("rss bytes/lease", format!("{mem_per_lease:.0}")))
+}
+
+/// One batched renewal of `leases` fresh leases, and `leases` single renewals.
+async fn floors_for_renewal(
+    ctx: &Ctx,
+    backend: &Arc<dyn lock_core::LockBackend>,
+    leases: usize,
+    ttl: Duration,
+) -> Result<(Duration, Duration), BoxError> {
+    let mut requests = Vec::with_capacity(leases);
+    for i in 0..leases {
+        let name = ctx.name(&format!("floor{leases}-{i}"));
+        let owner = lock_core::OwnerToken::generate()?;
+        backend.try_acquire(&name, &owner, ttl).await?;
+        requests.push(lock_core::RenewRequest { name, owner, ttl });
+    }
+    let t0 = Instant::now();
+    for chunk in requests.chunks(1000) {
+        backend.renew_many(chunk).await?;
+    }
+    let batched = t0.elapsed();
+    let t0 = Instant::now();
+    for r in &requests {
+        backend.renew(&r.name, &r.owner, r.ttl).await?;
+    }
+    let per_key = t0.elapsed();
+    for r in &requests {
+        backend.release(&r.name, &r.owner).await?;
+    }
+    Ok((batched, per_key))
+}
+
+/// Two replicas contend one name with waiting acquires: time from release
+/// to the waiter holding the lock.
+pub(crate) async fn handoff(ctx: &Ctx, mode: Mode) -> Result<Row, BoxError> {
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let name = ctx.name("handoff");
+    let opts = ctx.opts().with_acquire_timeout(Duration::from_secs(10));
+    let mut samples = Samples::default();
+    let end = Instant::now() + mode.duration();
+    let mut holder = a.locker.lock(&name, &opts).await?;
+    let mut b_waits = true;
+    while Instant::now() < end {
+        let waiter = if b_waits {
+            b.locker.clone()
+        } else {
+            a.locker.clone()
+        };
+        let (n, o) = (name.clone(), opts.clone());
+        let task = tokio::spawn(async move {
+            let g = waiter.lock(&n, &o).await;
+            (Instant::now(), g)
+        });
+        // Let the waiter start waiting before the release.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let released = Instant::now();
+        holder.release().await?;
+        let (acquired, g) = task.await?;
+        holder = g?;
+        samples.push(acquired - released);
+        b_waits = !b_waits;
+    }
+    samples.add_wall(mode.duration());
+    holder.release().await?;
+    Ok(Row::new(
+        ctx.factory().name(),
+        "handoff",
+        "2 waiters, blocking acquire",
+    )
+    .figure("samples", samples.count().to_string())
+    .figure("p50 ms", ms(samples.percentile(50.0)))
+    .figure("p99 ms", ms(samples.percentile(99.0))))
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// User + system CPU time of this process.
+fn cpu_time() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // Fields after the command name (which may contain spaces) start after ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of stat, i.e. 11 and 12 after ')'.
+    let total = ticks(11) + ticks(12);
+    Duration::from_millis(total * 10)
+}
