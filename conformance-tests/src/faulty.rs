@@ -1,7 +1,7 @@
 //! A fault-injecting wrapper backend: counts calls, fails or stalls on demand.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -9,6 +9,7 @@ use lock_core::{
     AcquireAttempt, BackendError, Capabilities, LeaseStatus, LockBackend, LockName, OwnerToken,
     ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
+use tokio::time::Instant;
 
 /// What the wrapper does with each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,12 +24,25 @@ pub enum Fault {
     StallRenewals = 2,
 }
 
-/// Wraps a backend, counting calls and injecting [`Fault`]s. Clones share state.
+/// One renewal round trip: when it started and ended, and how many leases it carried.
+#[derive(Debug, Clone, Copy)]
+pub struct RenewCall {
+    /// When the call was made.
+    pub start: Instant,
+    /// When it returned.
+    pub end: Instant,
+    /// How many leases it renewed.
+    pub leases: usize,
+}
+
+/// Wraps a backend, counting calls, logging renewals and injecting
+/// [`Fault`]s. Clones share state.
 #[derive(Debug, Clone)]
 pub struct FaultyBackend {
     inner: Arc<dyn LockBackend>,
     fault: Arc<AtomicU8>,
     calls: Arc<AtomicU64>,
+    renewals: Arc<Mutex<Vec<RenewCall>>>,
     stall: Duration,
 }
 
@@ -39,6 +53,7 @@ impl FaultyBackend {
             inner,
             fault: Arc::new(AtomicU8::new(Fault::None as u8)),
             calls: Arc::new(AtomicU64::new(0)),
+            renewals: Arc::default(),
             stall,
         }
     }
@@ -51,6 +66,21 @@ impl FaultyBackend {
     /// How many backend calls went through the wrapper.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Every renewal round trip so far (`renew` and `renew_many`).
+    pub fn renew_calls(&self) -> Vec<RenewCall> {
+        self.renewals.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn log_renewal(&self, start: Instant, leases: usize) {
+        if let Ok(mut log) = self.renewals.lock() {
+            log.push(RenewCall {
+                start,
+                end: Instant::now(),
+                leases,
+            });
+        }
     }
 
     fn fault(&self) -> Fault {
@@ -99,8 +129,11 @@ impl LockBackend for FaultyBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
+        let start = Instant::now();
         self.gate(true).await?;
-        self.inner.renew(name, owner, ttl).await
+        let answer = self.inner.renew(name, owner, ttl).await;
+        self.log_renewal(start, 1);
+        answer
     }
 
     async fn check(
@@ -125,8 +158,11 @@ impl LockBackend for FaultyBackend {
         &self,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
+        let start = Instant::now();
         self.gate(true).await?;
-        self.inner.renew_many(requests).await
+        let answer = self.inner.renew_many(requests).await;
+        self.log_renewal(start, requests.len());
+        answer
     }
 
     async fn subscribe_release(

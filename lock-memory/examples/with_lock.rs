@@ -17,7 +17,10 @@ async fn main() -> lock_core::Result<()> {
         .with_lock(&name, &opts, |lease| async move {
             for batch in 0..3 {
                 lease.assert_held()?; // before every unsafe write
-                println!("writing batch {batch} with fencing token {:?}", lease.fencing_token());
+                println!(
+                    "writing batch {batch} with fencing token {:?}",
+                    lease.fencing_token()
+                );
             }
             Ok::<_, lock_core::Error>(())
         })

@@ -6,7 +6,6 @@
 //! for a seconds-long smoke run, `-- --only memory` for one backend).
 //! Servers come from the same places as in the conformance suite.
 
-mod counting;
 mod floors;
 mod measures;
 mod report;

@@ -8,11 +8,11 @@ use conformance_tests::{BoxError, Ctx};
 use lock_core::{LockName, LockOptions};
 use tokio::time::Instant;
 
-use crate::counting::CountingBackend;
 use crate::floors::Floor;
 use crate::report::Row;
 use crate::stats::{ms, Samples};
 use crate::Mode;
+use conformance_tests::faulty::FaultyBackend;
 
 const ROUNDS: u32 = 6;
 
@@ -96,7 +96,7 @@ pub(crate) async fn renewal_at_scale(
     mode: Mode,
 ) -> Result<Row, BoxError> {
     let backend = ctx.factory().replica().await?;
-    let counting = CountingBackend::new(Arc::clone(&backend));
+    let counting = FaultyBackend::new(Arc::clone(&backend), Duration::ZERO);
     let replica = ctx.replica_over(Arc::new(counting.clone()));
     let ttl = Duration::from_secs(9);
     let opts = LockOptions::new(ttl);
