@@ -19,6 +19,18 @@ use conformance_tests::{BackendFactory, BoxError, Ctx};
 
 use report::Row;
 
+/// Counts live heap bytes, for the memory-per-lease figure (RSS is too coarse:
+/// the allocator reuses memory freed by earlier measurements).
+#[global_allocator]
+static ALLOC: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// Heap bytes currently allocated by this process.
+pub(crate) fn live_heap_bytes() -> i64 {
+    let s = ALLOC.stats();
+    i64::try_from(s.bytes_allocated).unwrap_or(i64::MAX)
+        - i64::try_from(s.bytes_deallocated).unwrap_or(i64::MAX)
+}
+
 /// How long each measurement runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {

@@ -103,12 +103,12 @@ pub(crate) async fn renewal_at_scale(
     let names: Vec<LockName> = (0..leases)
         .map(|i| ctx.name(&format!("s{leases}-{i}")))
         .collect();
-    let rss_before = rss_bytes();
+    let heap_before = crate::live_heap_bytes();
     let mut guards = Vec::with_capacity(leases);
     for n in &names {
         guards.push(replica.locker.try_lock(n, &opts).await?);
     }
-    let rss_after = rss_bytes();
+    let heap_after = crate::live_heap_bytes();
     let acquired_at = Instant::now();
     let cpu_before = cpu_time();
     // Hold through at least two sweeps (every ttl/3 = 3 s).
@@ -139,7 +139,7 @@ pub(crate) async fn renewal_at_scale(
     for g in guards {
         g.release().await?;
     }
-    let mem_per_lease = rss_after.saturating_sub(rss_before) as f64 / leases as f64;
+    let mem_per_lease = (heap_after - heap_before) as f64 / leases as f64;
     Ok(Row::new(
         ctx.factory().name(),
         "renewal sweep",
@@ -161,7 +161,7 @@ pub(crate) async fn renewal_at_scale(
         "cpu % while holding",
         format!("{:.1}", 100.0 * cpu.as_secs_f64() / held_for.as_secs_f64()),
     )
-    .figure("rss bytes/lease", format!("{mem_per_lease:.0}")))
+    .figure("heap bytes/lease", format!("{mem_per_lease:.0}")))
 }
 
 /// One batched renewal of `leases` fresh leases, and `leases` single renewals.
@@ -234,17 +234,6 @@ pub(crate) async fn handoff(ctx: &Ctx, mode: Mode) -> Result<Row, BoxError> {
     .figure("samples", samples.count().to_string())
     .figure("p50 ms", ms(samples.percentile(50.0)))
     .figure("p99 ms", ms(samples.percentile(99.0))))
-}
-
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
 }
 
 /// User + system CPU time of this process.
