@@ -1,5 +1,6 @@
 //! What a backend provides to the suite, and what a case sees.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,28 @@ pub trait BackendFactory: Send + Sync + 'static {
     /// connection. Every backend that the scheduler supports returns one.
     async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
         Ok(None)
+    }
+
+    /// The loopback address of the server, when the suite can put a fault
+    /// proxy in front of it.
+    fn server_addr(&self) -> Option<SocketAddr> {
+        None
+    }
+
+    /// A replica whose connections go to `addr` (a fault proxy in front of
+    /// [`BackendFactory::server_addr`]) instead of the server itself.
+    async fn replica_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Option<Arc<dyn LockBackend>>, BoxError> {
+        let _ = addr;
+        Ok(None)
+    }
+
+    /// The private server process, when the suite started one (to pause,
+    /// kill or restart it).
+    fn server_process(&self) -> Option<&crate::harness::ServerProcess> {
+        None
     }
 
     /// A backend configured to reach a server that is not there (a closed
