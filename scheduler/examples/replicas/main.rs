@@ -46,13 +46,25 @@ struct Replica {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error")),
         )
         .init();
     let url = backend_url()?;
+    // Fail on a bad or unsupported URL before starting anything.
+    scheduler::connect(&url)?;
     println!(
         "backend: {url}; 3 replicas, r0's clock is +2 s; job every 2 s, working {} ms",
         WORK.as_millis()
