@@ -49,12 +49,13 @@ pub enum Error {
     /// `start` was called on a scheduler that is already running or was shut down.
     #[error("the scheduler was already started; build a new one to start again")]
     AlreadyStarted,
-    /// Shutdown's deadline passed while some jobs were still running; they were aborted.
-    #[error("{still_running} job run(s) did not stop within {deadline:?} and were aborted")]
+    /// Shutdown's deadline passed while some jobs were still running; their
+    /// runs were aborted and their locks released.
+    #[error("{still_running} job(s) were still running {deadline:?} after shutdown began and were aborted; have handlers watch JobContext::cancellation_token to stop in time")]
     ShutdownTimedOut {
         /// The deadline given to `shutdown`.
         deadline: Duration,
-        /// Runs still going when it passed.
+        /// Jobs with a run still going when it passed.
         still_running: usize,
     },
     /// A backend URL could not be parsed.

@@ -159,7 +159,11 @@ impl Scheduler {
         let timed_out = tokio::time::timeout(deadline, self.rt.tracker.wait())
             .await
             .is_err();
-        let still_running = self.rt.tracker.len();
+        let still_running = self
+            .jobs
+            .iter()
+            .filter(|j| j.running.load(std::sync::atomic::Ordering::Acquire))
+            .count();
         if timed_out {
             warn!(
                 still_running,
