@@ -26,13 +26,18 @@
 //! 1. Only the holder of a tick's lock runs it, and it runs only while the
 //!    lock is valid by its local deadline (the handler is dropped the moment
 //!    the lock is lost, and the run is verified with the backend afterwards).
-//! 2. A finished tick is recorded in the [`TickStore`](lock_core::TickStore),
-//!    on the same server as the locks, and a replica checks that record
-//!    *after* taking the tick's lock, before running.
-//! 3. The lock is not released when the handler returns: it is kept
+//! 2. The lock is not released when the handler returns: it is kept
 //!    ([`LockGuard::retain_for`](lock_core::LockGuard::retain_for)) until the
-//!    tick plus the skew tolerance has passed, so even without the record a
-//!    replica whose clock is behind finds the tick taken.
+//!    tick plus the skew tolerance has passed, so a replica whose clock is
+//!    behind finds the tick taken, even if the job took a millisecond.
+//! 3. A finished tick is recorded in the [`TickStore`](lock_core::TickStore),
+//!    on the same server as the locks, and a replica checks that record
+//!    *after* taking the tick's lock, before running: a tick recorded as the
+//!    last completed one is never run again, and a tick older than the
+//!    tolerance is not run once a later one has completed. (The store keeps
+//!    only the latest tick, so within the tolerance the completion mark of
+//!    2. decides; a later tick finished by a replica whose clock is ahead does
+//!    not cancel an earlier one that nobody has run yet.)
 //!
 //! # Clock skew
 //!

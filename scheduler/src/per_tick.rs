@@ -85,10 +85,9 @@ async fn attempt(
         }
     };
     // Checked while holding the lock, so a replica that finished this tick
-    // either still holds its completion mark or has recorded the tick.
-    let tick_ms = tick.at.timestamp_millis();
+    // either still holds its completion mark or has recorded it.
     match rt.ticks.last_completed(&job.name).await {
-        Ok(Some(last)) if last >= tick_ms => {
+        Ok(Some(last)) if already_done(rt, tick.at, last) => {
             debug!(job = label, tick = %tick.at, "tick already completed by a replica");
             let _ = guard.release().await;
             return TickOutcome::Skipped;
@@ -101,6 +100,23 @@ async fn attempt(
         }
     }
     execute(rt, job, tick, leader, guard).await
+}
+
+/// Whether the tick store shows `tick` as done, given the latest completed
+/// tick `last` (Unix ms).
+///
+/// The store keeps only the latest tick, so `last > tick` does not prove that
+/// `tick` itself ran: a replica whose clock is ahead may have finished a
+/// later tick while this one (which it skipped, being busy or stalled) is
+/// still due on slower replicas. Within the skew tolerance the tick's own
+/// lock decides (a finished tick keeps it as a completion mark); a later
+/// record only counts once the tick is older than the tolerance, on this
+/// replica's clock or by the record itself.
+fn already_done(rt: &Runtime, tick: DateTime<Utc>, last: i64) -> bool {
+    let tick_ms = tick.timestamp_millis();
+    let tolerance_ms = i64::try_from(rt.tolerance.as_millis()).unwrap_or(i64::MAX);
+    let late = (rt.clock.now() - tick).num_milliseconds() > tolerance_ms;
+    last == tick_ms || (last > tick_ms && (late || last - tick_ms > tolerance_ms))
 }
 
 async fn execute(

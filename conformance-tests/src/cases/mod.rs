@@ -95,6 +95,14 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_shutdown_releases_every_lock,
         Requires::Nothing
     ),
+    case!(
+        scheduler::scheduler_busy_fast_replica_does_not_cancel_a_tick,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_skew_beyond_tolerance_still_runs_once,
+        Requires::Nothing
+    ),
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.

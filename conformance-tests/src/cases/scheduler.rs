@@ -8,6 +8,7 @@ mod failover;
 mod fleet;
 mod lifecycle;
 mod missed;
+mod skew;
 
 pub(super) use failover::scheduler_leader_failover_aborts_before_successor;
 pub(super) use lifecycle::{
@@ -15,6 +16,10 @@ pub(super) use lifecycle::{
     scheduler_shutdown_releases_every_lock,
 };
 pub(super) use missed::scheduler_missed_tick_policies_after_outage;
+pub(super) use skew::{
+    scheduler_busy_fast_replica_does_not_cancel_a_tick,
+    scheduler_skew_beyond_tolerance_still_runs_once,
+};
 
 use scheduler::Mode;
 

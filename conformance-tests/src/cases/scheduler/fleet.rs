@@ -54,6 +54,11 @@ pub(crate) fn election(ctx: &Ctx) -> ElectionOptions {
         .interval(ttl / 4)
 }
 
+/// The skew tolerance cases give schedulers: 5 s, or the TTL if longer.
+pub(crate) fn tolerance(ctx: &Ctx) -> Duration {
+    Duration::from_secs(5).max(ctx.timing().ttl)
+}
+
 /// One handler run, as the handler saw it.
 #[derive(Debug, Clone)]
 pub(crate) struct Run {
@@ -178,9 +183,21 @@ impl Fleet {
         replica: usize,
         work: Duration,
     ) -> Job {
+        self.recording_job_with(name, cron, replica, move || work)
+    }
+
+    /// A job that logs every run on `replica` and works for `work()` each time.
+    pub(crate) fn recording_job_with(
+        &self,
+        name: &str,
+        cron: &str,
+        replica: usize,
+        work: impl Fn() -> Duration + Send + Sync + 'static,
+    ) -> Job {
         let log = Arc::clone(&self.log);
         Job::new(name, cron, move |ctx| {
             let log = Arc::clone(&log);
+            let work = work();
             async move {
                 let index = log.start(replica, ctx.scheduled_at());
                 let _guard = RunGuard {
@@ -211,7 +228,7 @@ impl Fleet {
         .mode(mode)
         .clock(self.clocks[replica].clone())
         .metrics(self.metrics[replica].clone())
-        .skew_tolerance(Duration::from_secs(5).max(ctx.timing().ttl))
+        .skew_tolerance(tolerance(ctx))
         .on_outcome(move |report| {
             log.reports
                 .lock()
