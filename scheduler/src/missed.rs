@@ -14,6 +14,10 @@ use crate::Schedule;
 /// in the [`TickStore`](lock_core::TickStore), on the same server as the
 /// locks, so a replica that takes over after a failover knows what its
 /// predecessor finished. A job with no record yet has missed nothing.
+///
+/// A missed tick whose lock is still held (by a replica that died running
+/// it) is waited for, up to the job's TTL, until that lease runs out; ticks
+/// that come due meanwhile are skipped as overlapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissedTicks {

@@ -1,6 +1,8 @@
 //! Leader mode: a leader cut off mid-run is replaced in time, and its run is
 //! stopped before the successor runs anything.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use scheduler::{MissedTicks, Mode, TickOutcome};
@@ -15,7 +17,8 @@ use crate::Ctx;
 /// the middle of a run, as a crashed or partitioned process would: its run
 /// is dropped at its lease's local deadline; a standby leads within
 /// TTL + one election interval; the successor's first run starts after the
-/// old run was dropped; no tick completes twice.
+/// old run was dropped, and catches up the missed tick (`RunOnce`) from the
+/// last tick the old leader completed; no tick completes twice.
 pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) {
     let plan = Plan::of(&ctx);
     let timing = ctx.timing();
@@ -23,12 +26,21 @@ pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) 
     let interval = timing.ttl / 4;
     let fleet = Fleet::new(&ctx, &[2_000, 0, 0]).await;
     let name = ctx.name("failover");
-    // Runs outlast the lease's TTL, so the cut-off leader's run is still
-    // going when its local deadline passes.
+    // The leader's third run outlasts the lease's TTL, so it is still going
+    // when the cut-off leader's local deadline passes; the first two
+    // complete, so the tick store knows where the successor takes over.
     let work = timing.ttl * 2;
+    let leader_runs = Arc::new(AtomicU32::new(0));
     let job = |replica| {
+        let count = Arc::clone(&leader_runs);
         fleet
-            .recording_job(name.as_str(), plan.cron, replica, work)
+            .recording_job_with(name.as_str(), plan.cron, replica, move || {
+                if replica == 0 && count.fetch_add(1, Ordering::SeqCst) == 2 {
+                    work
+                } else {
+                    plan.work
+                }
+            })
             .missed_ticks(MissedTicks::RunOnce)
     };
     let schedulers = fleet.start_all(&ctx, Mode::Leader(election), job).await;
@@ -38,9 +50,9 @@ pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) 
         .await
         .expect("replica 0 campaigns first and leads");
 
-    // Wait until the leader is inside a run, then cut it off.
+    // Wait until the leader is inside its third run, then cut it off.
     let mid_run = loop {
-        if let Some(r) = fleet.log.all().iter().find(|r| r.replica == 0) {
+        if let Some(r) = fleet.log.all().iter().filter(|r| r.replica == 0).nth(2) {
             break r.started;
         }
         sleep(plan.period / 20).await;
@@ -103,6 +115,24 @@ pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) 
             .runs(name.as_str(), TickOutcome::Aborted)
             >= 1
     );
+    // The missed-tick policy held across the failover: the successor's first
+    // run caught up the latest tick after the last one the old leader finished.
+    let last_done_by_old = runs
+        .iter()
+        .filter(|r| r.replica == 0 && r.finished.is_some())
+        .map(|r| r.tick)
+        .max()
+        .expect("the old leader completed ticks before the cut");
+    let first_report = fleet
+        .reports_of(successor, name.as_str())
+        .into_iter()
+        .find(|r| r.outcome != TickOutcome::Skipped)
+        .expect("the successor ran ticks");
+    assert!(
+        first_report.catch_up && first_report.outcome == TickOutcome::Success,
+        "the successor did not catch up: {first_report:?}"
+    );
+    assert!(first_report.scheduled > last_done_by_old);
     fleet.faults[0].set(Fault::None);
     let mut schedulers = schedulers.into_iter();
     if let Some(old) = schedulers.next() {

@@ -137,6 +137,8 @@ pub(crate) struct Fleet {
     pub(crate) ticks: Arc<dyn TickStore>,
     pub(crate) log: Arc<RunLog>,
     pub(crate) metrics: Vec<SchedulerMetrics>,
+    /// The TTL of every job's tick locks: the profile's TTL.
+    job_ttl: Duration,
 }
 
 impl Fleet {
@@ -172,6 +174,7 @@ impl Fleet {
             ticks,
             log: Arc::default(),
             metrics,
+            job_ttl: ctx.timing().ttl,
         }
     }
 
@@ -210,6 +213,7 @@ impl Fleet {
                 Ok(())
             }
         })
+        .ttl(self.job_ttl)
     }
 
     /// A scheduler for `replica` with `jobs`, not started.
