@@ -73,7 +73,9 @@ pub(crate) async fn drive(
         let mut batch: Vec<Tick> = Vec::new();
         if due.len() > 1 {
             // Several ticks at once: the process stalled or the clock jumped.
-            let before = current - TimeDelta::milliseconds(1);
+            let before = current
+                .checked_sub_signed(TimeDelta::milliseconds(1))
+                .unwrap_or(current);
             let missed = job.missed.select(&job.schedule, Some(cursor), before);
             warn!(
                 job = job.label(),

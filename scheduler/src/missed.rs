@@ -72,7 +72,9 @@ impl MissedTicks {
                 let window = TimeDelta::from_std(window).unwrap_or(TimeDelta::MAX);
                 let from = upto.checked_sub_signed(window).unwrap_or(last).max(last);
                 // A tick exactly `window` old is still inside the window.
-                let from = from - TimeDelta::milliseconds(1);
+                let from = from
+                    .checked_sub_signed(TimeDelta::milliseconds(1))
+                    .unwrap_or(from);
                 let mut ticks: Vec<_> = schedule
                     .ticks_between(from, upto)
                     .into_iter()
