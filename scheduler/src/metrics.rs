@@ -14,7 +14,8 @@ use crate::{Error, Result};
 pub enum TickOutcome {
     /// The handler returned `Ok` and the lock was still held afterwards.
     Success,
-    /// The handler returned an error.
+    /// The handler returned an error. The tick counts as done (it was
+    /// attempted) and is not retried elsewhere.
     Failure,
     /// The lock or the leadership was lost, or the scheduler shut down, while
     /// the handler ran; it was stopped.

@@ -79,6 +79,7 @@ pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) 
         "the old leader still reports itself leader"
     );
 
+    assert_eq!(schedulers[successor].metrics().is_leader(), 1);
     // Let the successor run a few ticks.
     sleep(work * 3).await;
     let runs = fleet.log.all();

@@ -50,8 +50,9 @@ pub(crate) async fn scheduler_overlapping_tick_is_skipped(ctx: Ctx) {
     assert_eq!(metrics.runs(name.as_str(), TickOutcome::Skipped), 4);
 }
 
-/// A panicking handler is caught and counted `panicked`; its tick lock is
-/// free at once; later ticks still run.
+/// A panicking handler is caught and counted `panicked`, and its tick lock
+/// is free at once; a handler returning an error counts as `failure` and
+/// keeps its completion mark like a success; later ticks still run.
 pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
     let plan = Plan::of(&ctx);
     let fleet = Fleet::new(&ctx, &[0, 0]).await;
@@ -61,10 +62,11 @@ pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
     let job = Job::new(name.as_str(), plan.cron, move |_ctx| {
         let n = seen.fetch_add(1, Ordering::SeqCst);
         async move {
-            if n.is_multiple_of(2) {
-                panic!("deliberate panic in a job handler");
+            match n % 4 {
+                1 => Err("deliberate failure".into()),
+                2 => Ok(()),
+                _ => panic!("deliberate panic in a job handler"),
             }
-            Ok(())
         }
     });
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
@@ -75,7 +77,8 @@ pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
     s.shutdown(plan.period).await.expect("clean shutdown");
     assert_eq!(calls.load(Ordering::SeqCst), 4);
     assert_eq!(metrics.runs(name.as_str(), TickOutcome::Panicked), 2);
-    assert_eq!(metrics.runs(name.as_str(), TickOutcome::Success), 2);
+    assert_eq!(metrics.runs(name.as_str(), TickOutcome::Failure), 1);
+    assert_eq!(metrics.runs(name.as_str(), TickOutcome::Success), 1);
     let other = &fleet.replicas[1];
     for report in fleet.reports_of(0, name.as_str()) {
         let lock = tick_lock(name.as_str(), report.scheduled);
@@ -88,7 +91,7 @@ pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
                     .await
                     .expect("release");
             }
-            TickOutcome::Success => assert!(
+            TickOutcome::Success | TickOutcome::Failure => assert!(
                 matches!(got, Err(LockError::Contended { .. })),
                 "a finished tick keeps its completion mark"
             ),
