@@ -152,7 +152,8 @@ impl SchedulerBuilder {
         self
     }
 
-    /// Calls `hook` with every tick's outcome on this replica.
+    /// Calls `hook` with every tick's outcome on this replica. It runs on the
+    /// scheduler's own tasks: keep it quick and never block in it.
     pub fn on_outcome(mut self, hook: impl Fn(&RunReport) + Send + Sync + 'static) -> Self {
         self.on_outcome = Some(Arc::new(hook));
         self
