@@ -116,7 +116,7 @@ fn already_done(rt: &Runtime, tick: DateTime<Utc>, last: i64) -> bool {
     let tick_ms = tick.timestamp_millis();
     let tolerance_ms = i64::try_from(rt.tolerance.as_millis()).unwrap_or(i64::MAX);
     let late = (rt.clock.now() - tick).num_milliseconds() > tolerance_ms;
-    last == tick_ms || (last > tick_ms && (late || last - tick_ms > tolerance_ms))
+    last == tick_ms || (last > tick_ms && (late || last.saturating_sub(tick_ms) > tolerance_ms))
 }
 
 async fn execute(
