@@ -85,4 +85,19 @@ async fn exactly_once(ctx: Ctx, mode: impl Fn(&Ctx) -> Mode) {
         runs.len() as u64,
         "scheduler_runs_total{{outcome=success}}"
     );
+    let timed: u64 = fleet
+        .metrics
+        .iter()
+        .map(|m| m.timed_runs(job.as_str()))
+        .sum();
+    let lags: u64 = fleet
+        .metrics
+        .iter()
+        .map(|m| m.lag_samples(job.as_str()))
+        .sum();
+    assert_eq!(
+        (timed, lags),
+        (successes, successes),
+        "duration and lag histograms"
+    );
 }
