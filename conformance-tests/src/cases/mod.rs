@@ -10,6 +10,7 @@ mod loss;
 mod metrics;
 mod model;
 mod renewal;
+mod scheduler;
 mod watchdog;
 
 use std::time::Duration;
@@ -74,6 +75,39 @@ pub static ALL: &[Case] = &[
         requires: Requires::PausedClock,
         run: CaseFn::Blocking(model::model_agrees),
     },
+    case!(
+        scheduler::scheduler_per_tick_exactly_once,
+        Requires::Nothing
+    ),
+    case!(scheduler::scheduler_leader_exactly_once, Requires::Nothing),
+    case!(
+        scheduler::scheduler_leader_failover_aborts_before_successor,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_missed_tick_policies_after_outage,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_overlapping_tick_is_skipped,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_panic_is_caught_and_lock_released,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_shutdown_releases_every_lock,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_busy_fast_replica_does_not_cancel_a_tick,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_skew_beyond_tolerance_still_runs_once,
+        Requires::Nothing
+    ),
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.

@@ -1,0 +1,103 @@
+//! Scheduler cases: several replicas, each with its own `Locker`, clock and
+//! scheduler, sharing one backend and its tick store.
+//!
+//! On the paused clock they run 60 two-second ticks exactly and instantly;
+//! against a real server, about ten one-second ticks in real time.
+
+mod failover;
+mod fleet;
+mod lifecycle;
+mod missed;
+mod skew;
+
+pub(super) use failover::scheduler_leader_failover_aborts_before_successor;
+pub(super) use lifecycle::{
+    scheduler_overlapping_tick_is_skipped, scheduler_panic_is_caught_and_lock_released,
+    scheduler_shutdown_releases_every_lock,
+};
+pub(super) use missed::scheduler_missed_tick_policies_after_outage;
+pub(super) use skew::{
+    scheduler_busy_fast_replica_does_not_cancel_a_tick,
+    scheduler_skew_beyond_tolerance_still_runs_once,
+};
+
+use scheduler::Mode;
+
+use self::fleet::{Fleet, Plan};
+use crate::Ctx;
+
+/// Three replicas, one clock 2 s ahead, per-tick mode: every tick runs
+/// exactly once, with no gap, although jobs finish in milliseconds.
+pub(super) async fn scheduler_per_tick_exactly_once(ctx: Ctx) {
+    exactly_once(ctx, |_| Mode::PerTick).await;
+}
+
+/// Three replicas, one clock 2 s ahead, leader mode: only the leader runs,
+/// every tick exactly once, with no gap.
+pub(super) async fn scheduler_leader_exactly_once(ctx: Ctx) {
+    exactly_once(ctx, |ctx| Mode::Leader(fleet::election(ctx))).await;
+}
+
+async fn exactly_once(ctx: Ctx, mode: impl Fn(&Ctx) -> Mode) {
+    let plan = Plan::of(&ctx);
+    let fleet = Fleet::new(&ctx, &[2_000, 0, 0]).await;
+    let leader_mode = matches!(mode(&ctx), Mode::Leader(_));
+    let job = ctx.name("exactly-once");
+    let schedulers = fleet
+        .start_all(&ctx, mode(&ctx), |replica| {
+            fleet.recording_job(job.as_str(), plan.cron, replica, plan.work)
+        })
+        .await;
+    tokio::time::sleep(plan.period * plan.ticks + plan.period / 2).await;
+    let leaders: Vec<i64> = schedulers.iter().map(|s| s.metrics().is_leader()).collect();
+    fleet.shutdown_all(schedulers).await;
+
+    let runs = fleet.log.completed();
+    assert!(
+        runs.len() >= plan.ticks as usize,
+        "only {} runs in {} periods",
+        runs.len(),
+        plan.ticks
+    );
+    fleet::assert_each_tick_once(&runs, plan.period);
+    if leader_mode {
+        assert_eq!(
+            leaders.iter().sum::<i64>(),
+            1,
+            "scheduler_is_leader: {leaders:?}"
+        );
+        let ran_on: std::collections::BTreeSet<_> = runs.iter().map(|r| r.replica).collect();
+        assert_eq!(
+            ran_on.len(),
+            1,
+            "without failover only the leader runs: {ran_on:?}"
+        );
+    } else {
+        let ran_on: std::collections::BTreeSet<_> = runs.iter().map(|r| r.replica).collect();
+        assert!(
+            ran_on.contains(&0),
+            "the replica whose clock is ahead fires first and must win ticks"
+        );
+    }
+    let successes: u64 = fleet.successes(job.as_str());
+    assert_eq!(
+        successes,
+        runs.len() as u64,
+        "scheduler_runs_total{{outcome=success}}"
+    );
+    let timed: u64 = fleet
+        .metrics
+        .iter()
+        .map(|m| m.timed_runs(job.as_str()))
+        .sum();
+    let lags: u64 = fleet
+        .metrics
+        .iter()
+        .map(|m| m.lag_samples(job.as_str()))
+        .sum();
+    assert_eq!(
+        (timed, lags),
+        (successes, successes),
+        "duration and lag histograms"
+    );
+}

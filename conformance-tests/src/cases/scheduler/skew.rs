@@ -1,0 +1,68 @@
+//! Per-tick mode at the edges of clock skew.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use scheduler::Mode;
+use tokio::time::sleep;
+
+use super::fleet::{self, Fleet, Plan};
+use crate::Ctx;
+
+/// Replica 0's clock is 3 s ahead and once gets busy: its first run lasts
+/// 1.5 periods, so it skips the next tick and finishes the one after that
+/// first. That later completion must not cancel the skipped tick, which
+/// replica 1 then runs: every tick still runs exactly once.
+pub(crate) async fn scheduler_busy_fast_replica_does_not_cancel_a_tick(ctx: Ctx) {
+    let plan = Plan::of(&ctx);
+    let fleet = Fleet::new(&ctx, &[3_000, 0]).await;
+    let name = ctx.name("busy");
+    let first = Arc::new(AtomicU32::new(0));
+    let schedulers = fleet
+        .start_all(&ctx, Mode::PerTick, |replica| {
+            let slow_once = Arc::clone(&first);
+            fleet.recording_job_with(name.as_str(), plan.cron, replica, move || {
+                if replica == 0 && slow_once.fetch_add(1, Ordering::SeqCst) == 0 {
+                    plan.period * 3 / 2
+                } else {
+                    plan.work
+                }
+            })
+        })
+        .await;
+    sleep(plan.period * 8).await;
+    fleet.shutdown_all(schedulers).await;
+    let runs = fleet.log.completed();
+    fleet::assert_each_tick_once(&runs, plan.period);
+    assert!(
+        runs.iter().any(|r| r.replica == 1),
+        "replica 1 never ran the tick replica 0 skipped: {runs:?}"
+    );
+}
+
+/// Replica 1's clock is behind by more than the tolerance (plus three
+/// periods), so completion marks have ended when it fires: the recorded
+/// later ticks still stop it from running any tick again.
+pub(crate) async fn scheduler_skew_beyond_tolerance_still_runs_once(ctx: Ctx) {
+    let plan = Plan::of(&ctx);
+    let behind = fleet::tolerance(&ctx) + plan.period * 3;
+    let behind_ms = i64::try_from(behind.as_millis()).expect("small");
+    let fleet = Fleet::new(&ctx, &[0, -behind_ms]).await;
+    let name = ctx.name("far-behind");
+    let job = |replica| fleet.recording_job(name.as_str(), plan.cron, replica, plan.work);
+    let ahead = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job(0)]);
+    ahead.start().expect("starts");
+    // Start the late replica once every tick it will see was due on replica 0.
+    sleep(behind + plan.period).await;
+    let late = fleet.scheduler(&ctx, 1, Mode::PerTick, vec![job(1)]);
+    late.start().expect("starts");
+    sleep(plan.period * plan.ticks / 2).await;
+    let schedulers = vec![ahead, late];
+    fleet.shutdown_all(schedulers).await;
+    let runs = fleet.log.completed();
+    fleet::assert_each_tick_once(&runs, plan.period);
+    assert!(
+        runs.iter().all(|r| r.replica == 0),
+        "the far-behind replica re-ran a tick"
+    );
+}

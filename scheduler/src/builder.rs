@@ -1,0 +1,225 @@
+//! Configuring a [`Scheduler`].
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{Locker, TickStore};
+use prometheus::Registry;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::leader::{DEFAULT_ELECTION_INTERVAL, DEFAULT_ELECTION_TTL};
+use crate::runtime::{OutcomeHook, Runtime};
+use crate::{Error, Job, Result, RunReport, Scheduler, SchedulerMetrics, SystemClock, WallClock};
+
+/// The default skew tolerance: how far apart replicas' clocks may be.
+pub const DEFAULT_SKEW_TOLERANCE: Duration = Duration::from_secs(5);
+
+/// How replicas agree on who runs a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Every replica fires every tick on its own clock; a lock named for the
+    /// job and the tick lets exactly one of them run it.
+    PerTick,
+    /// Replicas elect a leader; only the leader fires ticks (each still under
+    /// its per-tick lock, so a handover can never run a tick twice).
+    Leader(ElectionOptions),
+}
+
+/// Settings of the leader election in [`Mode::Leader`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElectionOptions {
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+    pub(crate) interval: Duration,
+}
+
+impl Default for ElectionOptions {
+    /// The lock `scheduler/leader`, a 15 s TTL, a 5 s retry interval.
+    fn default() -> Self {
+        Self {
+            name: "scheduler/leader".into(),
+            ttl: DEFAULT_ELECTION_TTL,
+            interval: DEFAULT_ELECTION_INTERVAL,
+        }
+    }
+}
+
+impl ElectionOptions {
+    /// The default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The election lock's name; replicas of one service must agree on it.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The election lock's TTL: a crashed leader is replaced within
+    /// `ttl + interval`.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How often standbys try to take over.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+}
+
+/// Builds a [`Scheduler`]: a [`Locker`], a [`TickStore`] on the same server,
+/// a mode, jobs, and optionally a clock, a metrics registry and an outcome hook.
+pub struct SchedulerBuilder {
+    locker: Locker,
+    ticks: Arc<dyn TickStore>,
+    mode: Mode,
+    clock: Arc<dyn WallClock>,
+    metrics: Option<SchedulerMetrics>,
+    registry: Option<Registry>,
+    tolerance: Duration,
+    jobs: Vec<Job>,
+    on_outcome: Option<OutcomeHook>,
+}
+
+impl fmt::Debug for SchedulerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchedulerBuilder")
+            .field("mode", &self.mode)
+            .field("clock", &self.clock)
+            .field("tolerance", &self.tolerance)
+            .field("jobs", &self.jobs)
+            .finish()
+    }
+}
+
+impl SchedulerBuilder {
+    pub(crate) fn new(locker: Locker, ticks: Arc<dyn TickStore>) -> Self {
+        Self {
+            locker,
+            ticks,
+            mode: Mode::PerTick,
+            clock: Arc::new(SystemClock),
+            metrics: None,
+            registry: None,
+            tolerance: DEFAULT_SKEW_TOLERANCE,
+            jobs: Vec::new(),
+            on_outcome: None,
+        }
+    }
+
+    /// The coordination mode (default [`Mode::PerTick`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Adds a job.
+    pub fn job(mut self, job: Job) -> Self {
+        self.jobs.push(job);
+        self
+    }
+
+    /// The wall clock cron expressions are evaluated against (default the
+    /// system clock).
+    pub fn clock(mut self, clock: Arc<dyn WallClock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How far apart replicas' clocks may be (default 5 s). A finished
+    /// tick's lock is kept until the tick plus this tolerance has passed.
+    pub fn skew_tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// Registers the metrics in `registry` (default: the process default registry).
+    pub fn registry(mut self, registry: &Registry) -> Self {
+        self.registry = Some(registry.clone());
+        self
+    }
+
+    /// Reports into already registered metrics.
+    pub fn metrics(mut self, metrics: SchedulerMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Calls `hook` with every tick's outcome on this replica. It runs on the
+    /// scheduler's own tasks: keep it quick and never block in it.
+    pub fn on_outcome(mut self, hook: impl Fn(&RunReport) + Send + Sync + 'static) -> Self {
+        self.on_outcome = Some(Arc::new(hook));
+        self
+    }
+
+    /// Validates everything and builds the scheduler (not started yet).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidCron`], [`Error::InvalidTimeZone`] or
+    /// [`Error::InvalidJob`] naming the job; [`Error::Config`] for a zero
+    /// tolerance or election interval, a duplicate job name or no jobs;
+    /// [`Error::Lock`] for a bad election lock; [`Error::Metrics`].
+    pub fn build(self) -> Result<Scheduler> {
+        if self.tolerance.is_zero() {
+            return Err(Error::Config(
+                "the skew tolerance must be greater than zero; it is how long a finished tick stays marked".into(),
+            ));
+        }
+        if self.jobs.is_empty() {
+            return Err(Error::Config("add at least one job".into()));
+        }
+        if let Mode::Leader(e) = &self.mode {
+            if e.interval.is_zero() {
+                return Err(Error::Config(
+                    "the election interval must be greater than zero".into(),
+                ));
+            }
+            lock_core::LockName::new(&e.name)?;
+            lock_core::LockOptions::new(e.ttl).validate(self.min_ttl())?;
+        }
+        let mut seen = HashSet::new();
+        let mut jobs = Vec::with_capacity(self.jobs.len());
+        for job in self.jobs.iter().cloned() {
+            if !seen.insert(job.name().to_owned()) {
+                return Err(Error::Config(format!(
+                    "two jobs are named {:?}; job names must be unique",
+                    job.name()
+                )));
+            }
+            jobs.push(Arc::new(job.compile(self.min_ttl())?));
+        }
+        let metrics = match (self.metrics, &self.registry) {
+            (Some(m), _) => m,
+            (None, Some(r)) => SchedulerMetrics::register(r)?,
+            (None, None) => SchedulerMetrics::default_registry()?,
+        };
+        let soft_stop = CancellationToken::new();
+        let runtime = Runtime {
+            locker: self.locker,
+            ticks: self.ticks,
+            clock: self.clock,
+            metrics,
+            tolerance: self.tolerance,
+            tracker: TaskTracker::new(),
+            hard_stop: CancellationToken::new(),
+            soft_stop,
+            on_outcome: self.on_outcome,
+        };
+        Ok(Scheduler::new(Arc::new(runtime), jobs, self.mode))
+    }
+
+    fn min_ttl(&self) -> Duration {
+        self.locker
+            .capabilities()
+            .map(|c| c.min_ttl)
+            .unwrap_or_default()
+    }
+}

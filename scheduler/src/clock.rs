@@ -1,0 +1,98 @@
+//! The wall clock that cron expressions are evaluated against.
+
+use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio::time::Instant;
+
+/// A source of wall-clock time for evaluating cron schedules.
+///
+/// Only *which* tick is due comes from this clock; waiting for it uses
+/// tokio's monotonic timer, and the clock is read again after every wake, so a
+/// clock stepped backwards neither fires a tick early nor fires it twice.
+pub trait WallClock: fmt::Debug + Send + Sync + 'static {
+    /// The current wall-clock time.
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The operating system's clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// A wall clock driven by tokio's clock: `base + (tokio now − start) + skew`.
+///
+/// Under `#[tokio::test(start_paused = true)]` it advances exactly with
+/// tokio's paused time, so scheduling tests are exact and instant. The skew
+/// models a replica whose clock is ahead (positive) or behind (negative), and
+/// [`TokioClock::step`] models an operator or NTP stepping the clock.
+#[derive(Debug)]
+pub struct TokioClock {
+    base_wall: DateTime<Utc>,
+    base_instant: Instant,
+    skew_ms: AtomicI64,
+}
+
+impl TokioClock {
+    /// A clock reading `base` now, then advancing with tokio's clock.
+    pub fn starting_at(base: DateTime<Utc>) -> Self {
+        Self {
+            base_wall: base,
+            base_instant: Instant::now(),
+            skew_ms: AtomicI64::new(0),
+        }
+    }
+
+    /// The same clock offset by `skew_ms` milliseconds (negative: behind).
+    pub fn with_skew_ms(self, skew_ms: i64) -> Self {
+        self.skew_ms.store(skew_ms, Ordering::SeqCst);
+        self
+    }
+
+    /// Steps the clock by `delta_ms` milliseconds from now on.
+    pub fn step(&self, delta_ms: i64) {
+        self.skew_ms.fetch_add(delta_ms, Ordering::SeqCst);
+    }
+}
+
+impl WallClock for TokioClock {
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = Instant::now().saturating_duration_since(self.base_instant);
+        let elapsed = TimeDelta::from_std(elapsed).unwrap_or(TimeDelta::MAX);
+        let skew = TimeDelta::milliseconds(self.skew_ms.load(Ordering::SeqCst));
+        self.base_wall
+            .checked_add_signed(elapsed)
+            .and_then(|t| t.checked_add_signed(skew))
+            .unwrap_or(self.base_wall)
+    }
+}
+
+/// How long from `now` until `at`, zero if it has passed.
+pub(crate) fn until(now: DateTime<Utc>, at: DateTime<Utc>) -> Duration {
+    (at - now).to_std().unwrap_or(Duration::ZERO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn follows_tokio_time_with_skew_and_steps() {
+        let base = DateTime::from_timestamp(1_700_000_000, 0).expect("valid");
+        let clock = TokioClock::starting_at(base).with_skew_ms(2_000);
+        assert_eq!(clock.now(), base + TimeDelta::seconds(2));
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        assert_eq!(clock.now(), base + TimeDelta::milliseconds(3_500));
+        clock.step(-10_000);
+        assert_eq!(clock.now(), base - TimeDelta::milliseconds(6_500));
+        assert_eq!(until(clock.now(), base), Duration::from_millis(6_500));
+        assert_eq!(until(base, clock.now()), Duration::ZERO);
+    }
+}

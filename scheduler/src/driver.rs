@@ -1,0 +1,129 @@
+//! The loop that waits for each job's ticks and hands them to the runner.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta};
+use lock_core::LeaseHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::job::JobSpec;
+use crate::per_tick::{run_tick, Tick};
+use crate::runtime::{RunReport, Runtime};
+use crate::{clock, TickOutcome};
+
+/// The longest single sleep: the wall clock is re-read at least this often,
+/// so a clock stepped forward is noticed within it.
+const MAX_NAP: Duration = Duration::from_secs(1);
+
+/// Fires `job`'s ticks until `stop` is cancelled: first the missed ticks its
+/// policy asks for, then every tick after now, on this replica's clock.
+pub(crate) async fn drive(
+    rt: Arc<Runtime>,
+    job: Arc<JobSpec>,
+    stop: CancellationToken,
+    leader: Option<LeaseHandle>,
+) {
+    let start = rt.clock.now();
+    let last = match rt.ticks.last_completed(&job.name).await {
+        Ok(ms) => ms.and_then(DateTime::from_timestamp_millis),
+        Err(e) => {
+            warn!(job = job.label(), error = %e, "cannot read the last completed tick; not catching up");
+            None
+        }
+    };
+    let missed = job.missed.select(&job.schedule, last, start);
+    if !missed.is_empty() {
+        info!(
+            job = job.label(),
+            count = missed.len(),
+            "catching up missed ticks"
+        );
+        let batch = missed.into_iter().map(|at| Tick { at, catch_up: true });
+        launch(&rt, &job, batch.collect(), leader.as_ref());
+    }
+    let mut cursor = start;
+    loop {
+        let Some(next) = job.schedule.next_after(cursor) else {
+            info!(job = job.label(), "the schedule has no further ticks");
+            return;
+        };
+        // Sleep on tokio's clock, but decide on the wall clock, re-read after
+        // every wake: a clock stepped back just means sleeping longer.
+        loop {
+            let now = rt.clock.now();
+            if now >= next {
+                break;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(clock::until(now, next).min(MAX_NAP)) => {}
+            }
+        }
+        if stop.is_cancelled() {
+            return;
+        }
+        let now = rt.clock.now();
+        let due = job.schedule.ticks_between(cursor, now);
+        let Some(&current) = due.last() else {
+            continue;
+        };
+        let mut batch: Vec<Tick> = Vec::new();
+        if due.len() > 1 {
+            // Several ticks at once: the process stalled or the clock jumped.
+            let before = current
+                .checked_sub_signed(TimeDelta::milliseconds(1))
+                .unwrap_or(current);
+            let missed = job.missed.select(&job.schedule, Some(cursor), before);
+            warn!(
+                job = job.label(),
+                passed = due.len() - 1,
+                running = missed.len(),
+                "ticks passed unrun"
+            );
+            batch.extend(missed.into_iter().map(|at| Tick { at, catch_up: true }));
+        }
+        batch.push(Tick {
+            at: current,
+            catch_up: false,
+        });
+        cursor = current;
+        launch(&rt, &job, batch, leader.as_ref());
+    }
+}
+
+/// Runs `batch` in order in its own task, unless a run of the job is still
+/// going in this process: then every tick of it is skipped and counted.
+fn launch(rt: &Arc<Runtime>, job: &Arc<JobSpec>, batch: Vec<Tick>, leader: Option<&LeaseHandle>) {
+    if job.running.swap(true, Ordering::AcqRel) {
+        for tick in batch {
+            warn!(job = job.label(), tick = %tick.at, "the previous run is still going; skipping this tick");
+            rt.report(RunReport {
+                job: job.label().to_owned(),
+                scheduled: tick.at,
+                outcome: TickOutcome::Skipped,
+                catch_up: tick.catch_up,
+            });
+        }
+        return;
+    }
+    let running = Running(Arc::clone(job));
+    let (rt2, job, leader) = (Arc::clone(rt), Arc::clone(job), leader.cloned());
+    rt.tracker.spawn(async move {
+        let _running = running;
+        for tick in batch {
+            run_tick(&rt2, &job, tick, leader.as_ref()).await;
+        }
+    });
+}
+
+/// Clears the job's overlap flag when its runs end, even if they are dropped.
+struct Running(Arc<JobSpec>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+    }
+}

@@ -1,0 +1,108 @@
+//! Cron jobs that run once across replicas.
+//!
+//! A service embeds a [`Scheduler`], adds [`Job`]s (a name, a cron
+//! expression with optional seconds, a time zone, lock TTL and maximum hold,
+//! a missed-tick policy, and an async handler that receives a
+//! [`JobContext`]), starts it, and runs the same binary on N replicas. Every
+//! scheduled tick of a job then runs on one replica, whatever the replicas'
+//! clocks and crashes, within the limits below.
+//!
+//! # Two modes
+//!
+//! - **Per tick** ([`Mode::PerTick`]): every replica fires every tick on its
+//!   own clock and tries the lock `<job>/<tick in Unix ms>`. The tick is named
+//!   by its scheduled instant, not by when a replica fired, so all replicas
+//!   contend for the same lock and exactly one wins.
+//! - **Leader** ([`Mode::Leader`]): replicas elect a leader through one
+//!   long-held lock ([`LeaderElection`], also usable on its own), renewed by
+//!   the heartbeat; standbys retry every election interval. Only the leader
+//!   fires; when its lease is lost it stops firing and aborts its running
+//!   handlers at that instant. A crashed leader is replaced within the
+//!   election TTL plus one interval. The leader still takes each tick's lock,
+//!   so a handover can never run a tick twice.
+//!
+//! # Why a tick runs once
+//!
+//! 1. Only the holder of a tick's lock runs it, and it runs only while the
+//!    lock is valid by its local deadline (the handler is dropped the moment
+//!    the lock is lost, and the run is verified with the backend afterwards).
+//! 2. The lock is not released when the handler returns: it is kept
+//!    ([`LockGuard::retain_for`](lock_core::LockGuard::retain_for)) until the
+//!    tick plus the skew tolerance has passed, so a replica whose clock is
+//!    behind finds the tick taken, even if the job took a millisecond.
+//! 3. A finished tick is recorded in the [`TickStore`](lock_core::TickStore),
+//!    on the same server as the locks, and a replica checks that record
+//!    *after* taking the tick's lock, before running: a tick recorded as the
+//!    last completed one is never run again, and a tick older than the
+//!    tolerance is not run once a later one has completed. (The store keeps
+//!    only the latest tick, so within the tolerance the completion mark of
+//!    2. decides; a later tick finished by a replica whose clock is ahead does
+//!    not cancel an earlier one that nobody has run yet.)
+//!
+//! # Clock skew
+//!
+//! Replicas' clocks may differ by up to the skew tolerance (default 5 s,
+//! [`SchedulerBuilder::skew_tolerance`]). A replica ahead fires early and a
+//! replica behind fires late, but they fire the same tick name. Skew larger
+//! than the tolerance is still caught by the completed-tick record (2.); the
+//! tolerance only bounds how long completion marks are kept. Ticks are
+//! computed on an injectable [`WallClock`]; waiting uses tokio's monotonic
+//! timer and the wall clock is re-read on every wake, so a clock stepped
+//! backwards neither fires early nor fires a tick twice, and one stepped
+//! forward treats the ticks it jumped over as missed.
+//!
+//! # Missed ticks
+//!
+//! Ticks that passed while no replica ran them (all down, an election under
+//! way, a stall) follow the job's [`MissedTicks`] policy: skip (default), run
+//! the latest once, or run all within a window up to a count. They are
+//! counted from the last completed tick in the tick store, so the policy
+//! holds across failovers.
+//!
+//! # Daylight saving time
+//!
+//! See [`Schedule`]: a fixed-time job in a spring-forward gap runs once right
+//! after the gap; on a fall-back day it runs once, on the first pass.
+//!
+//! # Outcomes and metrics
+//!
+//! Each tick on each replica ends as one [`TickOutcome`], counted in
+//! `scheduler_runs_total{job,outcome}`; see [`SchedulerMetrics`]. A tick that
+//! arrives while the job's previous run is still going in this process is
+//! skipped; a panicking handler is caught, counted `panicked`, and its lock
+//! released.
+//!
+//! # Examples
+//!
+//! See [`Scheduler`], and `cargo run -p scheduler --example replicas`.
+#![forbid(unsafe_code)]
+
+mod builder;
+mod clock;
+mod connect;
+mod context;
+mod driver;
+mod error;
+mod job;
+mod leader;
+mod metrics;
+mod missed;
+mod per_tick;
+mod runtime;
+mod schedule;
+mod scheduler;
+
+pub use builder::{ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE};
+pub use clock::{SystemClock, TokioClock, WallClock};
+pub use connect::{connect, Backend};
+pub use context::JobContext;
+pub use error::{Error, JobError, Result};
+pub use job::{Job, DEFAULT_JOB_TTL, MAX_JOB_NAME_LEN};
+pub use leader::{
+    ElectionBuilder, LeaderElection, DEFAULT_ELECTION_INTERVAL, DEFAULT_ELECTION_TTL,
+};
+pub use metrics::{SchedulerMetrics, TickOutcome};
+pub use missed::MissedTicks;
+pub use runtime::RunReport;
+pub use schedule::Schedule;
+pub use scheduler::Scheduler;

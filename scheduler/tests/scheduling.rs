@@ -1,0 +1,175 @@
+//! A single replica on the memory backend and tokio's paused clock:
+//! configuration errors, wall-clock steps, and the election on its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lock_core::{Locker, TickStore};
+use lock_memory::MemoryBackend;
+use prometheus::Registry;
+use scheduler::{ElectionOptions, Error, Job, LeaderElection, Mode, Scheduler, TokioClock};
+
+fn backend() -> (Locker, Arc<dyn TickStore>, MemoryBackend) {
+    let memory = MemoryBackend::new();
+    let locker = Locker::builder()
+        .backend(memory.clone())
+        .registry(&Registry::new())
+        .build()
+        .expect("locker");
+    (locker, Arc::new(memory.clone()), memory)
+}
+
+/// A tick and the wall-clock time its handler started.
+type RunAt = (DateTime<Utc>, DateTime<Utc>);
+
+fn noop(name: &str) -> Job {
+    Job::new(name, "* * * * * *", |_| async { Ok(()) })
+}
+
+fn build(
+    f: impl FnOnce(scheduler::SchedulerBuilder) -> scheduler::SchedulerBuilder,
+) -> scheduler::Result<Scheduler> {
+    let (locker, ticks, _) = backend();
+    f(Scheduler::builder(locker, ticks).registry(&Registry::new())).build()
+}
+
+#[test]
+fn configuration_errors_say_what_is_wrong() {
+    let msg = |r: scheduler::Result<Scheduler>| r.expect_err("must be rejected").to_string();
+    assert!(
+        msg(build(|b| b.job(noop("a")).skew_tolerance(Duration::ZERO))).contains("skew tolerance")
+    );
+    let zero_interval = ElectionOptions::new().interval(Duration::ZERO);
+    assert!(msg(build(|b| b
+        .job(noop("a"))
+        .mode(Mode::Leader(zero_interval))))
+    .contains("election interval"));
+    let zero_ttl = ElectionOptions::new().ttl(Duration::ZERO);
+    assert!(msg(build(|b| b.job(noop("a")).mode(Mode::Leader(zero_ttl)))).contains("TTL"));
+    assert!(msg(build(|b| b.job(noop("a")).job(noop("a")))).contains("unique"));
+    assert!(msg(build(|b| b)).contains("at least one job"));
+    let bad_cron = Job::new("a", "61 * * * *", |_| async { Ok(()) });
+    assert!(matches!(
+        build(|b| b.job(bad_cron)),
+        Err(Error::InvalidCron { .. })
+    ));
+    let bad_zone = noop("a").time_zone("Nowhere/Special");
+    assert!(matches!(
+        build(|b| b.job(bad_zone)),
+        Err(Error::InvalidTimeZone { .. })
+    ));
+    let registry = Registry::new();
+    let (locker, ticks, _) = backend();
+    Scheduler::builder(locker.clone(), Arc::clone(&ticks))
+        .registry(&registry)
+        .job(noop("a"))
+        .build()
+        .expect("first");
+    let again = Scheduler::builder(locker, ticks)
+        .registry(&registry)
+        .job(noop("a"))
+        .build();
+    assert!(matches!(again, Err(Error::Metrics(_))));
+}
+
+#[test]
+fn start_outside_a_runtime_is_an_error_not_a_panic() {
+    let s = build(|b| b.job(noop("a"))).expect("valid");
+    assert!(matches!(s.start(), Err(Error::Config(m)) if m.contains("tokio runtime")));
+}
+
+/// Runs a job every 2 s on a clock that is stepped back 5 s and later forward
+/// 10 s: no tick runs twice or early; of the ticks jumped over, only the
+/// newest runs (the others are missed, and `Skip` drops them).
+#[tokio::test(start_paused = true)]
+async fn wall_clock_steps_never_refire_a_tick() {
+    let (locker, ticks, _) = backend();
+    let base = DateTime::from_timestamp(1_800_000_001, 0).expect("valid");
+    let clock = Arc::new(TokioClock::starting_at(base));
+    let ran: Arc<Mutex<Vec<RunAt>>> = Arc::default();
+    let log = Arc::clone(&ran);
+    let seen = Arc::clone(&clock);
+    let job = Job::new("stepped", "*/2 * * * * *", move |ctx| {
+        let (log, clock) = (Arc::clone(&log), Arc::clone(&seen));
+        async move {
+            use scheduler::WallClock;
+            log.lock()
+                .expect("log")
+                .push((ctx.scheduled_at(), clock.now()));
+            Ok(())
+        }
+    });
+    let s = Scheduler::builder(locker, ticks)
+        .registry(&Registry::new())
+        .clock(clock.clone())
+        .job(job)
+        .build()
+        .expect("valid");
+    s.start().expect("starts");
+    tokio::time::sleep(Duration::from_secs(6)).await; // ticks at +1, +3, +5 s
+    clock.step(-5_000);
+    tokio::time::sleep(Duration::from_millis(8_500)).await; // reads +1..+9.5: +7, +9 run
+    clock.step(10_000);
+    tokio::time::sleep(Duration::from_millis(2_000)).await; // reads +19.5..+21.5: +19, +21 run
+    s.shutdown(Duration::from_secs(1)).await.expect("clean");
+    let ran = ran.lock().expect("log").clone();
+    let offsets: Vec<i64> = ran.iter().map(|(t, _)| (*t - base).num_seconds()).collect();
+    assert_eq!(offsets, vec![1, 3, 5, 7, 9, 19, 21]);
+    assert!(
+        ran.iter().all(|(tick, now)| now >= tick),
+        "a tick ran early: {ran:?}"
+    );
+}
+
+/// The election on its own: one leader among three, hooks fire, and a
+/// standby takes over within TTL + interval when the leader stops.
+#[tokio::test(start_paused = true)]
+async fn election_elects_one_and_hands_over() {
+    let memory = MemoryBackend::new();
+    let lockers: Vec<Locker> = (0..3)
+        .map(|_| {
+            Locker::builder()
+                .backend(memory.clone())
+                .registry(&Registry::new())
+                .build()
+                .expect("locker")
+        })
+        .collect();
+    let events: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (ttl, interval) = (Duration::from_secs(3), Duration::from_secs(1));
+    let elections: Vec<LeaderElection> = lockers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let (up, down) = (Arc::clone(&events), Arc::clone(&events));
+            LeaderElection::builder(l.clone(), "svc/leader")
+                .ttl(ttl)
+                .interval(interval)
+                .on_elected(move || up.lock().expect("log").push(format!("{i} up")))
+                .on_demoted(move || down.lock().expect("log").push(format!("{i} down")))
+                .start()
+                .expect("starts")
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let leading: Vec<bool> = elections.iter().map(LeaderElection::is_leader).collect();
+    assert_eq!(leading, vec![true, false, false]);
+    let mut watch = elections[1].subscribe();
+    let stopped = tokio::time::Instant::now();
+    elections[0].stop().await;
+    let mut other = elections[2].subscribe();
+    tokio::select! {
+        _ = watch.wait_for(|l| *l) => {}
+        _ = other.wait_for(|l| *l) => {}
+    }
+    assert!(
+        stopped.elapsed() <= interval,
+        "a released leadership is taken within one interval"
+    );
+    assert_eq!(elections.iter().filter(|e| e.is_leader()).count(), 1);
+    let events = events.lock().expect("log").clone();
+    assert_eq!(&events[..2], &["0 up".to_owned(), "0 down".to_owned()]);
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(ttl > interval);
+}
