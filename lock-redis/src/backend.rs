@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, Lease, LeaseStatus,
-    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    async_trait, AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Expiry, Lease,
+    LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
 
 use crate::connection::Connection;
@@ -98,13 +98,21 @@ impl RedisBackend {
     /// Cancel safe: it only reads.
     pub async fn ping(&self) -> Result<(), BackendError> {
         let conn = &self.shared.conn;
-        let limit = conn.connect_timeout().max(conn.op_timeout());
-        let ping = conn.run("ping", |mut c| async move {
-            redis::cmd("PING").query_async::<String>(&mut c).await
-        });
-        match tokio::time::timeout(limit, ping).await {
-            Ok(r) => r.map(|_| ()),
-            Err(_) => Err(crate::error::timed_out("ping", conn.target(), limit)),
+        // A first call also opens the connection, so it gets both budgets.
+        let limit = conn.connect_timeout() + conn.op_timeout();
+        let answer = conn
+            .run_within("ping", limit, |mut c| async move {
+                redis::cmd("PING").query_async::<String>(&mut c).await
+            })
+            .await;
+        match answer {
+            Err(e) if e.kind() == BackendErrorKind::Timeout && conn.target().starts_with("rediss://") => {
+                Err(BackendError::timeout(format!(
+                    "{} (a server that is not TLS-enabled on this port never answers the TLS handshake: check the port, or use redis://)",
+                    e.message()
+                )))
+            }
+            other => other.map(|_| ()),
         }
     }
 
@@ -164,11 +172,7 @@ impl LockBackend for RedisBackend {
         let got: i64 = conn
             .run("acquire", |mut c| async move {
                 ACQUIRE
-                    .key(key)
-                    .key(fence)
-                    .arg(token)
-                    .arg(ms)
-                    .invoke_async(&mut c)
+                    .run(&mut c, &[key, fence], &[token, ms.to_string()])
                     .await
             })
             .await?;
@@ -190,7 +194,7 @@ impl LockBackend for RedisBackend {
         let conn = &self.shared.conn;
         let code: i64 = conn
             .run("renew", |mut c| async move {
-                RENEW.key(key).arg(token).arg(ms).invoke_async(&mut c).await
+                RENEW.run(&mut c, &[key], &[token, ms.to_string()]).await
             })
             .await?;
         status(code, "renew", conn.target())
@@ -226,12 +230,7 @@ impl LockBackend for RedisBackend {
         let conn = &self.shared.conn;
         let code: i64 = conn
             .run("release", |mut c| async move {
-                RELEASE
-                    .key(key)
-                    .arg(token)
-                    .arg(channel)
-                    .invoke_async(&mut c)
-                    .await
+                RELEASE.run(&mut c, &[key], &[token, channel]).await
             })
             .await?;
         match code {
@@ -248,17 +247,17 @@ impl LockBackend for RedisBackend {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = RENEW_MANY.prepare_invoke();
+        let mut keys = Vec::with_capacity(requests.len());
+        let mut args = Vec::with_capacity(requests.len() * 2);
         for r in requests {
-            invocation
-                .key(self.shared.keys.lock(&r.name))
-                .arg(r.owner.to_hex())
-                .arg(ttl_ms(r.ttl)?);
+            keys.push(self.shared.keys.lock(&r.name));
+            args.push(r.owner.to_hex());
+            args.push(ttl_ms(r.ttl)?.to_string());
         }
         let conn = &self.shared.conn;
         let codes: Vec<i64> = conn
             .run("renew batch", |mut c| async move {
-                invocation.invoke_async(&mut c).await
+                RENEW_MANY.run(&mut c, &keys, &args).await
             })
             .await?;
         if codes.len() != requests.len() {

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use lock_core::BackendError;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 
 use crate::error::config;
 use crate::RedisBackend;
@@ -273,11 +275,21 @@ impl RedisConfig {
                 "the connect and operation timeouts must be greater than zero",
             ));
         }
-        if self.ca_certificate_pem.is_some() && !self.tls {
-            return Err(config(format!(
-                "a CA certificate was given but {} is plaintext: use a rediss:// URL",
-                self.target()
-            )));
+        if let Some(pem) = &self.ca_certificate_pem {
+            if !self.tls {
+                return Err(config(format!(
+                    "a CA certificate was given but {} is plaintext: use a rediss:// URL",
+                    self.target()
+                )));
+            }
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| config(format!("the CA certificate PEM does not parse: {e}")))?;
+            if certs.is_empty() {
+                return Err(config(
+                    "the CA certificate PEM holds no certificate (expected -----BEGIN CERTIFICATE-----)",
+                ));
+            }
         }
         Ok(())
     }

@@ -80,8 +80,21 @@ impl Connection {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.run_within(op, self.op_timeout, call).await
+    }
+
+    /// [`Connection::run`] with another time limit.
+    pub(crate) async fn run_within<T, F, Fut>(
+        &self,
+        op: &str,
+        limit: Duration,
+        call: F,
+    ) -> Result<T, BackendError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
         let manager = self.manager(op)?;
-        let limit = self.op_timeout;
         match tokio::time::timeout(limit, call(manager)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {

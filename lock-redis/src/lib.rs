@@ -15,8 +15,8 @@
 //!   of them ever creates a key.
 //! - **Batch renewal**: one script renews every lease a `Locker` holds in one
 //!   round trip.
-//! - Scripts are sent by SHA; after `SCRIPT FLUSH` or a restart the body is
-//!   reloaded on `NOSCRIPT` and the call retried, invisibly to callers.
+//! - Scripts are sent by SHA; after `SCRIPT FLUSH` or a restart the call is
+//!   repeated once with the script body on `NOSCRIPT`, invisibly to callers.
 //! - The connection reconnects after errors. Every call is bounded by the
 //!   operation timeout, so a stalled (paused, partitioned) server gives
 //!   [`BackendErrorKind::Timeout`](lock_core::BackendErrorKind::Timeout)
@@ -52,7 +52,7 @@
 //! prefix is enough:
 //!
 //! ```text
-//! ACL SETUSER locksvc on >password resetkeys ~lock:* resetchannels &lock:* -@all +get +set +exists +incr +pexpire +del +publish +subscribe +unsubscribe +evalsha +script|load +ping
+//! ACL SETUSER locksvc on >password resetkeys ~lock:* resetchannels &lock:* -@all +get +set +exists +incr +pexpire +del +publish +subscribe +unsubscribe +evalsha +eval +ping
 //! ```
 //!
 //! # TLS

@@ -2,13 +2,51 @@
 //!
 //! Scripts run atomically on the server, which is what makes each compare
 //! and its write one step. They are sent as `EVALSHA`; after a `SCRIPT FLUSH`
-//! or a restart the client reloads the body on `NOSCRIPT` and retries, so
-//! callers never see that error.
+//! or a restart the server answers `NOSCRIPT`, and the call is repeated once
+//! as `EVAL` with the body, which also caches it again. One `EVAL` rather
+//! than `SCRIPT LOAD` + `EVALSHA` leaves no window for another flush in
+//! between, so callers never see that error.
 
 use std::sync::LazyLock;
 
 use lock_core::LockName;
-use redis::Script;
+use redis::aio::ConnectionManager;
+use redis::{ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+
+/// A Lua script: its body and the SHA1 the server caches it under.
+pub(crate) struct Lua {
+    body: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(body: &'static str) -> Self {
+        Self {
+            body,
+            sha: Script::new(body).get_hash().to_owned(),
+        }
+    }
+
+    /// Runs the script with `keys` and `args`, by SHA, falling back to the body.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        conn: &mut ConnectionManager,
+        keys: &[String],
+        args: &[String],
+    ) -> RedisResult<T> {
+        let command = |verb: &str, script: &str| {
+            let mut c = redis::cmd(verb);
+            c.arg(script).arg(keys.len()).arg(keys).arg(args);
+            c
+        };
+        match command("EVALSHA", &self.sha).query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                command("EVAL", self.body).query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
 
 /// Takes the lock and draws a fencing token in one step, or does nothing.
 ///
@@ -16,8 +54,8 @@ use redis::Script;
 /// (an ACL without `incr`, a foreign value in the counter key), no lock exists
 /// without a token. `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner token,
 /// `ARGV[2]` TTL in ms. Returns the token, or 0 when the lock is held.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('exists', KEYS[1]) == 1 then return 0 end
 local fence = redis.call('incr', KEYS[2])
@@ -29,8 +67,8 @@ return fence
 
 /// Extends the lease if the token matches. Returns 1 held (extended),
 /// 0 expired (no key), 2 stolen (another token); never creates a key.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local v = redis.call('get', KEYS[1])
 if v == ARGV[1] then
@@ -44,8 +82,8 @@ return 0
 });
 
 /// [`RENEW`] over many keys: `ARGV` holds token and TTL pairs in key order.
-pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -70,8 +108,8 @@ return out
 /// whole release before anything is deleted; within the script it makes no
 /// difference to waiters, who can only act after the script has finished.
 /// Returns 1 released, 0 not held.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('publish', ARGV[2], '')
@@ -84,8 +122,8 @@ return 0
 });
 
 /// Stores `ARGV[1]` in `KEYS[1]` unless a larger tick is already there.
-pub(crate) static RECORD_TICK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RECORD_TICK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local cur = redis.call('get', KEYS[1])
 if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then

@@ -35,9 +35,7 @@ impl TickStore for RedisBackend {
             .conn
             .run("record tick", |mut c| async move {
                 RECORD_TICK
-                    .key(key)
-                    .arg(tick)
-                    .invoke_async::<i64>(&mut c)
+                    .run::<i64>(&mut c, &[key], &[tick.to_string()])
                     .await
             })
             .await
