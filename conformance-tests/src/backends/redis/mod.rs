@@ -3,7 +3,7 @@
 //! Two factories can run the whole suite: `redis` on a private
 //! `redis-server` started from `PATH` (or, with the `docker` feature, a
 //! container), and `redis_env` on the server at `REDIS_URL` when it is set.
-//! Redis-specific tests ([`specific`]) run on private servers only, since
+//! Redis-specific tests (`redis::<test>`) run on private servers only, since
 //! they flush scripts, pause and restart their server.
 
 mod access;
