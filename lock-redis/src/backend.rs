@@ -1,6 +1,7 @@
 //! [`RedisBackend`]: the [`LockBackend`] implementation.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,8 @@ use lock_core::{
     async_trait, AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Expiry, Lease,
     LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
+
+use tracing::{debug, warn};
 
 use crate::connection::Connection;
 use crate::error::{config, protocol};
@@ -47,6 +50,7 @@ pub(crate) struct Shared {
     pub(crate) conn: Connection,
     notifier: ReleaseNotifier,
     pub(crate) keys: KeySpace,
+    warned_no_pubsub: AtomicBool,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -78,6 +82,7 @@ impl RedisBackend {
                 conn,
                 notifier,
                 keys: KeySpace::new(config.key_prefix()),
+                warned_no_pubsub: AtomicBool::new(false),
             }),
         }
     }
@@ -273,16 +278,31 @@ impl LockBackend for RedisBackend {
             .collect()
     }
 
+    /// Subscribes on the name's channel. When pub/sub cannot be had (the
+    /// server is unreachable, or an ACL user lacks `subscribe` or the channel)
+    /// it returns `Ok(None)` and the caller polls instead.
     async fn subscribe_release(
         &self,
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
-        let signal = self
+        match self
             .shared
             .notifier
             .subscribe(self.shared.keys.channel(name))
-            .await?;
-        Ok(Some(signal))
+            .await
+        {
+            Ok(signal) => Ok(Some(signal)),
+            Err(e) if e.kind() == BackendErrorKind::Auth => {
+                if !self.shared.warned_no_pubsub.swap(true, Ordering::Relaxed) {
+                    warn!(error = %e, "release notification refused; waiting acquires poll instead (grant subscribe and the &<prefix>* channels)");
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                debug!(error = %e, "release notification unavailable; polling");
+                Ok(None)
+            }
+        }
     }
 }
 

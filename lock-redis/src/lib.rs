@@ -15,6 +15,8 @@
 //!   of them ever creates a key.
 //! - **Batch renewal**: one script renews every lease a `Locker` holds in one
 //!   round trip.
+//! - **Release notification**: waiters subscribe to the name's channel on one
+//!   shared subscriber connection; where pub/sub is refused or down they poll.
 //! - Scripts are sent by SHA; after `SCRIPT FLUSH` or a restart the call is
 //!   repeated once with the script body on `NOSCRIPT`, invisibly to callers.
 //! - The connection reconnects after errors. Every call is bounded by the

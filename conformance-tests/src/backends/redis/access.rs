@@ -199,11 +199,10 @@ async fn acl_body(f: &RedisFactory, user: &str, allowed: &str) -> Result<(), Box
         BackendErrorKind::Auth,
         "ACL",
     )?;
-    expect_kind(
-        "subscribe outside the prefix",
-        outside.subscribe_release(&name).await.map(|s| s.is_some()),
-        BackendErrorKind::Auth,
-        "ACL",
+    // A refused subscription means "poll instead", not a failure.
+    ensure(
+        outside.subscribe_release(&name).await?.is_none(),
+        "a refused subscription was reported as active",
     )?;
     let wrong = f
         .url()
