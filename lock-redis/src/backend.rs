@@ -285,15 +285,17 @@ impl LockBackend for RedisBackend {
         &self,
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
-        match self
-            .shared
-            .notifier
-            .subscribe(self.shared.keys.channel(name))
-            .await
-        {
+        let shared = &self.shared;
+        let limit = shared.conn.op_timeout();
+        let subscribe = shared.notifier.subscribe(shared.keys.channel(name));
+        let Ok(outcome) = tokio::time::timeout(limit, subscribe).await else {
+            debug!(lock = %name, "release subscription did not complete within {limit:?}; polling");
+            return Ok(None);
+        };
+        match outcome {
             Ok(signal) => Ok(Some(signal)),
             Err(e) if e.kind() == BackendErrorKind::Auth => {
-                if !self.shared.warned_no_pubsub.swap(true, Ordering::Relaxed) {
+                if !shared.warned_no_pubsub.swap(true, Ordering::Relaxed) {
                     warn!(error = %e, "release notification refused; waiting acquires poll instead (grant subscribe and the &<prefix>* channels)");
                 }
                 Ok(None)

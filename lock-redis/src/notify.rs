@@ -35,6 +35,7 @@ struct Inner {
 struct State {
     link: Option<Link>,
     next_generation: u64,
+    next_serial: u64,
     channels: HashMap<String, Channel>,
 }
 
@@ -68,7 +69,11 @@ impl State {
     }
 }
 
+/// The waiters of one channel. `serial` tells this registration from a
+/// later one of the same channel, so a stale waiter never counts down a
+/// successor's registration.
 struct Channel {
+    serial: u64,
     generation: u64,
     waiters: usize,
     notify: Arc<Notify>,
@@ -101,10 +106,13 @@ impl ReleaseNotifier {
             Some(link) => (link.generation, link.sink.clone()),
             None => self.open(&mut st).await?,
         };
+        st.next_serial += 1;
+        let fresh = st.next_serial;
         let entry = st
             .channels
             .entry(channel.clone())
             .or_insert_with(|| Channel {
+                serial: fresh,
                 generation,
                 waiters: 0,
                 notify: Arc::new(Notify::new()),
@@ -113,6 +121,13 @@ impl ReleaseNotifier {
         let first = entry.waiters == 1;
         let mut notified = Box::pin(Arc::clone(&entry.notify).notified_owned());
         notified.as_mut().enable();
+        // Armed before the next await, so a caller that drops this future
+        // mid-subscribe still counts itself out again.
+        let guard = Waiter {
+            inner: Arc::clone(inner),
+            channel: channel.clone(),
+            serial: entry.serial,
+        };
         if first {
             // Still under the state lock, so an unsubscribe of the same
             // channel cannot slip in between and undo this subscription.
@@ -135,11 +150,6 @@ impl ReleaseNotifier {
             }
         }
         drop(st);
-        let guard = Waiter {
-            inner: Arc::clone(inner),
-            channel,
-            generation,
-        };
         Ok(ReleaseSignal::new(async move {
             let _guard = guard;
             notified.await;
@@ -210,7 +220,7 @@ async fn read_messages(
 struct Waiter {
     inner: Arc<Inner>,
     channel: String,
-    generation: u64,
+    serial: u64,
 }
 
 impl Drop for Waiter {
@@ -220,15 +230,16 @@ impl Drop for Waiter {
         };
         let inner = Arc::clone(&self.inner);
         let channel = std::mem::take(&mut self.channel);
-        let generation = self.generation;
+        let serial = self.serial;
         rt.spawn(async move {
             let mut st = inner.state.lock().await;
             let Some(ch) = st.channels.get_mut(&channel) else {
                 return;
             };
-            if ch.generation != generation {
+            if ch.serial != serial {
                 return;
             }
+            let generation = ch.generation;
             ch.waiters = ch.waiters.saturating_sub(1);
             if ch.waiters > 0 {
                 return;
