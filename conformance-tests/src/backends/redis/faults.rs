@@ -88,7 +88,7 @@ pub(super) async fn paused_server_gives_timeouts(f: Arc<RedisFactory>) -> Result
     srv.pause()?;
     let started = Instant::now();
     let err = backend
-        .check(&name, &OwnerToken::generate()?)
+        .renew(&name, &OwnerToken::generate()?, TTL)
         .await
         .err()
         .ok_or("a call to a paused server succeeded")?;

@@ -158,6 +158,11 @@ fn openssl(args: &[&str]) -> Result<(), BoxError> {
 }
 
 /// A Redis container started with the `docker` CLI, removed on drop.
+///
+/// The CLI rather than `testcontainers`: testcontainers 0.27 with
+/// testcontainers-modules 0.15 adds about 236 crates to the build, more than
+/// the whole suite uses today, for a path that only runs where a Docker
+/// engine exists.
 #[cfg(feature = "docker")]
 #[derive(Debug)]
 pub struct Container {
