@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use conformance_tests::backends::memory::MemoryFactory;
+use conformance_tests::backends::redis::RedisRun;
 use conformance_tests::Suite;
 use libtest_mimic::Arguments;
 
@@ -13,5 +14,11 @@ fn main() -> ExitCode {
     let args = Arguments::from_args();
     let mut suite = Suite::new();
     suite.add(Arc::new(MemoryFactory::new()));
-    suite.run(&args)
+    let redis = RedisRun::register(&mut suite);
+    let code = suite.run(&args);
+    if let Err(e) = redis.check_no_leftover_keys() {
+        eprintln!("leftover check failed: {e}");
+        return ExitCode::FAILURE;
+    }
+    code
 }

@@ -1,0 +1,235 @@
+//! The Redis backend's factory and test servers.
+//!
+//! Two factories can run the whole suite: `redis` on a private
+//! `redis-server` started from `PATH` (or, with the `docker` feature, a
+//! container), and `redis_env` on the server at `REDIS_URL` when it is set.
+//! Redis-specific tests (`redis::<test>`) run on private servers only, since
+//! they flush scripts, pause and restart their server.
+
+mod access;
+mod faults;
+mod saboteur;
+pub mod server;
+mod specific;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Capabilities, LockBackend, TickStore};
+use lock_redis::{RedisBackend, RedisConfig};
+
+pub use access::acl_rules;
+pub use saboteur::RedisSaboteur;
+
+use crate::harness::{free_port, Availability, ServerProcess};
+use crate::{BackendFactory, BoxError, Saboteur, Suite, Timing};
+
+/// TTL of the Redis timing profile.
+const TTL: Duration = Duration::from_secs(1);
+/// Operation timeout: above the slowest answer seen on a loaded 2-core
+/// machine, and short enough that a stalled renewal is retried before the
+/// local deadline (ttl - drift).
+pub const OP_TIMEOUT: Duration = Duration::from_millis(500);
+/// Connect timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where a factory's server is.
+enum Server {
+    Private(ServerProcess),
+    #[cfg(feature = "docker")]
+    Container(server::Container),
+    External,
+}
+
+/// Makes Redis replicas against one server, all under one key prefix.
+pub struct RedisFactory {
+    name: &'static str,
+    url: String,
+    prefix: String,
+    server: Server,
+}
+
+impl std::fmt::Debug for RedisFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisFactory")
+            .field("name", &self.name)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl RedisFactory {
+    /// The URL of its server (may carry credentials; do not print it).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The key prefix every replica uses.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The private server process, if this factory started one.
+    pub fn process(&self) -> Option<&ServerProcess> {
+        match &self.server {
+            Server::Private(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The configuration replicas use.
+    pub fn config(&self) -> Result<RedisConfig, BoxError> {
+        Ok(config_for(&self.url)?.with_key_prefix(&self.prefix))
+    }
+
+    /// A backend of the test profile on `url`.
+    pub fn backend(&self) -> Result<RedisBackend, BoxError> {
+        Ok(self.config()?.build()?)
+    }
+}
+
+/// The test profile's timeouts on `url`.
+pub fn config_for(url: &str) -> Result<RedisConfig, BoxError> {
+    Ok(RedisConfig::from_url(url)?
+        .with_operation_timeout(OP_TIMEOUT)
+        .with_connect_timeout(CONNECT_TIMEOUT))
+}
+
+#[async_trait]
+impl BackendFactory for RedisFactory {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        RedisConfig::new().build().map_or_else(
+            |_| Capabilities::new(lock_core::Expiry::Ttl),
+            |b| b.capabilities(),
+        )
+    }
+
+    fn timing(&self) -> Timing {
+        Timing {
+            ttl: TTL,
+            tolerance: Duration::from_millis(350),
+            paused_clock: false,
+        }
+    }
+
+    async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+        Ok(Arc::new(self.config()?.connect().await?))
+    }
+
+    async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {
+        Ok(Box::new(
+            RedisSaboteur::connect(&self.url, &self.prefix).await?,
+        ))
+    }
+
+    async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
+        Ok(Some(Arc::new(self.config()?.connect().await?)))
+    }
+
+    async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
+        let port = free_port().ok()?;
+        let backend = config_for(&format!("redis://127.0.0.1:{port}"))
+            .ok()?
+            .build()
+            .ok()?;
+        Some(Arc::new(backend))
+    }
+}
+
+/// The Redis servers of one test run, and what the suite needs from them.
+#[derive(Debug, Default)]
+pub struct RedisRun {
+    factories: Vec<Arc<RedisFactory>>,
+}
+
+impl RedisRun {
+    /// Finds servers and adds every Redis trial to `suite`: the conformance
+    /// cases as `redis::<case>` (private server) and `redis_env::<case>`
+    /// (`REDIS_URL`, when set), and the Redis-specific tests as `redis::<test>`.
+    pub fn register(suite: &mut Suite) -> Self {
+        let prefix = format!("lock-test:{}:", suite.run_id());
+        let mut run = Self::default();
+        match private(&prefix) {
+            Ok(factory) => {
+                let factory = Arc::new(factory);
+                run.factories.push(Arc::clone(&factory));
+                suite.add_server_backend(
+                    "redis",
+                    Availability::Ready(factory.clone() as Arc<dyn BackendFactory>),
+                );
+                specific::register(suite, &factory);
+            }
+            Err(why) => suite.add_server_backend("redis", Availability::Missing(why.to_string())),
+        }
+        if let Ok(url) = std::env::var(lock_redis::REDIS_URL_ENV) {
+            let factory = Arc::new(RedisFactory {
+                name: "redis_env",
+                url,
+                prefix: prefix.clone(),
+                server: Server::External,
+            });
+            run.factories.push(Arc::clone(&factory));
+            suite.add_server_backend(
+                "redis_env",
+                Availability::Ready(factory as Arc<dyn BackendFactory>),
+            );
+        }
+        run
+    }
+
+    /// Checks that no lock key is left under the run's prefix on any server,
+    /// waiting up to two TTLs for leases whose release was cut short when a
+    /// case ended. The fencing counter (and tick marks) are meant to stay;
+    /// they are removed afterwards.
+    ///
+    /// # Errors
+    ///
+    /// Lists the leftover keys.
+    pub fn check_no_leftover_keys(&self) -> Result<(), BoxError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            for f in &self.factories {
+                specific::leftover_keys(f, TTL * 2).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn private(prefix: &str) -> Result<RedisFactory, BoxError> {
+    let server = match server::start_plain() {
+        Ok(p) => Server::Private(p),
+        Err(e) => docker_or(e)?,
+    };
+    let port = match &server {
+        Server::Private(p) => p.port(),
+        #[cfg(feature = "docker")]
+        Server::Container(c) => c.port(),
+        Server::External => return Err("no private server".into()),
+    };
+    Ok(RedisFactory {
+        name: "redis",
+        url: format!("redis://127.0.0.1:{port}"),
+        prefix: prefix.to_owned(),
+        server,
+    })
+}
+
+#[cfg(feature = "docker")]
+fn docker_or(binary: BoxError) -> Result<Server, BoxError> {
+    server::Container::start()
+        .map(Server::Container)
+        .map_err(|e| format!("{binary}; {e}").into())
+}
+
+#[cfg(not(feature = "docker"))]
+fn docker_or(binary: BoxError) -> Result<Server, BoxError> {
+    Err(format!("{binary}; build with --features docker to start a container").into())
+}

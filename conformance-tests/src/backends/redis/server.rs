@@ -1,0 +1,225 @@
+//! Private `redis-server`s for the suite: plain, TLS, and (with the `docker`
+//! feature) a container when no binary is installed.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::harness::{which, ServerProcess, ServerSpec};
+use crate::BoxError;
+
+/// Starts `redis-server` from `PATH` on a free loopback port, without
+/// persistence, so a restart loses every key (as a crash would).
+pub fn start_plain() -> Result<ServerProcess, BoxError> {
+    let program = which("redis-server").ok_or("redis-server is not on PATH")?;
+    ServerProcess::start(ServerSpec {
+        program,
+        args: args(&["--port", "{port}"]),
+        run_as: None,
+        ready_timeout: Duration::from_secs(10),
+    })
+}
+
+/// Starts a TLS-only `redis-server` with the certificates
+/// [`make_certificates`] wrote into `dir` under `stem`.
+pub fn start_tls(dir: &Path, stem: &str) -> Result<ServerProcess, BoxError> {
+    let program = which("redis-server").ok_or("redis-server is not on PATH")?;
+    let cert = dir
+        .join(format!("{stem}.pem"))
+        .to_string_lossy()
+        .into_owned();
+    let key = dir
+        .join(format!("{stem}-key.pem"))
+        .to_string_lossy()
+        .into_owned();
+    let ca = dir
+        .join(format!("{stem}-ca.pem"))
+        .to_string_lossy()
+        .into_owned();
+    let mut a = args(&["--port", "0", "--tls-port", "{port}"]);
+    a.extend(
+        [
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ]
+        .map(String::from),
+    );
+    ServerProcess::start(ServerSpec {
+        program,
+        args: a,
+        run_as: None,
+        ready_timeout: Duration::from_secs(10),
+    })
+}
+
+fn args(extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+    a.extend(
+        [
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "{dir}",
+        ]
+        .map(String::from),
+    );
+    a
+}
+
+/// Makes a self-signed CA `<stem>-ca.pem` and a server certificate
+/// `<stem>.pem` (key `<stem>-key.pem`) for `127.0.0.1`/`localhost` signed by
+/// it, and returns the CA's PEM. rustls refuses a CA certificate used as the
+/// server's own (`CaUsedAsEndEntity`), which is what a lone
+/// `openssl req -x509` makes, hence the two steps.
+pub fn make_certificates(dir: &Path, stem: &str) -> Result<Vec<u8>, BoxError> {
+    let p = |suffix: &str| {
+        dir.join(format!("{stem}{suffix}"))
+            .to_string_lossy()
+            .into_owned()
+    };
+    let ext = p(".ext");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )?;
+    let ca_subject = format!("/CN=lock-test-ca-{stem}");
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p("-ca.key"),
+        "-out",
+        &p("-ca.pem"),
+        "-days",
+        "1",
+        "-subj",
+        &ca_subject,
+    ])?;
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p("-key.pem"),
+        "-out",
+        &p(".csr"),
+        "-subj",
+        "/CN=localhost",
+    ])?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &p(".csr"),
+        "-CA",
+        &p("-ca.pem"),
+        "-CAkey",
+        &p("-ca.key"),
+        "-CAcreateserial",
+        "-out",
+        &p(".pem"),
+        "-days",
+        "1",
+        "-extfile",
+        &ext,
+    ])?;
+    Ok(std::fs::read(p("-ca.pem"))?)
+}
+
+fn openssl(args: &[&str]) -> Result<(), BoxError> {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run openssl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "openssl {} failed: {}",
+            args.first().unwrap_or(&""),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into())
+    }
+}
+
+/// A Redis container started with the `docker` CLI, removed on drop.
+///
+/// The CLI rather than `testcontainers`: testcontainers 0.27 with
+/// testcontainers-modules 0.15 adds about 236 crates to the build, more than
+/// the whole suite uses today, for a path that only runs where a Docker
+/// engine exists.
+#[cfg(feature = "docker")]
+#[derive(Debug)]
+pub struct Container {
+    id: String,
+    port: u16,
+}
+
+#[cfg(feature = "docker")]
+impl Container {
+    /// Docker support: starts `redis:7` publishing 6379 on a loopback port.
+    pub fn start() -> Result<Self, BoxError> {
+        let run = Command::new("docker")
+            .args([
+                "run",
+                "-d",
+                "--rm",
+                "-p",
+                "127.0.0.1::6379",
+                "redis:7",
+                "--save",
+                "",
+            ])
+            .output()
+            .map_err(|e| format!("docker support: cannot run the docker CLI: {e}"))?;
+        if !run.status.success() {
+            return Err(format!(
+                "docker support: cannot start a container: {}",
+                String::from_utf8_lossy(&run.stderr).trim()
+            )
+            .into());
+        }
+        let id = String::from_utf8_lossy(&run.stdout).trim().to_owned();
+        let mut container = Self { id, port: 0 };
+        let port = Command::new("docker")
+            .args(["port", &container.id, "6379/tcp"])
+            .output()?;
+        let text = String::from_utf8_lossy(&port.stdout);
+        let port = text
+            .lines()
+            .next()
+            .and_then(|l| l.rsplit(':').next())
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| format!("docker support: no published port in {text:?}"))?;
+        crate::harness::wait_for_port(port, Duration::from_secs(30))?;
+        container.port = port;
+        Ok(container)
+    }
+
+    /// The loopback port the container's Redis is published on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+#[cfg(feature = "docker")]
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", &self.id]).output();
+    }
+}

@@ -1,0 +1,323 @@
+//! [`RedisBackend`]: the [`LockBackend`] implementation.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    async_trait, AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Expiry, Lease,
+    LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+};
+
+use tracing::{debug, warn};
+
+use crate::connection::Connection;
+use crate::error::{config, protocol};
+use crate::notify::ReleaseNotifier;
+use crate::scripts::{KeySpace, ACQUIRE, RELEASE, RENEW, RENEW_MANY};
+use crate::RedisConfig;
+
+/// Locks in one Redis primary. Cheap to clone; clones share connections.
+///
+/// Build it with [`RedisConfig`]. Each value holds one command connection and,
+/// once a waiter needs it, one subscriber connection; separate processes (or
+/// tests simulating them) build separate backends.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::{Locker, LockName, LockOptions};
+/// use lock_redis::RedisConfig;
+///
+/// let backend = RedisConfig::from_env()?.connect().await?;
+/// let locker = Locker::new(backend)?;
+/// let guard = locker
+///     .try_lock(&LockName::new("reports/nightly")?, &LockOptions::new(Duration::from_secs(30)))
+///     .await?;
+/// let token = guard.fencing_token(); // pass it to the resource you write to
+/// guard.release().await?;
+/// # let _ = token; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) conn: Connection,
+    notifier: ReleaseNotifier,
+    pub(crate) keys: KeySpace,
+    warned_no_pubsub: AtomicBool,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("server", &self.shared.conn.target())
+            .field("keys", &self.shared.keys)
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    pub(crate) fn from_parts(config: RedisConfig, client: redis::Client) -> Self {
+        let target = config.target();
+        let conn = Connection::new(
+            client.clone(),
+            target.clone(),
+            config.connect_timeout(),
+            config.operation_timeout(),
+        );
+        let notifier = ReleaseNotifier::new(
+            client,
+            target,
+            config.connect_timeout(),
+            config.operation_timeout(),
+        );
+        Self {
+            shared: Arc::new(Shared {
+                conn,
+                notifier,
+                keys: KeySpace::new(config.key_prefix()),
+                warned_no_pubsub: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Checks that the server answers and accepts the credentials.
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable`/`Timeout` when it cannot be reached in time, `Auth` when
+    /// it refuses the login, `Config` on a TLS mismatch.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn ping(&self) -> Result<(), BackendError> {
+        let conn = &self.shared.conn;
+        // A first call also opens the connection, so it gets both budgets.
+        let limit = conn.connect_timeout() + conn.op_timeout();
+        let answer = conn
+            .run_within("ping", limit, |mut c| async move {
+                redis::cmd("PING").query_async::<String>(&mut c).await
+            })
+            .await;
+        match answer {
+            Err(e) if e.kind() == BackendErrorKind::Timeout && conn.target().starts_with("rediss://") => {
+                Err(BackendError::timeout(format!(
+                    "{} (a server that is not TLS-enabled on this port never answers the TLS handshake: check the port, or use redis://)",
+                    e.message()
+                )))
+            }
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// The key that holds `name`'s owner token, for operators and tests.
+    pub fn key_for(&self, name: &LockName) -> String {
+        self.shared.keys.lock(name)
+    }
+
+    /// The key of the fencing counter shared by every name under the prefix.
+    pub fn fence_key(&self) -> String {
+        self.shared.keys.fence()
+    }
+}
+
+/// TTL in whole milliseconds, rounded up so a lease never ends early.
+fn ttl_ms(ttl: Duration) -> Result<u64, BackendError> {
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    match u64::try_from(ms) {
+        Ok(ms) if ms >= 1 && ms <= i64::MAX as u64 / 2 => Ok(ms),
+        _ => Err(config(format!(
+            "a TTL of {ttl:?} is outside what Redis accepts"
+        ))),
+    }
+}
+
+fn status(code: i64, op: &str, target: &str) -> Result<LeaseStatus, BackendError> {
+    match code {
+        1 => Ok(LeaseStatus::Held),
+        0 => Ok(LeaseStatus::Expired),
+        2 => Ok(LeaseStatus::Stolen),
+        other => Err(protocol(op, target, other)),
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Expiry::Ttl)
+            .with_fencing(true)
+            .with_batch_renew(true)
+            .with_release_notify(true)
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let ms = ttl_ms(ttl)?;
+        let (key, fence, token) = (
+            self.shared.keys.lock(name),
+            self.shared.keys.fence(),
+            owner.to_hex(),
+        );
+        let conn = &self.shared.conn;
+        let got: i64 = conn
+            .run("acquire", |mut c| async move {
+                ACQUIRE
+                    .run(&mut c, &[key, fence], &[token, ms.to_string()])
+                    .await
+            })
+            .await?;
+        match u64::try_from(got) {
+            Ok(0) => Ok(AcquireAttempt::Held),
+            Ok(token) => Ok(AcquireAttempt::Acquired(Lease::new(Some(token)))),
+            Err(_) => Err(protocol("acquire", conn.target(), got)),
+        }
+    }
+
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        let ms = ttl_ms(ttl)?;
+        let (key, token) = (self.shared.keys.lock(name), owner.to_hex());
+        let conn = &self.shared.conn;
+        let code: i64 = conn
+            .run("renew", |mut c| async move {
+                RENEW.run(&mut c, &[key], &[token, ms.to_string()]).await
+            })
+            .await?;
+        status(code, "renew", conn.target())
+    }
+
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        let key = self.shared.keys.lock(name);
+        let value: Option<String> = self
+            .shared
+            .conn
+            .run("check", |mut c| async move {
+                redis::cmd("GET").arg(key).query_async(&mut c).await
+            })
+            .await?;
+        Ok(match value {
+            None => LeaseStatus::Expired,
+            Some(v) if v == owner.to_hex() => LeaseStatus::Held,
+            Some(_) => LeaseStatus::Stolen,
+        })
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        let keys = &self.shared.keys;
+        let (key, channel, token) = (keys.lock(name), keys.channel(name), owner.to_hex());
+        let conn = &self.shared.conn;
+        let code: i64 = conn
+            .run("release", |mut c| async move {
+                RELEASE.run(&mut c, &[key], &[token, channel]).await
+            })
+            .await?;
+        match code {
+            1 => Ok(ReleaseOutcome::Released),
+            0 => Ok(ReleaseOutcome::NotHeld),
+            other => Err(protocol("release", conn.target(), other)),
+        }
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut keys = Vec::with_capacity(requests.len());
+        let mut args = Vec::with_capacity(requests.len() * 2);
+        for r in requests {
+            keys.push(self.shared.keys.lock(&r.name));
+            args.push(r.owner.to_hex());
+            args.push(ttl_ms(r.ttl)?.to_string());
+        }
+        let conn = &self.shared.conn;
+        let codes: Vec<i64> = conn
+            .run("renew batch", |mut c| async move {
+                RENEW_MANY.run(&mut c, &keys, &args).await
+            })
+            .await?;
+        if codes.len() != requests.len() {
+            return Err(protocol(
+                "renew batch",
+                conn.target(),
+                format!("{} statuses for {} leases", codes.len(), requests.len()),
+            ));
+        }
+        codes
+            .into_iter()
+            .map(|c| status(c, "renew batch", conn.target()))
+            .collect()
+    }
+
+    /// Subscribes on the name's channel. When pub/sub cannot be had (the
+    /// server is unreachable, or an ACL user lacks `subscribe` or the channel)
+    /// it returns `Ok(None)` and the caller polls instead.
+    async fn subscribe_release(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
+        let shared = &self.shared;
+        let limit = shared.conn.op_timeout();
+        let subscribe = shared.notifier.subscribe(shared.keys.channel(name));
+        let Ok(outcome) = tokio::time::timeout(limit, subscribe).await else {
+            debug!(lock = %name, "release subscription did not complete within {limit:?}; polling");
+            return Ok(None);
+        };
+        match outcome {
+            Ok(signal) => Ok(Some(signal)),
+            Err(e) if e.kind() == BackendErrorKind::Auth => {
+                if !shared.warned_no_pubsub.swap(true, Ordering::Relaxed) {
+                    warn!(error = %e, "release notification refused; waiting acquires poll instead (grant subscribe and the &<prefix>* channels)");
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                debug!(error = %e, "release notification unavailable; polling");
+                Ok(None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_and_rejects_the_absurd() {
+        assert_eq!(ttl_ms(Duration::from_micros(1)).ok(), Some(1));
+        assert_eq!(ttl_ms(Duration::from_micros(1500)).ok(), Some(2));
+        assert_eq!(ttl_ms(Duration::from_secs(3)).ok(), Some(3000));
+        assert!(ttl_ms(Duration::ZERO).is_err());
+        assert!(ttl_ms(Duration::MAX).is_err());
+    }
+}

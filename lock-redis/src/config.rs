@@ -1,0 +1,408 @@
+//! [`RedisConfig`]: where the server is, how to log in, how long to wait.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::BackendError;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
+use crate::error::config;
+use crate::RedisBackend;
+
+/// The environment variable [`RedisConfig::from_env`] reads.
+pub const REDIS_URL_ENV: &str = "REDIS_URL";
+
+const DEFAULT_PREFIX: &str = "lock:";
+const MAX_PREFIX_LEN: usize = 100;
+
+/// Configures a [`RedisBackend`]: server URL, credentials, TLS trust, key
+/// prefix and timeouts.
+///
+/// The password never appears in `Debug` output or in error messages.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_redis::RedisConfig;
+///
+/// let config = RedisConfig::from_url("redis://locksvc:secret@127.0.0.1:6379/0")?
+///     .with_key_prefix("billing:lock:")
+///     .with_operation_timeout(Duration::from_millis(500));
+/// assert!(!format!("{config:?}").contains("secret"));
+/// # Ok::<(), lock_core::BackendError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisConfig {
+    host: String,
+    port: u16,
+    tls: bool,
+    db: i64,
+    username: Option<String>,
+    password: Option<String>,
+    key_prefix: String,
+    connect_timeout: Duration,
+    operation_timeout: Duration,
+    ca_certificate_pem: Option<Vec<u8>>,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("server", &self.target())
+            .field("db", &self.db)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("key_prefix", &self.key_prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("custom_ca", &self.ca_certificate_pem.is_some())
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// `redis://127.0.0.1:6379/0`, key prefix `lock:`, connect timeout 2 s,
+    /// operation timeout 1 s.
+    pub fn new() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 6379,
+            tls: false,
+            db: 0,
+            username: None,
+            password: None,
+            key_prefix: DEFAULT_PREFIX.into(),
+            connect_timeout: Duration::from_secs(2),
+            operation_timeout: Duration::from_secs(1),
+            ca_certificate_pem: None,
+        }
+    }
+
+    /// Reads the server, database and credentials from a URL:
+    /// `redis://[user[:password]@]host[:port][/db]`, or `rediss://` for TLS.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendErrorKind::Config`](lock_core::BackendErrorKind::Config)
+    /// error naming the problem when the URL does not parse, uses another
+    /// scheme, or carries a fragment (such as `#insecure`: certificate
+    /// verification cannot be turned off).
+    pub fn from_url(url: &str) -> Result<Self, BackendError> {
+        let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| {
+            config(format!(
+                "malformed Redis URL {}: expected redis://host:port or rediss://host:port",
+                redact_url(url)
+            ))
+        })?;
+        let tls = match scheme {
+            "redis" => false,
+            "rediss" => true,
+            other => {
+                return Err(config(format!(
+                    "unsupported URL scheme {other:?} in {}: use redis:// or rediss:// (TLS)",
+                    redact_url(url)
+                )))
+            }
+        };
+        if url.contains('#') {
+            return Err(config(format!(
+                "URL fragments are not supported in {}: certificate verification is always on; pass a CA with with_ca_certificate_pem",
+                redact_url(url)
+            )));
+        }
+        let info: ConnectionInfo = url
+            .into_connection_info()
+            .map_err(|e| config(format!("malformed Redis URL {}: {e}", redact_url(url))))?;
+        let (host, port) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+            ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+            _ => {
+                return Err(config(format!(
+                    "unsupported Redis address in {}: only TCP is supported",
+                    redact_url(url)
+                )))
+            }
+        };
+        let settings = info.redis_settings();
+        Ok(Self {
+            host,
+            port,
+            tls,
+            db: settings.db(),
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+            ..Self::new()
+        })
+    }
+
+    /// Reads the URL from the `REDIS_URL` environment variable.
+    ///
+    /// # Errors
+    ///
+    /// A `Config` error when the variable is unset or its URL is invalid.
+    pub fn from_env() -> Result<Self, BackendError> {
+        match std::env::var(REDIS_URL_ENV) {
+            Ok(url) => Self::from_url(&url),
+            Err(_) => Err(config(format!(
+                "{REDIS_URL_ENV} is not set (expected a redis:// or rediss:// URL)"
+            ))),
+        }
+    }
+
+    /// Logs in as this ACL user.
+    pub fn with_username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// Logs in with this password (never shown in `Debug`).
+    pub fn with_password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Prefixes every key and channel (default `lock:`). An ACL user can be
+    /// limited to it (`~<prefix>*` and `&<prefix>*`).
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Bounds how long opening a connection may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Bounds every operation, including any reconnect it waits for. Keep it
+    /// well below the renewal interval (`ttl / 3`), so a stalled server costs
+    /// a retry, not the lease.
+    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// Trusts this CA certificate (PEM) for `rediss://` instead of the
+    /// system's roots, as for a self-signed server certificate.
+    pub fn with_ca_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_certificate_pem = Some(pem.into());
+        self
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The operation timeout.
+    pub fn operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The server as `redis://host:port/db` (or `rediss://`), without credentials.
+    pub fn target(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("{scheme}://{host}:{}/{}", self.port, self.db)
+    }
+
+    /// Builds the backend without touching the network; it connects on first
+    /// use and reconnects after failures.
+    ///
+    /// # Errors
+    ///
+    /// A `Config` error for an empty or oversized key prefix, a zero timeout,
+    /// a CA certificate with a plaintext URL, or an unreadable CA certificate.
+    pub fn build(self) -> Result<RedisBackend, BackendError> {
+        self.validate()?;
+        let client = self.client()?;
+        Ok(RedisBackend::from_parts(self, client))
+    }
+
+    /// Builds the backend and checks that the server answers (and accepts the
+    /// credentials) within the connect timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisConfig::build`]; then `Unavailable`/`Timeout` when the server
+    /// cannot be reached, `Auth` for refused credentials, `Config` for a TLS
+    /// mismatch.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the half-built backend.
+    pub async fn connect(self) -> Result<RedisBackend, BackendError> {
+        let backend = self.build()?;
+        backend.ping().await?;
+        Ok(backend)
+    }
+
+    fn validate(&self) -> Result<(), BackendError> {
+        if self.key_prefix.is_empty() || self.key_prefix.len() > MAX_PREFIX_LEN {
+            return Err(config(format!(
+                "the key prefix must be 1 to {MAX_PREFIX_LEN} bytes, got {}",
+                self.key_prefix.len()
+            )));
+        }
+        if let Some(c) = self.key_prefix.chars().find(|c| {
+            c.is_whitespace() || c.is_control() || matches!(c, '*' | '?' | '[' | ']' | '{' | '}')
+        }) {
+            return Err(config(format!(
+                "the key prefix {:?} contains {c:?}; glob characters, braces, spaces and control characters are not allowed",
+                self.key_prefix
+            )));
+        }
+        if self.connect_timeout.is_zero() || self.operation_timeout.is_zero() {
+            return Err(config(
+                "the connect and operation timeouts must be greater than zero",
+            ));
+        }
+        if let Some(pem) = &self.ca_certificate_pem {
+            if !self.tls {
+                return Err(config(format!(
+                    "a CA certificate was given but {} is plaintext: use a rediss:// URL",
+                    self.target()
+                )));
+            }
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| config(format!("the CA certificate PEM does not parse: {e}")))?;
+            if certs.is_empty() {
+                return Err(config(
+                    "the CA certificate PEM holds no certificate (expected -----BEGIN CERTIFICATE-----)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn client(&self) -> Result<redis::Client, BackendError> {
+        let addr = if self.tls {
+            // rustls needs one process-wide crypto provider; when several are
+            // compiled in (other dependencies may enable aws-lc-rs) it cannot
+            // pick, so choose ring unless the application already installed one.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            ConnectionAddr::TcpTls {
+                host: self.host.clone(),
+                port: self.port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(self.host.clone(), self.port)
+        };
+        let mut settings = RedisConnectionInfo::default().set_db(self.db);
+        if let Some(user) = &self.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(pw) = &self.password {
+            settings = settings.set_password(pw);
+        }
+        let info = addr
+            .into_connection_info()
+            .map_err(|e| config(format!("invalid address {}: {e}", self.target())))?
+            .set_redis_settings(settings);
+        let built = match &self.ca_certificate_pem {
+            Some(pem) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => redis::Client::open(info),
+        };
+        built.map_err(|e| {
+            config(format!(
+                "cannot configure a client for {}: {e}",
+                self.target()
+            ))
+        })
+    }
+}
+
+/// The URL with any password replaced, for error messages.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparseable URL>".into();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:<redacted>@{}", &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::BackendErrorKind;
+
+    #[test]
+    fn urls_parse_into_parts() -> Result<(), BackendError> {
+        let c = RedisConfig::from_url("rediss://u:p%40ss@example.com:6380/2")?;
+        assert_eq!(c.target(), "rediss://example.com:6380/2");
+        assert_eq!(c.username.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        let d = RedisConfig::from_url("redis://127.0.0.1")?;
+        assert_eq!(d.target(), "redis://127.0.0.1:6379/0");
+        Ok(())
+    }
+
+    #[test]
+    fn bad_input_is_a_config_error_naming_the_problem() {
+        let cases = [
+            ("127.0.0.1:6379", "malformed"),
+            ("http://127.0.0.1:6379", "unsupported URL scheme"),
+            ("redis://:pw@[::1/", "malformed"),
+            ("redis://127.0.0.1:6379/notadb", "malformed"),
+            ("rediss://127.0.0.1:6379/#insecure", "fragments"),
+        ];
+        for (url, needle) in cases {
+            let err = RedisConfig::from_url(url).expect_err(url);
+            assert_eq!(err.kind(), BackendErrorKind::Config, "{url}");
+            assert!(err.to_string().contains(needle), "{url}: {err}");
+            assert!(!err.to_string().contains(":pw@"), "{err}");
+        }
+        let plain_with_ca = RedisConfig::new()
+            .with_ca_certificate_pem(b"x".to_vec())
+            .build();
+        assert!(matches!(plain_with_ca, Err(e) if e.to_string().contains("rediss://")));
+        let bad_prefix = RedisConfig::new().with_key_prefix("a*").build();
+        assert!(matches!(bad_prefix, Err(e) if e.kind() == BackendErrorKind::Config));
+        let zero = RedisConfig::new()
+            .with_operation_timeout(Duration::ZERO)
+            .build();
+        assert!(matches!(zero, Err(e) if e.kind() == BackendErrorKind::Config));
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug() -> Result<(), BackendError> {
+        let c = RedisConfig::from_url("redis://user:hunter2@h:1")?.with_password("hunter3");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+        Ok(())
+    }
+}

@@ -1,0 +1,193 @@
+//! The Lua scripts, and the key layout they work on.
+//!
+//! Scripts run atomically on the server, which is what makes each compare
+//! and its write one step. They are sent as `EVALSHA`; after a `SCRIPT FLUSH`
+//! or a restart the server answers `NOSCRIPT`, and the call is repeated once
+//! as `EVAL` with the body, which also caches it again. One `EVAL` rather
+//! than `SCRIPT LOAD` + `EVALSHA` leaves no window for another flush in
+//! between, so callers never see that error.
+
+use std::sync::LazyLock;
+
+use lock_core::LockName;
+use redis::aio::ConnectionManager;
+use redis::{ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+
+/// A Lua script: its body and the SHA1 the server caches it under.
+pub(crate) struct Lua {
+    body: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(body: &'static str) -> Self {
+        Self {
+            body,
+            sha: Script::new(body).get_hash().to_owned(),
+        }
+    }
+
+    /// Runs the script with `keys` and `args`, by SHA, falling back to the body.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        conn: &mut ConnectionManager,
+        keys: &[String],
+        args: &[String],
+    ) -> RedisResult<T> {
+        let command = |verb: &str, script: &str| {
+            let mut c = redis::cmd(verb);
+            c.arg(script).arg(keys.len()).arg(keys).arg(args);
+            c
+        };
+        match command("EVALSHA", &self.sha).query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                command("EVAL", self.body).query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Takes the lock and draws a fencing token in one step, or does nothing.
+///
+/// The counter is bumped before the key is written: if the `INCR` is refused
+/// (an ACL without `incr`, a foreign value in the counter key), no lock exists
+/// without a token. `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner token,
+/// `ARGV[2]` TTL in ms. Returns the token, or 0 when the lock is held.
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('exists', KEYS[1]) == 1 then return 0 end
+local fence = redis.call('incr', KEYS[2])
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return fence
+",
+    )
+});
+
+/// Extends the lease if the token matches. Returns 1 held (extended),
+/// 0 expired (no key), 2 stolen (another token); never creates a key.
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local v = redis.call('get', KEYS[1])
+if v == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 1
+end
+if v then return 2 end
+return 0
+",
+    )
+});
+
+/// [`RENEW`] over many keys: `ARGV` holds token and TTL pairs in key order.
+pub(crate) static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local out = {}
+for i, key in ipairs(KEYS) do
+  local v = redis.call('get', key)
+  if v == ARGV[2 * i - 1] then
+    redis.call('pexpire', key, ARGV[2 * i])
+    out[i] = 1
+  elseif v then
+    out[i] = 2
+  else
+    out[i] = 0
+  end
+end
+return out
+",
+    )
+});
+
+/// Deletes the lease if the token matches and announces it on `ARGV[2]`.
+///
+/// The announcement comes first so that a refused `PUBLISH` (ACL) fails the
+/// whole release before anything is deleted; within the script it makes no
+/// difference to waiters, who can only act after the script has finished.
+/// Returns 1 released, 0 not held.
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('publish', ARGV[2], '')
+  redis.call('del', KEYS[1])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// Stores `ARGV[1]` in `KEYS[1]` unless a larger tick is already there.
+pub(crate) static RECORD_TICK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local cur = redis.call('get', KEYS[1])
+if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then
+  redis.call('set', KEYS[1], ARGV[1])
+end
+return 0
+",
+    )
+});
+
+/// Where things live under the key prefix.
+///
+/// Lock keys are `<prefix><name>`. Everything else uses `#`, which lock
+/// names cannot contain, so no name can collide with it. This layout is
+/// part of the on-server format: changing it would let two versions of the
+/// library hold the same lock at once.
+#[derive(Debug, Clone)]
+pub(crate) struct KeySpace {
+    prefix: String,
+}
+
+impl KeySpace {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The key holding the owner token of `name`.
+    pub(crate) fn lock(&self, name: &LockName) -> String {
+        format!("{}{}", self.prefix, name.as_str())
+    }
+
+    /// The pub/sub channel announcing releases of `name`. Channels are a
+    /// namespace apart from keys, so it may share the key's text.
+    pub(crate) fn channel(&self, name: &LockName) -> String {
+        self.lock(name)
+    }
+
+    /// The one fencing counter for every name under the prefix: strictly
+    /// increasing per name as required, without one key per name ever used
+    /// (per-tick lock names are unique and would leak counters forever).
+    pub(crate) fn fence(&self) -> String {
+        format!("{}#fence", self.prefix)
+    }
+
+    /// The last completed tick of `job`.
+    pub(crate) fn tick(&self, job: &LockName) -> String {
+        format!("{}#tick:{}", self.prefix, job.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_stable_and_collision_free() -> Result<(), lock_core::Error> {
+        let keys = KeySpace::new("lock:");
+        let name = LockName::new("fence")?;
+        assert_eq!(keys.lock(&name), "lock:fence");
+        assert_eq!(keys.fence(), "lock:#fence");
+        assert_eq!(keys.tick(&name), "lock:#tick:fence");
+        assert_ne!(keys.lock(&name), keys.fence());
+        Ok(())
+    }
+}

@@ -1,0 +1,44 @@
+//! [`TickStore`] on the same Redis as the locks.
+
+use lock_core::{async_trait, BackendError, LockName, TickStore};
+
+use crate::error::protocol;
+use crate::scripts::RECORD_TICK;
+use crate::RedisBackend;
+
+/// Ticks live in `<prefix>#tick:<job>` without expiry, one key per job.
+/// Values are compared as Lua numbers (doubles), exact for Unix milliseconds
+/// for the next quarter of a million years.
+#[async_trait]
+impl TickStore for RedisBackend {
+    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
+        let shared = self.shared();
+        let key = shared.keys.tick(job);
+        let value: Option<String> = shared
+            .conn
+            .run("read last tick", |mut c| async move {
+                redis::cmd("GET").arg(key).query_async(&mut c).await
+            })
+            .await?;
+        value
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| protocol("read last tick", shared.conn.target(), format!("{v:?}")))
+            })
+            .transpose()
+    }
+
+    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+        let shared = self.shared();
+        let key = shared.keys.tick(job);
+        shared
+            .conn
+            .run("record tick", |mut c| async move {
+                RECORD_TICK
+                    .run::<i64>(&mut c, &[key], &[tick.to_string()])
+                    .await
+            })
+            .await
+            .map(|_| ())
+    }
+}
