@@ -257,7 +257,15 @@ impl Fleet {
         for replica in 0..self.replicas.len() {
             let s = self.scheduler(ctx, replica, mode.clone(), vec![job(replica)]);
             s.start().expect("starts");
-            // Let the first replica campaign first, so leader cases know who leads.
+            if replica == 0 && matches!(mode, Mode::Leader(_)) {
+                // Replica 0 leads before the others start, so leader cases know
+                // who leads; yielding alone is not enough against a real server.
+                let bound = ctx.timing().ttl * 4 + Duration::from_secs(1);
+                tokio::time::timeout(bound, s.leadership().wait_for(|leading| *leading))
+                    .await
+                    .expect("replica 0 is elected while alone")
+                    .expect("leadership channel open");
+            }
             tokio::task::yield_now().await;
             started.push(s);
         }
