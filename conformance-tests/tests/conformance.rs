@@ -13,5 +13,6 @@ fn main() -> ExitCode {
     let args = Arguments::from_args();
     let mut suite = Suite::new();
     suite.add(Arc::new(MemoryFactory::new()));
+    conformance_tests::backends::postgres::register(&mut suite);
     suite.run(&args)
 }

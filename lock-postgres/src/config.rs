@@ -38,9 +38,11 @@ impl SslMode {
             "require" => Self::Require,
             "verify-ca" => Self::VerifyCa,
             "verify-full" => Self::VerifyFull,
-            other => return Err(config(format!(
+            other => {
+                return Err(config(format!(
                 "unknown sslmode {other:?}; use disable, prefer, require, verify-ca or verify-full"
-            ))),
+            )))
+            }
         })
     }
 }
