@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, Lease, LeaseStatus,
-    LockBackend, LockName, OwnerToken, ReleaseOutcome, RenewRequest,
+    async_trait, AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Expiry, Lease,
+    LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome, RenewRequest,
 };
 use tokio_postgres::types::Type;
 use tracing::warn;
@@ -478,7 +478,8 @@ impl LockBackend for PostgresBackend {
                         }
                     }
                 }
-                Err(e) if !session.is_alive() => {
+                // A pooler error also ends the session, but must reach the caller.
+                Err(e) if !session.is_alive() && e.kind() != BackendErrorKind::Config => {
                     warn!(error = %e, pid = session.pid(), "the lock session ended; its locks are gone");
                     for i in idx {
                         self.take_holding(keys[i], &requests[i].owner);

@@ -114,6 +114,11 @@ impl PostgresConfig {
         self.max_ttl
     }
 
+    /// The bound on every statement.
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
     /// Whether acquisitions draw fencing tokens.
     pub fn fencing(&self) -> bool {
         self.fencing

@@ -2,6 +2,7 @@
 //! (`postgres::<case>`) and the server in `DATABASE_URL` (`postgres_env::<case>`),
 //! plus Postgres-specific trials.
 
+mod faults;
 mod saboteur;
 pub mod server;
 mod specific;

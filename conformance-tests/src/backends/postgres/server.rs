@@ -27,6 +27,15 @@ pub fn bindir() -> Option<PathBuf> {
     dir.join("postgres").is_file().then_some(dir)
 }
 
+/// The uid and gid of the `postgres` user, which runs the servers.
+///
+/// # Errors
+///
+/// If there is no such user.
+pub fn postgres_ids() -> Result<(u32, u32), BoxError> {
+    Ok((id_of("-u")?, id_of("-g")?))
+}
+
 fn id_of(flag: &str) -> Result<u32, BoxError> {
     let out = Command::new("id").args([flag, "postgres"]).output()?;
     if !out.status.success() {
@@ -81,7 +90,7 @@ impl PrivatePostgres {
 
     fn start() -> Result<Started, BoxError> {
         let bin = bindir().ok_or("pg_config --bindir found no Postgres server")?;
-        let (uid, gid) = (id_of("-u")?, id_of("-g")?);
+        let (uid, gid) = postgres_ids()?;
         let cluster = tempfile::Builder::new().prefix("lock-pg-").tempdir()?;
         std::os::unix::fs::chown(cluster.path(), Some(uid), Some(gid))?;
         let data = cluster.path().join("data");

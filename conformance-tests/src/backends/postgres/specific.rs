@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::server::{PASSWORD, ROLE_IDLER, ROLE_NO_CREATE, ROLE_WITH_PASSWORD};
-use super::{holder_pid, plain_session, terminate, PostgresFactory, TTL};
+use super::{faults, holder_pid, plain_session, terminate, PostgresFactory, TTL};
+use crate::harness::in_ci;
 use crate::{BoxError, Suite};
 
 type Body = fn(Arc<PostgresFactory>) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
@@ -76,6 +77,21 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "bad_input_gets_typed_errors", |f| {
         Box::pin(bad_input_gets_typed_errors(f))
     });
+    add(suite, f, "frozen_session_fails_closed", |f| {
+        Box::pin(faults::frozen_session_fails_closed(f))
+    });
+    if faults::pgbouncer_installed() {
+        add(suite, f, "transaction_pooler_is_refused", |f| {
+            Box::pin(faults::transaction_pooler_is_refused(f))
+        });
+    } else if in_ci() {
+        suite.push(Trial::test(
+            "postgres::transaction_pooler_is_refused",
+            || Err("pgbouncer is not installed; CI must test pooler detection".into()),
+        ));
+    } else {
+        eprintln!("!!! SKIPPING postgres::transaction_pooler_is_refused: pgbouncer is not installed (apt-get install pgbouncer). Set CI=true to make this a failure.");
+    }
 }
 
 /// The check that nothing of the run is left on the server; registered last.
@@ -85,7 +101,7 @@ pub(super) fn register_leftover_check(suite: &mut Suite, f: &Arc<PostgresFactory
     });
 }
 
-fn locker(backend: Arc<dyn LockBackend>) -> Result<Locker, BoxError> {
+pub(super) fn locker(backend: Arc<dyn LockBackend>) -> Result<Locker, BoxError> {
     let metrics = LockMetrics::register(&Registry::new())?;
     Ok(Locker::builder()
         .backend_arc(backend)
@@ -93,7 +109,10 @@ fn locker(backend: Arc<dyn LockBackend>) -> Result<Locker, BoxError> {
         .build()?)
 }
 
-async fn backend_as(f: &PostgresFactory, user: &str) -> Result<PostgresBackend, BoxError> {
+pub(super) async fn backend_as(
+    f: &PostgresFactory,
+    user: &str,
+) -> Result<PostgresBackend, BoxError> {
     let url = private_url(f, user)?;
     Ok(PostgresBackend::connect(f.builder_for(&url)?.build()?).await?)
 }
@@ -103,7 +122,7 @@ fn private_url(f: &PostgresFactory, user: &str) -> Result<String, BoxError> {
     Ok(url.replacen("postgres@", &format!("{user}@"), 1))
 }
 
-fn name(f: &PostgresFactory, suffix: &str) -> LockName {
+pub(super) fn name(f: &PostgresFactory, suffix: &str) -> LockName {
     LockName::new(format!(
         "{}/{suffix}-{:08x}",
         f.application_name(),
@@ -113,7 +132,7 @@ fn name(f: &PostgresFactory, suffix: &str) -> LockName {
 }
 
 /// Starts a job that runs until aborted; returns its lease and outcome task.
-async fn hold(
+pub(super) async fn hold(
     locker: &Locker,
     name: &LockName,
 ) -> Result<
