@@ -11,7 +11,7 @@ use tempfile::TempDir;
 use crate::harness::{ServerProcess, ServerSpec};
 use crate::BoxError;
 
-/// Roles the private server has besides `postgres` (see [`PrivatePostgres::start`]).
+/// A role of the private server that logs in with a password (SCRAM).
 pub const ROLE_WITH_PASSWORD: &str = "ct_pw";
 /// The password of [`ROLE_WITH_PASSWORD`].
 pub const PASSWORD: &str = "ct-secret";
