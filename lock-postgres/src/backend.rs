@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use lock_core::{
     async_trait, AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Expiry, Lease,
-    LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome, RenewRequest,
+    LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
 use tokio_postgres::types::Type;
 use tracing::warn;
 
 use crate::error::{config, protocol};
+use crate::notify::{payload, ReleaseListener, CHANNEL};
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresConfig};
 
@@ -55,6 +56,7 @@ pub(crate) struct Inner {
     pub(crate) config: PostgresConfig,
     session: tokio::sync::Mutex<Option<Arc<LockSession>>>,
     held: Mutex<HashMap<AdvisoryKey, Holding>>,
+    listener: ReleaseListener,
 }
 
 /// A lock this backend holds, or is acquiring, on one session.
@@ -79,6 +81,7 @@ impl PostgresBackend {
                 config,
                 session: tokio::sync::Mutex::new(None),
                 held: Mutex::new(HashMap::new()),
+                listener: ReleaseListener::default(),
             }),
         }
     }
@@ -272,6 +275,22 @@ impl PostgresBackend {
             .map(|v| v.unwrap_or(false))
     }
 
+    /// Tells waiters that `key` is free. Best effort: a waiter that misses
+    /// it finds the lock free at its next poll.
+    async fn announce(&self, session: &LockSession, key: AdvisoryKey) {
+        let text = payload(key);
+        let sent = session
+            .query(
+                "announcing a release",
+                "SELECT pg_notify($1, $2)::text",
+                &[(&CHANNEL, Type::TEXT), (&text.as_str(), Type::TEXT)],
+            )
+            .await;
+        if let Err(e) = sent {
+            warn!(error = %e, "could not announce a release; waiters will poll");
+        }
+    }
+
     /// Forgets `key` if `owner` is its holder here; returns the holding.
     fn take_holding(&self, key: AdvisoryKey, owner: &OwnerToken) -> Option<Holding> {
         let mut held = self.held();
@@ -288,6 +307,7 @@ impl LockBackend for PostgresBackend {
         Capabilities::new(Expiry::Session)
             .with_fencing(self.inner.config.fencing)
             .with_batch_renew(true)
+            .with_release_notify(self.inner.config.release_notify)
             .with_min_ttl(MIN_TTL)
     }
 
@@ -412,7 +432,12 @@ impl LockBackend for PostgresBackend {
             return Ok(ReleaseOutcome::NotHeld);
         }
         match self.unlock(&holding.session, key).await {
-            Ok(true) => Ok(ReleaseOutcome::Released),
+            Ok(true) => {
+                if self.inner.config.release_notify {
+                    self.announce(&holding.session, key).await;
+                }
+                Ok(ReleaseOutcome::Released)
+            }
             Ok(false) => {
                 warn!(lock = %name, "pg_advisory_unlock found nothing to unlock on this session");
                 Ok(ReleaseOutcome::NotHeld)
@@ -427,6 +452,22 @@ impl LockBackend for PostgresBackend {
                 Err(e)
             }
         }
+    }
+
+    async fn subscribe_release(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
+        let cfg = &self.inner.config;
+        if !cfg.release_notify {
+            return Ok(None);
+        }
+        let signal = self
+            .inner
+            .listener
+            .subscribe(cfg, cfg.key_for(name))
+            .await?;
+        Ok(Some(signal))
     }
 
     async fn renew_many(

@@ -61,6 +61,7 @@ pub struct PostgresConfig {
     pub(crate) statement_timeout: Duration,
     pub(crate) max_ttl: Duration,
     pub(crate) fencing: bool,
+    pub(crate) release_notify: bool,
     pub(crate) schema: String,
     pub(crate) fence_sequence: String,
     pub(crate) tick_table: String,
@@ -88,6 +89,7 @@ impl fmt::Debug for PostgresConfig {
             .field("statement_timeout", &self.statement_timeout)
             .field("max_ttl", &self.max_ttl)
             .field("fencing", &self.fencing)
+            .field("release_notify", &self.release_notify)
             .field("fence_sequence", &self.qualified(&self.fence_sequence))
             .field("explicit_keys", &self.keys.len())
             .finish()
@@ -215,6 +217,7 @@ impl PostgresConfigBuilder {
                 statement_timeout: Duration::from_secs(2),
                 max_ttl: Duration::from_secs(30),
                 fencing: true,
+                release_notify: true,
                 schema: "public".to_owned(),
                 fence_sequence: "lock_fencing".to_owned(),
                 tick_table: "lock_ticks".to_owned(),
@@ -329,6 +332,13 @@ impl PostgresConfigBuilder {
     /// Turns fencing tokens on (default) or off, for roles that cannot use a sequence.
     pub fn fencing(mut self, on: bool) -> Self {
         self.inner.fencing = on;
+        self
+    }
+
+    /// Announces releases with `NOTIFY` and lets waiters `LISTEN` on an extra
+    /// connection (default on); off, waiters poll.
+    pub fn release_notify(mut self, on: bool) -> Self {
+        self.inner.release_notify = on;
         self
     }
 

@@ -77,12 +77,26 @@
 //! statement; create the sequence once as its owner and grant `USAGE` on it,
 //! or turn fencing off ([`PostgresConfigBuilder::fencing`]) for read-only roles.
 //!
+//! # Release notification
+//!
+//! Each release through this crate is announced with
+//! `NOTIFY lock_release, 'key1:key2'`; waiting acquires `LISTEN` on one extra
+//! connection per backend and wake at once. Locks that end otherwise (a
+//! session that dies, an unlock from another program) are found by polling.
+//! Turn it off with [`PostgresConfigBuilder::release_notify`].
+//!
 //! # Keys
 //!
 //! A name maps to a two-`int4` key by the stable hash documented on
 //! [`AdvisoryKey`], inside a configurable namespace; explicit keys
 //! ([`PostgresConfigBuilder::explicit_key`]) interoperate with programs
 //! that lock a fixed pair with `pg_try_advisory_lock(a, b)`.
+//!
+//! # Requirements
+//!
+//! PostgreSQL 12 or later (for `tcp_user_timeout`). Each held lock takes a
+//! slot in the server's shared lock table (`max_locks_per_transaction ×
+//! max_connections` slots in all).
 //!
 //! # Examples
 //!
@@ -106,6 +120,7 @@ mod backend;
 mod config;
 mod error;
 mod key;
+mod notify;
 mod session;
 mod ticks;
 

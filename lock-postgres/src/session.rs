@@ -1,19 +1,22 @@
 //! The dedicated lock session: one connection, kept open, that holds locks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::BackendError;
 use native_tls::{Certificate, TlsConnector};
 use postgres_native_tls::MakeTlsConnector;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
 use tracing::{debug, warn};
 
 use crate::config::{PostgresConfig, RootCert, SslMode};
 use crate::error::{config, convert, pooler, protocol, timed_out};
+use crate::notify::Waiters;
 
 /// One server session: a connection whose server process (`pid`) holds this
 /// backend's advisory locks. Never shared with a pool.
@@ -53,28 +56,16 @@ impl LockSession {
     }
 
     async fn open(cfg: &PostgresConfig) -> Result<Self, BackendError> {
-        let mut pg = cfg.pg.clone();
-        pg.connect_timeout(cfg.connect_timeout);
-        let what = "connecting the Postgres lock session";
-        let (client, driver) = if cfg.ssl_mode == SslMode::Disable {
-            let (client, conn) = pg.connect(NoTls).await.map_err(|e| convert(what, e))?;
-            (client, tokio::spawn(drive(conn)))
-        } else {
-            pg.ssl_mode(match cfg.ssl_mode {
-                SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-                _ => tokio_postgres::config::SslMode::Require,
-            });
-            let tls = tls_connector(cfg)?;
-            let (client, conn) = pg.connect(tls).await.map_err(|e| convert(what, e))?;
-            (client, tokio::spawn(drive(conn)))
-        };
+        let (client, driver) =
+            open_client(cfg, "connecting the Postgres lock session", None).await?;
         // Server-side dead-client detection, derived from the longest TTL
         // (see the crate docs), and a server-side bound on every statement.
         let setup = format!(
             "SET statement_timeout = {}; SET tcp_keepalives_idle = {}; \
              SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3; \
              SET tcp_user_timeout = {}",
-            cfg.statement_timeout.as_millis(),
+            // 0 would switch the server-side bound off.
+            cfg.statement_timeout.as_millis().max(1),
             cfg.keepalive_idle_secs(),
             cfg.user_timeout_ms(),
         );
@@ -185,12 +176,52 @@ impl Drop for LockSession {
     }
 }
 
-async fn drive<F>(conn: F)
+/// Connects a client with the configured TLS, and spawns the task that
+/// drives its connection, handing notifications to `waiters` if given.
+pub(crate) async fn open_client(
+    cfg: &PostgresConfig,
+    what: &str,
+    waiters: Option<Arc<Waiters>>,
+) -> Result<(Client, JoinHandle<()>), BackendError> {
+    let mut pg = cfg.pg.clone();
+    pg.connect_timeout(cfg.connect_timeout);
+    if cfg.ssl_mode == SslMode::Disable {
+        let (client, conn) = pg.connect(NoTls).await.map_err(|e| convert(what, e))?;
+        Ok((client, tokio::spawn(drive(conn, waiters))))
+    } else {
+        pg.ssl_mode(match cfg.ssl_mode {
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        let tls = tls_connector(cfg)?;
+        let (client, conn) = pg.connect(tls).await.map_err(|e| convert(what, e))?;
+        Ok((client, tokio::spawn(drive(conn, waiters))))
+    }
+}
+
+async fn drive<S, T>(mut conn: Connection<S, T>, waiters: Option<Arc<Waiters>>)
 where
-    F: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
 {
-    if let Err(e) = conn.await {
-        debug!(error = %e, "Postgres lock session ended");
+    loop {
+        match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notification(n))) => {
+                if let Some(w) = &waiters {
+                    w.released(n.payload());
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                debug!(error = %e, "Postgres connection ended");
+                break;
+            }
+            None => break,
+        }
+    }
+    if let Some(w) = &waiters {
+        // Releases may be missed from now on: wake everyone to poll.
+        w.wake_all();
     }
 }
 

@@ -3,6 +3,7 @@
 //! plus Postgres-specific trials.
 
 mod faults;
+mod input;
 mod saboteur;
 pub mod server;
 mod specific;
