@@ -119,6 +119,7 @@
 mod backend;
 mod config;
 mod error;
+mod fencing;
 mod key;
 mod notify;
 mod session;

@@ -71,6 +71,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "two_lockers_one_backend_exclude", |f| {
         Box::pin(two_lockers_one_backend_exclude(f))
     });
+    add(suite, f, "tick_store_keeps_the_maximum", |f| {
+        Box::pin(tick_store_keeps_the_maximum(f))
+    });
     add(suite, f, "release_wakes_a_subscriber", |f| {
         Box::pin(release_wakes_a_subscriber(f))
     });
@@ -471,6 +474,28 @@ async fn release_wakes_a_subscriber(f: Arc<PostgresFactory>) -> Result<(), BoxEr
     let latency = released_at.elapsed();
     if latency > Duration::from_millis(400) {
         return Err(format!("woken {latency:?} after the release").into());
+    }
+    Ok(())
+}
+
+/// The tick store keeps the maximum per job, across backends sharing the
+/// server, and answers `None` for a job never recorded.
+async fn tick_store_keeps_the_maximum(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
+    use crate::BackendFactory;
+    let a = f.tick_store().await?.ok_or("Postgres has a tick store")?;
+    let b = f.tick_store().await?.ok_or("Postgres has a tick store")?;
+    let job = name(&f, "ticks");
+    if a.last_completed(&job).await?.is_some() {
+        return Err("a fresh job has a tick".into());
+    }
+    a.record_completed(&job, 2_000).await?;
+    b.record_completed(&job, 1_000).await?;
+    if b.last_completed(&job).await? != Some(2_000) {
+        return Err("an older tick moved the maximum backwards".into());
+    }
+    b.record_completed(&job, 3_000).await?;
+    if a.last_completed(&job).await? != Some(3_000) {
+        return Err("a newer tick was not recorded".into());
     }
     Ok(())
 }
