@@ -216,3 +216,92 @@ fn is_pooler(e: Option<&lock_core::BackendError>) -> bool {
         e.kind() == BackendErrorKind::Config && e.to_string().contains("transaction-mode pooler")
     })
 }
+
+/// The server applies the keepalive derived from `max_ttl` to the lock
+/// session's socket: `ss` shows its keepalive timer at most `ceil(max_ttl)`
+/// seconds, where a session without it shows the kernel's two hours.
+pub(super) async fn server_keepalive_follows_max_ttl(
+    f: Arc<PostgresFactory>,
+) -> Result<(), BoxError> {
+    let port = tokio::task::block_in_place(|| f.private_started())?.port();
+    for max_ttl in [Duration::from_secs(2), Duration::from_secs(30)] {
+        let url = tokio::task::block_in_place(|| f.url())?;
+        let backend =
+            PostgresBackend::connect(f.builder_for(&url)?.max_ttl(max_ttl).build()?).await?;
+        let pid = backend.session_pid().await?;
+        // Right after a statement the socket may show its retransmission
+        // timer instead, until the client's delayed ACK arrives.
+        let mut timer = keepalive_timer(port, pid);
+        for _ in 0..40 {
+            if timer.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            timer = keepalive_timer(port, pid);
+        }
+        let timer = timer?;
+        let low = max_ttl.saturating_sub(Duration::from_secs(2));
+        if timer > max_ttl || timer < low {
+            return Err(
+                format!("max_ttl {max_ttl:?}: the server's keepalive timer is {timer:?}").into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The keepalive timer `ss` shows for the server process `pid`'s socket.
+fn keepalive_timer(port: u16, pid: i32) -> Result<Duration, BoxError> {
+    let out = Command::new("ss")
+        .args(["-tnoHp", "state", "established"])
+        .arg(format!("( sport = :{port} )"))
+        .output()?;
+    let text = String::from_utf8(out.stdout)?;
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("pid={pid},")))
+        .ok_or_else(|| format!("ss shows no socket of pid {pid}:\n{text}"))?;
+    let timer = line
+        .split("timer:(keepalive,")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .ok_or_else(|| format!("no keepalive timer in {line:?}"))?;
+    parse_ss_time(timer).ok_or_else(|| format!("cannot read ss time {timer:?}").into())
+}
+
+/// Reads `ss` times: `[Nmin][S(sec|.)][MMMms]`, such as `119min`, `29sec`,
+/// `1.756ms` (1 s 756 ms) or `998ms`.
+fn parse_ss_time(text: &str) -> Option<Duration> {
+    let (mins, rest) = match text.split_once("min") {
+        Some((m, rest)) => (m.parse::<u64>().ok()?, rest),
+        None => (0, text),
+    };
+    let (secs, rest) = if let Some((s, r)) = rest.split_once("sec") {
+        (s.parse::<u64>().ok()?, r)
+    } else if let Some((s, r)) = rest.split_once('.') {
+        (s.parse::<u64>().ok()?, r)
+    } else {
+        (0, rest)
+    };
+    let millis = match rest.strip_suffix("ms") {
+        Some(ms) => ms.parse::<u64>().ok()?,
+        None if rest.is_empty() => 0,
+        None => return None,
+    };
+    Some(Duration::from_secs(mins * 60 + secs) + Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_ss_times() {
+        assert_eq!(parse_ss_time("119min"), Some(Duration::from_secs(7140)));
+        assert_eq!(parse_ss_time("29sec"), Some(Duration::from_secs(29)));
+        assert_eq!(parse_ss_time("1.756ms"), Some(Duration::from_millis(1756)));
+        assert_eq!(parse_ss_time("998ms"), Some(Duration::from_millis(998)));
+        assert_eq!(parse_ss_time("1min5sec"), Some(Duration::from_secs(65)));
+        assert_eq!(parse_ss_time("soon"), None);
+    }
+}

@@ -83,6 +83,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "bad_input_gets_typed_errors", |f| {
         Box::pin(input::bad_input_gets_typed_errors(f))
     });
+    add(suite, f, "server_keepalive_follows_max_ttl", |f| {
+        Box::pin(faults::server_keepalive_follows_max_ttl(f))
+    });
     add(suite, f, "frozen_session_fails_closed", |f| {
         Box::pin(faults::frozen_session_fails_closed(f))
     });
