@@ -4,6 +4,7 @@
 
 mod faults;
 mod input;
+mod partition;
 mod saboteur;
 pub mod server;
 mod specific;

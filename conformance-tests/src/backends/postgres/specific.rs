@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::server::ROLE_IDLER;
-use super::{faults, holder_pid, input, plain_session, terminate, PostgresFactory, TTL};
+use super::{faults, holder_pid, input, partition, plain_session, terminate, PostgresFactory, TTL};
 use crate::harness::in_ci;
 use crate::{BoxError, Suite};
 
@@ -89,6 +89,18 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "frozen_session_fails_closed", |f| {
         Box::pin(faults::frozen_session_fails_closed(f))
     });
+    if partition::nft_installed() {
+        add(suite, f, "partitioned_holder_aborts_first", |f| {
+            Box::pin(partition::partitioned_holder_aborts_first(f))
+        });
+    } else if in_ci() {
+        suite.push(Trial::test(
+            "postgres::partitioned_holder_aborts_first",
+            || Err("nft is not installed; CI must test the partition case".into()),
+        ));
+    } else {
+        eprintln!("!!! SKIPPING postgres::partitioned_holder_aborts_first: nft is not installed (apt-get install nftables). Set CI=true to make this a failure.");
+    }
     if faults::pgbouncer_installed() {
         add(suite, f, "transaction_pooler_is_refused", |f| {
             Box::pin(faults::transaction_pooler_is_refused(f))
