@@ -56,7 +56,7 @@
 //! similar) break session locks: consecutive statements may run on different
 //! server sessions, so a lock taken by one statement is held by a server
 //! connection the client no longer controls, and can stay held forever.
-//! Every statement this backend runs also returns `pg_backend_pid()`, and the
+//! Every lock statement (acquire, renew, release, fencing) also returns `pg_backend_pid()`, and the
 //! lock and unlock statements act only when it matches the session's pid.
 //! When it changes, the backend refuses with a `Config` error naming the
 //! pooler. A pooler that happens to keep handing back the same server
