@@ -56,10 +56,10 @@
 //! similar) break session locks: consecutive statements may run on different
 //! server sessions, so a lock taken by one statement is held by a server
 //! connection the client no longer controls, and can stay held forever.
-//! Every lock statement (acquire, renew, release, fencing) also returns `pg_backend_pid()`, and the
-//! lock and unlock statements act only when it matches the session's pid.
-//! When it changes, the backend refuses with a `Config` error naming the
-//! pooler. A pooler that happens to keep handing back the same server
+//! Every lock statement (acquire, renew, release, fencing) also returns
+//! `pg_backend_pid()`, and the lock and unlock statements act only when it
+//! matches the session's pid. When it changes, the backend refuses with a
+//! `Config` error naming the pooler. A pooler that happens to keep handing back the same server
 //! connection cannot be detected; connect directly or through a
 //! session-mode pool.
 //!
