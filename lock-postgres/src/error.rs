@@ -93,3 +93,36 @@ pub(crate) fn pooler(expected: i32, actual: i32) -> BackendError {
          of the server; session advisory locks need a direct connection or a session-mode pool"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_map_to_what_the_caller_should_do() {
+        let cases = [
+            ("28P01", BackendErrorKind::Auth),        // wrong password
+            ("28000", BackendErrorKind::Auth),        // no such role / rejected by pg_hba
+            ("42501", BackendErrorKind::Auth),        // no CREATE on the schema
+            ("3D000", BackendErrorKind::Config),      // no such database
+            ("42P01", BackendErrorKind::Config),      // no such relation
+            ("57014", BackendErrorKind::Timeout),     // statement_timeout
+            ("57P01", BackendErrorKind::Unavailable), // pg_terminate_backend
+            ("57P05", BackendErrorKind::Unavailable), // idle_session_timeout
+            ("57P03", BackendErrorKind::Unavailable), // starting up
+            ("53300", BackendErrorKind::Unavailable), // too many connections
+            ("22012", BackendErrorKind::Other),       // division by zero
+        ];
+        for (code, kind) in cases {
+            assert_eq!(kind_of_state(&SqlState::from_code(code)), kind, "{code}");
+        }
+    }
+
+    #[test]
+    fn the_pooler_error_names_the_problem() {
+        let e = pooler(10, 11);
+        assert_eq!(e.kind(), BackendErrorKind::Config);
+        assert!(e.message().contains("transaction-mode pooler"));
+        assert!(e.message().contains("10") && e.message().contains("11"));
+    }
+}
