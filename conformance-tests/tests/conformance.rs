@@ -15,6 +15,7 @@ fn main() -> ExitCode {
     let mut suite = Suite::new();
     suite.add(Arc::new(MemoryFactory::new()));
     let redis = RedisRun::register(&mut suite);
+    conformance_tests::backends::postgres::register(&mut suite);
     let code = suite.run(&args);
     if let Err(e) = redis.check_no_leftover_keys() {
         eprintln!("leftover check failed: {e}");

@@ -2,3 +2,4 @@
 
 pub mod memory;
 pub mod redis;
+pub mod postgres;

@@ -1,0 +1,199 @@
+//! The Postgres backend's factories: a private server started by the harness
+//! (`postgres::<case>`) and the server in `DATABASE_URL` (`postgres_env::<case>`),
+//! plus Postgres-specific trials.
+
+mod faults;
+mod input;
+mod partition;
+mod saboteur;
+pub mod server;
+mod specific;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Capabilities, LockBackend, TickStore};
+use lock_postgres::{PostgresBackend, PostgresConfig, PostgresConfigBuilder};
+
+pub use saboteur::{holder_pid, plain_session, terminate, PgSaboteur};
+pub use server::PrivatePostgres;
+
+use crate::harness::{free_port, Availability};
+use crate::{BackendFactory, BoxError, Saboteur, Suite, Timing};
+
+/// The TTL the cases use; renewal runs every 500 ms.
+pub const TTL: Duration = Duration::from_millis(1500);
+
+/// Where a factory's server comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    Env(String),
+    Private(Arc<PrivatePostgres>),
+}
+
+/// Makes Postgres replicas: each a backend with its own lock session.
+#[derive(Debug)]
+pub struct PostgresFactory {
+    name: &'static str,
+    source: Source,
+    namespace: String,
+    app: String,
+    caps: Capabilities,
+}
+
+fn random_id() -> String {
+    format!("{:08x}", getrandom::u32().unwrap_or(0))
+}
+
+impl PostgresFactory {
+    fn new(name: &'static str, source: Source, run: &str) -> Self {
+        Self {
+            name,
+            source,
+            namespace: format!("ct-{run}-{name}"),
+            app: format!("lock-ct-{run}-{name}"),
+            // The capabilities do not depend on the server.
+            caps: PostgresBackend::new(
+                PostgresConfig::builder()
+                    .build()
+                    .expect("the default configuration is valid"),
+            )
+            .capabilities(),
+        }
+    }
+
+    /// The `application_name` of every session this factory opens.
+    pub fn application_name(&self) -> &str {
+        &self.app
+    }
+
+    /// The server's URL (as `postgres`), starting a private server if needed.
+    pub fn url(&self) -> Result<String, BoxError> {
+        match &self.source {
+            Source::Env(url) => Ok(url.clone()),
+            Source::Private(p) => Ok(p.get()?.url("postgres")),
+        }
+    }
+
+    /// The private server, starting it if needed.
+    pub fn private_started(&self) -> Result<&server::Started, BoxError> {
+        match &self.source {
+            Source::Private(p) => p.get(),
+            Source::Env(_) => Err("this factory uses DATABASE_URL, not a private server".into()),
+        }
+    }
+
+    async fn url_async(&self) -> Result<String, BoxError> {
+        match &self.source {
+            Source::Env(url) => Ok(url.clone()),
+            // Starting the server blocks for a few seconds, once per run.
+            Source::Private(_) => tokio::task::block_in_place(|| self.url()),
+        }
+    }
+
+    /// The suite's configuration for `url`.
+    pub fn builder_for(&self, url: &str) -> Result<PostgresConfigBuilder, BoxError> {
+        Ok(PostgresConfigBuilder::from_url(url)?
+            .namespace(self.namespace.clone())
+            .application_name(self.app.clone())
+            .connect_timeout(Duration::from_secs(3))
+            .statement_timeout(Duration::from_secs(1))
+            .max_ttl(Duration::from_secs(2)))
+    }
+
+    async fn config(&self) -> Result<PostgresConfig, BoxError> {
+        Ok(self.builder_for(&self.url_async().await?)?.build()?)
+    }
+}
+
+#[async_trait]
+impl BackendFactory for PostgresFactory {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps.clone()
+    }
+
+    fn timing(&self) -> Timing {
+        Timing {
+            ttl: TTL,
+            tolerance: Duration::from_millis(400),
+            paused_clock: false,
+        }
+    }
+
+    async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+        Ok(Arc::new(
+            PostgresBackend::connect(self.config().await?).await?,
+        ))
+    }
+
+    async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {
+        let url = self.url_async().await?;
+        let client = plain_session(&url, &self.app).await?;
+        Ok(Box::new(PgSaboteur::new(client, self.config().await?)))
+    }
+
+    async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
+        Ok(Some(Arc::new(
+            PostgresBackend::connect(self.config().await?).await?,
+        )))
+    }
+
+    async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
+        let port = free_port().ok()?;
+        let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        let config = self.builder_for(&url).ok()?.build().ok()?;
+        Some(Arc::new(PostgresBackend::new(config)))
+    }
+}
+
+/// Adds every conformance case and the Postgres-specific trials, for the
+/// private server and for `DATABASE_URL`.
+pub fn register(suite: &mut Suite) {
+    let run = random_id();
+    let private = match server::bindir() {
+        Some(_) => {
+            let factory = Arc::new(PostgresFactory::new(
+                "postgres",
+                Source::Private(Arc::default()),
+                &run,
+            ));
+            let as_dyn: Arc<dyn BackendFactory> = factory.clone();
+            suite.add_server_backend("postgres", Availability::Ready(as_dyn));
+            Some(factory)
+        }
+        None => {
+            suite.add_server_backend(
+                "postgres",
+                Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
+            );
+            None
+        }
+    };
+    let env = match std::env::var(lock_postgres::DATABASE_URL) {
+        Ok(url) => {
+            let factory = Arc::new(PostgresFactory::new("postgres_env", Source::Env(url), &run));
+            let as_dyn: Arc<dyn BackendFactory> = factory.clone();
+            suite.add_server_backend("postgres_env", Availability::Ready(as_dyn));
+            Some(factory)
+        }
+        Err(_) => {
+            suite.add_server_backend(
+                "postgres_env",
+                Availability::Missing(format!("{} is not set", lock_postgres::DATABASE_URL)),
+            );
+            None
+        }
+    };
+    if let Some(f) = &private {
+        specific::register(suite, f);
+    }
+    // Last, so every other trial of the run has started before these look.
+    for f in private.iter().chain(env.iter()) {
+        specific::register_leftover_check(suite, f);
+    }
+}

@@ -1,0 +1,492 @@
+//! Configuration: URL parsing, TLS, timeouts, the TTL bound, key mapping.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lock_core::{BackendError, LockName};
+
+use crate::error::config;
+use crate::AdvisoryKey;
+
+/// The environment variable [`PostgresConfigBuilder::from_env`] reads.
+pub const DATABASE_URL: &str = "DATABASE_URL";
+
+/// How the lock session uses TLS, with libpq's `sslmode` meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS if the server offers it, without verifying the certificate.
+    Prefer,
+    /// TLS, without verifying the certificate (encryption only).
+    Require,
+    /// TLS with a certificate signed by a trusted root; the host name is not checked.
+    VerifyCa,
+    /// TLS with a trusted certificate whose name matches the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self, BackendError> {
+        Ok(match value {
+            "disable" => Self::Disable,
+            "prefer" | "allow" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            other => {
+                return Err(config(format!(
+                "unknown sslmode {other:?}; use disable, prefer, require, verify-ca or verify-full"
+            )))
+            }
+        })
+    }
+}
+
+/// A validated configuration for [`PostgresBackend`](crate::PostgresBackend).
+///
+/// Build it with [`PostgresConfig::builder`], [`PostgresConfigBuilder::from_url`]
+/// or [`PostgresConfigBuilder::from_env`]. Its `Debug` form never shows the password.
+#[derive(Clone)]
+pub struct PostgresConfig {
+    pub(crate) pg: tokio_postgres::Config,
+    pub(crate) ssl_mode: SslMode,
+    pub(crate) root_cert: Option<RootCert>,
+    pub(crate) namespace: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) max_ttl: Duration,
+    pub(crate) fencing: bool,
+    pub(crate) release_notify: bool,
+    pub(crate) schema: String,
+    pub(crate) fence_sequence: String,
+    pub(crate) tick_table: String,
+    pub(crate) keys: HashMap<LockName, AdvisoryKey>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum RootCert {
+    File(PathBuf),
+    Pem(Vec<u8>),
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("hosts", &self.pg.get_hosts())
+            .field("ports", &self.pg.get_ports())
+            .field("user", &self.pg.get_user())
+            .field("dbname", &self.pg.get_dbname())
+            .field("password", &self.pg.get_password().map(|_| "<redacted>"))
+            .field("application_name", &self.pg.get_application_name())
+            .field("ssl_mode", &self.ssl_mode)
+            .field("namespace", &self.namespace)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("max_ttl", &self.max_ttl)
+            .field("fencing", &self.fencing)
+            .field("release_notify", &self.release_notify)
+            .field("fence_sequence", &self.qualified(&self.fence_sequence))
+            .field("explicit_keys", &self.keys.len())
+            .finish()
+    }
+}
+
+impl PostgresConfig {
+    /// Starts a builder for `localhost:5432` with every default.
+    pub fn builder() -> PostgresConfigBuilder {
+        PostgresConfigBuilder::new()
+    }
+
+    /// The advisory key `name` maps to: an explicit key if one was configured
+    /// for it, otherwise [`AdvisoryKey::derive`] in this namespace.
+    pub fn key_for(&self, name: &LockName) -> AdvisoryKey {
+        self.keys
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| AdvisoryKey::derive(&self.namespace, name))
+    }
+
+    /// The longest TTL this configuration accepts (see the crate docs).
+    pub fn max_ttl(&self) -> Duration {
+        self.max_ttl
+    }
+
+    /// The bound on every statement.
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// Whether acquisitions draw fencing tokens.
+    pub fn fencing(&self) -> bool {
+        self.fencing
+    }
+
+    /// The one DDL statement fencing runs on first use.
+    pub fn fencing_ddl(&self) -> String {
+        format!(
+            "CREATE SEQUENCE IF NOT EXISTS {}",
+            self.qualified(&self.fence_sequence)
+        )
+    }
+
+    pub(crate) fn qualified(&self, object: &str) -> String {
+        format!("\"{}\".\"{}\"", self.schema, object)
+    }
+
+    /// Whole seconds, rounded up, of the server-side keepalive idle time: the
+    /// server starts probing a silent client only after the longest TTL.
+    pub(crate) fn keepalive_idle_secs(&self) -> u64 {
+        let ms = self.max_ttl.as_millis();
+        u64::try_from(ms.div_ceil(1000)).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// `tcp_user_timeout` for the server side, in milliseconds: one second
+    /// beyond the idle time, so that neither unanswered keepalives nor
+    /// unacknowledged data can make the server drop the session (and free its
+    /// locks) before the client's validity bound has run out.
+    pub(crate) fn user_timeout_ms(&self) -> u64 {
+        self.keepalive_idle_secs()
+            .saturating_add(1)
+            .saturating_mul(1000)
+    }
+}
+
+/// Builds a [`PostgresConfig`].
+#[derive(Clone)]
+pub struct PostgresConfigBuilder {
+    inner: PostgresConfig,
+}
+
+impl fmt::Debug for PostgresConfigBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PostgresConfigBuilder")
+            .field(&self.inner)
+            .finish()
+    }
+}
+
+impl Default for PostgresConfigBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const IDENT_MAX: usize = 63;
+
+fn valid_ident(what: &str, ident: &str) -> Result<(), BackendError> {
+    let ok = !ident.is_empty()
+        && ident.len() <= IDENT_MAX
+        && ident
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && ident
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(config(format!(
+            "{what} {ident:?} is not a plain identifier ([a-z_][a-z0-9_]*, at most {IDENT_MAX} bytes)"
+        )))
+    }
+}
+
+impl PostgresConfigBuilder {
+    /// A builder for `localhost:5432`, user `postgres`, with the defaults:
+    /// namespace `lock`, connect timeout 5 s, statement timeout 2 s, max TTL
+    /// 30 s, fencing on with sequence `public.lock_fencing`, no TLS.
+    pub fn new() -> Self {
+        let mut pg = tokio_postgres::Config::new();
+        pg.host("localhost")
+            .port(5432)
+            .user("postgres")
+            .application_name("lock-postgres");
+        Self {
+            inner: PostgresConfig {
+                pg,
+                ssl_mode: SslMode::Disable,
+                root_cert: None,
+                namespace: "lock".to_owned(),
+                connect_timeout: Duration::from_secs(5),
+                statement_timeout: Duration::from_secs(2),
+                max_ttl: Duration::from_secs(30),
+                fencing: true,
+                release_notify: true,
+                schema: "public".to_owned(),
+                fence_sequence: "lock_fencing".to_owned(),
+                tick_table: "lock_ticks".to_owned(),
+                keys: HashMap::new(),
+            },
+        }
+    }
+
+    /// Parses a `postgres://` or `postgresql://` URL, including the libpq
+    /// parameters `sslmode` (`disable`, `prefer`, `require`, `verify-ca`,
+    /// `verify-full`), `sslrootcert` and `application_name`.
+    ///
+    /// # Errors
+    ///
+    /// A [`Config`](lock_core::BackendErrorKind::Config) error for another
+    /// scheme or a malformed URL. The message never repeats the URL, which may
+    /// hold a password.
+    pub fn from_url(url: &str) -> Result<Self, BackendError> {
+        let scheme_ok = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        if !scheme_ok {
+            let scheme = url.split_once("://").map_or("(none)", |(s, _)| s);
+            return Err(config(format!(
+                "unsupported URL scheme {scheme:?}: expected postgres:// or postgresql://"
+            )));
+        }
+        let mut builder = Self::new();
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut passed = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "sslmode" => builder.inner.ssl_mode = SslMode::parse(value)?,
+                "sslrootcert" => {
+                    builder.inner.root_cert = Some(RootCert::File(PathBuf::from(value)));
+                }
+                _ => passed.push(pair),
+            }
+        }
+        let rest = if passed.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", passed.join("&"))
+        };
+        let mut pg = tokio_postgres::Config::from_str(&rest)
+            .map_err(|e| config(format!("malformed Postgres URL: {e}")))?;
+        if pg.get_hosts().is_empty() {
+            pg.host("localhost");
+        }
+        if pg.get_user().is_none() {
+            pg.user("postgres");
+        }
+        if pg.get_application_name().is_none() {
+            pg.application_name("lock-postgres");
+        }
+        builder.inner.pg = pg;
+        Ok(builder)
+    }
+
+    /// [`PostgresConfigBuilder::from_url`] with the URL in `DATABASE_URL`.
+    ///
+    /// # Errors
+    ///
+    /// A `Config` error if the variable is unset or not a valid URL.
+    pub fn from_env() -> Result<Self, BackendError> {
+        match std::env::var(DATABASE_URL) {
+            Ok(url) => Self::from_url(&url),
+            Err(_) => Err(config(format!(
+                "{DATABASE_URL} is not set (expected postgres://user@host:port/db)"
+            ))),
+        }
+    }
+
+    /// The password (never shown by `Debug`).
+    pub fn password(mut self, password: impl AsRef<[u8]>) -> Self {
+        self.inner.pg.password(password.as_ref());
+        self
+    }
+
+    /// The namespace hashed in front of every name (default `lock`).
+    /// Deployments with different namespaces never block each other.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.inner.namespace = namespace.into();
+        self
+    }
+
+    /// Maps `name` to a fixed key instead of the hash, for interoperating
+    /// with programs that already lock `pg_try_advisory_lock(key1, key2)`.
+    pub fn explicit_key(mut self, name: LockName, key: AdvisoryKey) -> Self {
+        self.inner.keys.insert(name, key);
+        self
+    }
+
+    /// Bounds connecting (TCP, TLS, authentication and session setup).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.inner.connect_timeout = timeout;
+        self
+    }
+
+    /// Bounds every statement, client side and as the session's `statement_timeout`.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.inner.statement_timeout = timeout;
+        self
+    }
+
+    /// The longest TTL acquisitions may ask for (default 30 s). The server's
+    /// dead-client detection is derived from it; see the crate docs.
+    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.inner.max_ttl = max_ttl;
+        self
+    }
+
+    /// Turns fencing tokens on (default) or off, for roles that cannot use a sequence.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.inner.fencing = on;
+        self
+    }
+
+    /// Announces releases with `NOTIFY` and lets waiters `LISTEN` on an extra
+    /// connection (default on); off, waiters poll.
+    pub fn release_notify(mut self, on: bool) -> Self {
+        self.inner.release_notify = on;
+        self
+    }
+
+    /// The schema of the fencing sequence and the tick table (default `public`).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.inner.schema = schema.into();
+        self
+    }
+
+    /// The fencing sequence's name (default `lock_fencing`).
+    pub fn fence_sequence(mut self, name: impl Into<String>) -> Self {
+        self.inner.fence_sequence = name.into();
+        self
+    }
+
+    /// The tick table's name (default `lock_ticks`).
+    pub fn tick_table(mut self, name: impl Into<String>) -> Self {
+        self.inner.tick_table = name.into();
+        self
+    }
+
+    /// The `application_name` lock sessions show in `pg_stat_activity`.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.inner.pg.application_name(name.into());
+        self
+    }
+
+    /// The TLS mode, as libpq's `sslmode`.
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.inner.ssl_mode = mode;
+        self
+    }
+
+    /// Trusts the PEM certificate(s) in `pem` as roots, in addition to the system's.
+    pub fn root_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.inner.root_cert = Some(RootCert::Pem(pem.into()));
+        self
+    }
+
+    /// Trusts the PEM certificate(s) in the file at `path` (libpq's `sslrootcert`).
+    pub fn root_certificate_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.inner.root_cert = Some(RootCert::File(path.into()));
+        self
+    }
+
+    /// Checks and returns the configuration.
+    ///
+    /// # Errors
+    ///
+    /// A `Config` error for a zero timeout or max TTL, a namespace with a NUL
+    /// byte, a schema or object name that is not a plain identifier, or a
+    /// root certificate with TLS disabled.
+    pub fn build(self) -> Result<PostgresConfig, BackendError> {
+        let c = self.inner;
+        if c.connect_timeout.is_zero() || c.statement_timeout.is_zero() {
+            return Err(config("connect and statement timeouts must be above zero"));
+        }
+        if c.max_ttl.is_zero() {
+            return Err(config("max_ttl must be above zero"));
+        }
+        if c.namespace.contains('\0') || c.namespace.len() > 200 {
+            return Err(config(
+                "the namespace must not contain NUL and is at most 200 bytes",
+            ));
+        }
+        valid_ident("schema", &c.schema)?;
+        valid_ident("fence sequence", &c.fence_sequence)?;
+        valid_ident("tick table", &c.tick_table)?;
+        if c.root_cert.is_some() && c.ssl_mode == SslMode::Disable {
+            return Err(config(
+                "a root certificate was given but sslmode is disable; use verify-full",
+            ));
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::BackendErrorKind;
+
+    #[test]
+    fn parses_both_schemes_and_libpq_parameters() -> Result<(), BackendError> {
+        let c = PostgresConfigBuilder::from_url(
+            "postgres://app:s3cret@db.example:6543/locks?sslmode=verify-full&sslrootcert=/ca.pem&application_name=svc",
+        )?
+        .build()?;
+        assert_eq!(c.ssl_mode, SslMode::VerifyFull);
+        assert!(matches!(c.root_cert, Some(RootCert::File(_))));
+        assert_eq!(c.pg.get_ports(), &[6543]);
+        assert_eq!(c.pg.get_dbname(), Some("locks"));
+        assert_eq!(c.pg.get_application_name(), Some("svc"));
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        assert!(debug.contains("<redacted>"));
+        let c = PostgresConfigBuilder::from_url("postgresql://u@h/d")?.build()?;
+        assert_eq!(c.ssl_mode, SslMode::Disable);
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_echoing_them() {
+        for url in [
+            "mysql://u:pw@h/d",
+            "postgres://u:pw@h:notaport/d",
+            "postgres://u:pw@h/d?sslmode=sometimes",
+            "postgres://u:pw@h/d?bogus_param=1",
+            "not a url",
+        ] {
+            match PostgresConfigBuilder::from_url(url).and_then(PostgresConfigBuilder::build) {
+                Err(e) => {
+                    assert_eq!(e.kind(), BackendErrorKind::Config, "{url}: {e}");
+                    assert!(!e.to_string().contains("pw@"), "{e}");
+                }
+                Ok(c) => panic!("{url} was accepted as {c:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_unsafe_identifiers_and_zero_bounds() {
+        let b = PostgresConfig::builder;
+        assert!(b().schema("public; drop table x").build().is_err());
+        assert!(b().fence_sequence("Upper").build().is_err());
+        assert!(b().max_ttl(Duration::ZERO).build().is_err());
+        assert!(b().statement_timeout(Duration::ZERO).build().is_err());
+        assert!(b().namespace("a\0b").build().is_err());
+    }
+
+    #[test]
+    fn keepalive_is_derived_from_max_ttl() -> Result<(), BackendError> {
+        let c = PostgresConfig::builder()
+            .max_ttl(Duration::from_millis(1500))
+            .build()?;
+        assert_eq!(c.keepalive_idle_secs(), 2);
+        assert_eq!(c.user_timeout_ms(), 3000);
+        assert!(Duration::from_millis(c.user_timeout_ms()) > c.max_ttl());
+        Ok(())
+    }
+
+    #[test]
+    fn explicit_keys_override_the_hash() -> Result<(), BackendError> {
+        let name = LockName::new("cron").map_err(|e| config(e.to_string()))?;
+        let c = PostgresConfig::builder()
+            .explicit_key(name.clone(), AdvisoryKey::new(42, 7))
+            .build()?;
+        assert_eq!(c.key_for(&name), AdvisoryKey::new(42, 7));
+        Ok(())
+    }
+}

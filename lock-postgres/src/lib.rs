@@ -1,0 +1,130 @@
+//! A Postgres [`LockBackend`](lock_core::LockBackend): session-scoped
+//! advisory locks.
+//!
+//! # The session model
+//!
+//! A Postgres advisory lock has no TTL on the server: it lives as long as the
+//! database session that took it. A [`PostgresBackend`] owns ONE dedicated
+//! lock session (one connection kept open, never handed to a pool) on which
+//! it takes every lock with `pg_try_advisory_lock(key1 int4, key2 int4)`, so
+//! one session holds many locks. Clones of a backend share that session.
+//! Because advisory locks are re-entrant within a session, the backend keeps
+//! its own table of which owner token holds which key, and answers "held" to
+//! a second acquire of a key its session already holds: two
+//! [`Locker`](lock_core::Locker)s over one backend still exclude each other.
+//!
+//! # What "renew" means
+//!
+//! Nothing expires on the server, so a renewal proves, on the same session,
+//! that the session is alive and that `pg_locks` still shows the lock granted
+//! to `pg_backend_pid()` (`locktype = 'advisory'`, `classid`/`objid` = the
+//! key, `objsubid = 2`). Many leases are checked in one statement
+//! (`renew_many`). The TTL is the client's failure-detection bound: a lease
+//! stays valid locally for one TTL after the last proof was requested.
+//!
+//! When the session has ended (`pg_terminate_backend`, `idle_session_timeout`,
+//! a broken connection), its locks are gone. The next renewal reports that at
+//! once, without waiting for the TTL: `Stolen` if another session holds the
+//! key by then, `Expired` if nobody does (or if that cannot be asked). Later
+//! acquires connect a fresh session.
+//!
+//! # TTL vs keepalive: why a vanished client stays safe
+//!
+//! If a client vanishes without closing its socket (crash of the host,
+//! partition), the server keeps the session, and its locks, until TCP tells
+//! it the peer is gone. That release must come only after the client's own
+//! validity bound has run out, or a successor could enter while the old
+//! holder still believes it holds the lock. The session therefore sets, from
+//! the configured [`max_ttl`](PostgresConfigBuilder::max_ttl) `M`:
+//!
+//! - `tcp_keepalives_idle = ceil(M)` seconds, `tcp_keepalives_interval = 1`,
+//!   `tcp_keepalives_count = 3`;
+//! - `tcp_user_timeout = (ceil(M) + 1)` seconds.
+//!
+//! With `tcp_user_timeout` set, Linux drops a silent peer no earlier than
+//! that timeout after it last heard from it, whether keepalives or data went
+//! unanswered. The last thing heard is a renewal, sent at or after the
+//! instant from which the client counts its validity, so the server frees the
+//! lock at least one second after the client's deadline (`≤ M`) passed, and
+//! typically within about `M + 2` s. Acquires with a TTL above `M` are
+//! refused with a `Config` error. (A client that exits or closes its socket
+//! frees its locks at once.)
+//!
+//! # Poolers
+//!
+//! Transaction-mode poolers (PgBouncer with `pool_mode = transaction`, and
+//! similar) break session locks: consecutive statements may run on different
+//! server sessions, so a lock taken by one statement is held by a server
+//! connection the client no longer controls, and can stay held forever.
+//! Every lock statement (acquire, renew, release, fencing) also returns
+//! `pg_backend_pid()`, and the lock and unlock statements act only when it
+//! matches the session's pid. When it changes, the backend refuses with a
+//! `Config` error naming the pooler. A pooler that happens to keep handing back the same server
+//! connection cannot be detected; connect directly or through a
+//! session-mode pool.
+//!
+//! # Fencing
+//!
+//! With fencing on (the default), each acquire draws `nextval` of a sequence
+//! on the lock session; the sequence is created on first use by exactly one
+//! DDL statement, by default:
+//!
+//! ```sql
+//! CREATE SEQUENCE IF NOT EXISTS "public"."lock_fencing"
+//! ```
+//!
+//! A role without `CREATE` on the schema gets an `Auth` error naming the
+//! statement; create the sequence once as its owner and grant `USAGE` on it,
+//! or turn fencing off ([`PostgresConfigBuilder::fencing`]) for read-only roles.
+//!
+//! # Release notification
+//!
+//! Each release through this crate is announced with
+//! `NOTIFY lock_release, 'key1:key2'`; waiting acquires `LISTEN` on one extra
+//! connection per backend and wake at once. Locks that end otherwise (a
+//! session that dies, an unlock from another program) are found by polling.
+//! Turn it off with [`PostgresConfigBuilder::release_notify`].
+//!
+//! # Keys
+//!
+//! A name maps to a two-`int4` key by the stable hash documented on
+//! [`AdvisoryKey`], inside a configurable namespace; explicit keys
+//! ([`PostgresConfigBuilder::explicit_key`]) interoperate with programs
+//! that lock a fixed pair with `pg_try_advisory_lock(a, b)`.
+//!
+//! # Requirements
+//!
+//! PostgreSQL 12 or later (for `tcp_user_timeout`). Each held lock takes a
+//! slot in the server's shared lock table (`max_locks_per_transaction ×
+//! max_connections` slots in all).
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use lock_core::{LockName, LockOptions, Locker};
+//! use lock_postgres::{PostgresBackend, PostgresConfigBuilder};
+//!
+//! let config = PostgresConfigBuilder::from_env()?.build()?;
+//! let locker = Locker::new(PostgresBackend::connect(config).await?)?;
+//! let guard = locker
+//!     .try_lock(&LockName::new("cron/leader")?, &LockOptions::new(Duration::from_secs(10)))
+//!     .await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod backend;
+mod config;
+mod error;
+mod fencing;
+mod key;
+mod notify;
+mod session;
+mod ticks;
+
+pub use backend::PostgresBackend;
+pub use config::{PostgresConfig, PostgresConfigBuilder, SslMode, DATABASE_URL};
+pub use key::AdvisoryKey;

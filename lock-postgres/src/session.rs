@@ -1,0 +1,259 @@
+//! The dedicated lock session: one connection, kept open, that holds locks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::BackendError;
+use native_tls::{Certificate, TlsConnector};
+use postgres_native_tls::MakeTlsConnector;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
+use tracing::{debug, warn};
+
+use crate::config::{PostgresConfig, RootCert, SslMode};
+use crate::error::{config, convert, pooler, protocol, timed_out};
+use crate::notify::Waiters;
+
+/// One server session: a connection whose server process (`pid`) holds this
+/// backend's advisory locks. Never shared with a pool.
+pub(crate) struct LockSession {
+    client: Client,
+    pid: i32,
+    statement_timeout: Duration,
+    dead: AtomicBool,
+    driver: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for LockSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockSession")
+            .field("pid", &self.pid)
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+/// The parameters of one statement, with their types spelled out so the
+/// statement needs no separate prepare round trip (and no named prepared
+/// statement that a pooler could lose).
+pub(crate) type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
+
+impl LockSession {
+    /// Connects, sets the session up and learns its server pid, all within
+    /// the connect timeout.
+    pub(crate) async fn connect(cfg: &PostgresConfig) -> Result<Self, BackendError> {
+        match timeout(cfg.connect_timeout, Self::open(cfg)).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(
+                "connecting the Postgres lock session",
+                cfg.connect_timeout,
+            )),
+        }
+    }
+
+    async fn open(cfg: &PostgresConfig) -> Result<Self, BackendError> {
+        let (client, driver) =
+            open_client(cfg, "connecting the Postgres lock session", None).await?;
+        // Server-side dead-client detection, derived from the longest TTL
+        // (see the crate docs), and a server-side bound on every statement.
+        let setup = format!(
+            "SET statement_timeout = {}; SET tcp_keepalives_idle = {}; \
+             SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3; \
+             SET tcp_user_timeout = {}",
+            // 0 would switch the server-side bound off.
+            cfg.statement_timeout.as_millis().max(1),
+            cfg.keepalive_idle_secs(),
+            cfg.user_timeout_ms(),
+        );
+        let mut session = Self {
+            client,
+            pid: 0,
+            statement_timeout: cfg.statement_timeout,
+            dead: AtomicBool::new(false),
+            driver,
+        };
+        session.batch("setting up the lock session", &setup).await?;
+        let rows = session
+            .query("reading pg_backend_pid()", "SELECT pg_backend_pid()", &[])
+            .await?;
+        session.pid = rows
+            .first()
+            .and_then(|r| r.try_get::<_, i32>(0).ok())
+            .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
+        debug!(pid = session.pid, "Postgres lock session connected");
+        Ok(session)
+    }
+
+    /// The server process id that holds this session's locks.
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// False once the connection broke, the server ended the session, or it
+    /// was terminated here; its locks are gone then.
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst) && !self.client.is_closed()
+    }
+
+    /// Ends the session by closing its socket; the server then frees every
+    /// lock it holds. Used when the session's lock state became unknown.
+    pub(crate) fn terminate(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.driver.abort();
+    }
+
+    /// Runs one statement, bounded by the statement timeout.
+    pub(crate) async fn query(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> Result<Vec<Row>, BackendError> {
+        match timeout(self.statement_timeout, self.client.query_typed(sql, params)).await {
+            Err(_) => Err(timed_out(what, self.statement_timeout)),
+            Ok(Err(e)) => {
+                self.note_failure(&e);
+                Err(convert(what, e))
+            }
+            Ok(Ok(rows)) => Ok(rows),
+        }
+    }
+
+    /// Runs statements without parameters, bounded by the statement timeout.
+    pub(crate) async fn batch(&self, what: &str, sql: &str) -> Result<(), BackendError> {
+        match timeout(self.statement_timeout, self.client.batch_execute(sql)).await {
+            Err(_) => Err(timed_out(what, self.statement_timeout)),
+            Ok(Err(e)) => {
+                self.note_failure(&e);
+                Err(convert(what, e))
+            }
+            Ok(Ok(())) => Ok(()),
+        }
+    }
+
+    /// Checks that a row was produced by this session's server process.
+    ///
+    /// # Errors
+    ///
+    /// A `Config` error naming the pooler when it was not; the session is
+    /// then refused for good.
+    pub(crate) fn check_pid(&self, row: &Row) -> Result<(), BackendError> {
+        let pid: i32 = row
+            .try_get(0)
+            .map_err(|e| protocol(format!("reading pg_backend_pid(): {e}")))?;
+        if pid == self.pid {
+            return Ok(());
+        }
+        warn!(
+            expected = self.pid,
+            actual = pid,
+            "pg_backend_pid() changed: a transaction-mode pooler is in the way"
+        );
+        self.dead.store(true, Ordering::SeqCst);
+        Err(pooler(self.pid, pid))
+    }
+
+    fn note_failure(&self, e: &tokio_postgres::Error) {
+        // Class 57 is "operator intervention": pg_terminate_backend (57P01),
+        // idle_session_timeout (57P05), shutdown. The session is over even if
+        // the socket has not closed yet.
+        let ended = e.code().is_some_and(|c| c.code().starts_with("57P"));
+        if ended || e.is_closed() {
+            self.dead.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for LockSession {
+    fn drop(&mut self) {
+        // Dropping the client ends the connection; aborting the driver makes
+        // sure the socket closes now rather than when the task is next polled.
+        self.driver.abort();
+    }
+}
+
+/// Connects a client with the configured TLS, and spawns the task that
+/// drives its connection, handing notifications to `waiters` if given.
+pub(crate) async fn open_client(
+    cfg: &PostgresConfig,
+    what: &str,
+    waiters: Option<Arc<Waiters>>,
+) -> Result<(Client, JoinHandle<()>), BackendError> {
+    let mut pg = cfg.pg.clone();
+    pg.connect_timeout(cfg.connect_timeout);
+    if cfg.ssl_mode == SslMode::Disable {
+        let (client, conn) = pg.connect(NoTls).await.map_err(|e| convert(what, e))?;
+        Ok((client, tokio::spawn(drive(conn, waiters))))
+    } else {
+        pg.ssl_mode(match cfg.ssl_mode {
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        let tls = tls_connector(cfg)?;
+        let (client, conn) = pg.connect(tls).await.map_err(|e| convert(what, e))?;
+        Ok((client, tokio::spawn(drive(conn, waiters))))
+    }
+}
+
+async fn drive<S, T>(mut conn: Connection<S, T>, waiters: Option<Arc<Waiters>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notification(n))) => {
+                if let Some(w) = &waiters {
+                    w.released(n.payload());
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                debug!(error = %e, "Postgres connection ended");
+                break;
+            }
+            None => break,
+        }
+    }
+    if let Some(w) = &waiters {
+        // Releases may be missed from now on: wake everyone to poll.
+        w.wake_all();
+    }
+}
+
+fn tls_connector(cfg: &PostgresConfig) -> Result<MakeTlsConnector, BackendError> {
+    let mut builder = TlsConnector::builder();
+    match cfg.ssl_mode {
+        SslMode::Prefer | SslMode::Require => {
+            builder
+                .danger_accept_invalid_certs(true)
+                .danger_accept_invalid_hostnames(true);
+        }
+        SslMode::VerifyCa => {
+            builder.danger_accept_invalid_hostnames(true);
+        }
+        SslMode::VerifyFull | SslMode::Disable => {}
+    }
+    if let Some(root) = &cfg.root_cert {
+        let pem = match root {
+            RootCert::Pem(pem) => pem.clone(),
+            RootCert::File(path) => std::fs::read(path).map_err(|e| {
+                config(format!(
+                    "cannot read the root certificate {}: {e}",
+                    path.display()
+                ))
+            })?,
+        };
+        let cert = Certificate::from_pem(&pem)
+            .map_err(|e| config(format!("the root certificate is not valid PEM: {e}")))?;
+        builder.add_root_certificate(cert);
+    }
+    let connector = builder
+        .build()
+        .map_err(|e| config(format!("cannot set up TLS: {e}")))?;
+    Ok(MakeTlsConnector::new(connector))
+}
