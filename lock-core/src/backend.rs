@@ -41,6 +41,9 @@ pub struct Capabilities {
     pub release_notify: bool,
     /// The shortest TTL the backend honours exactly; shorter TTLs are rejected.
     pub min_ttl: Duration,
+    /// The longest TTL the backend can keep safe, if it has a limit (a session
+    /// backend whose server-side dead-peer detection is configured for it).
+    pub max_ttl: Option<Duration>,
 }
 
 impl Capabilities {
@@ -52,6 +55,7 @@ impl Capabilities {
             batch_renew: false,
             release_notify: false,
             min_ttl: Duration::from_millis(1),
+            max_ttl: None,
         }
     }
 
@@ -70,6 +74,12 @@ impl Capabilities {
     /// Declares release notification.
     pub const fn with_release_notify(mut self, yes: bool) -> Self {
         self.release_notify = yes;
+        self
+    }
+
+    /// Declares the longest TTL the backend can keep safe.
+    pub const fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = Some(max_ttl);
         self
     }
 

@@ -320,13 +320,10 @@ impl Locker {
     }
 
     fn validate(&self, opts: &LockOptions) -> Result<()> {
-        let min_ttl = self
-            .inner
-            .capabilities
-            .as_ref()
-            .map(|c| c.min_ttl)
-            .unwrap_or_default();
-        opts.validate(min_ttl)
+        match &self.inner.capabilities {
+            Some(caps) => opts.validate_for(caps),
+            None => opts.validate(std::time::Duration::ZERO),
+        }
     }
 
     async fn attempt(

@@ -124,7 +124,25 @@ impl LockOptions {
         self.ttl / 100 + Duration::from_millis(2)
     }
 
-    /// Checks the options against each other and against a backend's minimum TTL.
+    /// Checks the options against each other and against a backend's TTL
+    /// limits ([`Capabilities::min_ttl`](crate::Capabilities::min_ttl) and
+    /// [`Capabilities::max_ttl`](crate::Capabilities::max_ttl)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the offending value.
+    pub fn validate_for(&self, capabilities: &crate::Capabilities) -> Result<()> {
+        self.validate(capabilities.min_ttl)?;
+        match capabilities.max_ttl {
+            Some(max) if self.ttl > max => Err(Error::Config(format!(
+                "a TTL of {:?} is above this backend's maximum of {max:?}; use a shorter TTL or raise the backend's limit",
+                self.ttl
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks the options against each other and against a minimum TTL.
     ///
     /// # Errors
     ///

@@ -260,6 +260,7 @@ impl LockBackend for PostgresBackend {
             .with_batch_renew(true)
             .with_release_notify(self.inner.config.release_notify)
             .with_min_ttl(MIN_TTL)
+            .with_max_ttl(self.inner.config.max_ttl)
     }
 
     async fn try_acquire(

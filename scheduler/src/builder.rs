@@ -183,7 +183,7 @@ impl SchedulerBuilder {
                 ));
             }
             lock_core::LockName::new(&e.name)?;
-            lock_core::LockOptions::new(e.ttl).validate(self.min_ttl())?;
+            lock_core::LockOptions::new(e.ttl).validate_for(&self.limits())?;
         }
         let mut seen = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
@@ -194,7 +194,7 @@ impl SchedulerBuilder {
                     job.name()
                 )));
             }
-            jobs.push(Arc::new(job.compile(self.min_ttl())?));
+            jobs.push(Arc::new(job.compile(&self.limits())?));
         }
         let metrics = match (self.metrics, &self.registry) {
             (Some(m), _) => m,
@@ -216,10 +216,11 @@ impl SchedulerBuilder {
         Ok(Scheduler::new(Arc::new(runtime), jobs, self.mode))
     }
 
-    fn min_ttl(&self) -> Duration {
+    /// The backend's TTL limits (none without a backend).
+    fn limits(&self) -> lock_core::Capabilities {
         self.locker
             .capabilities()
-            .map(|c| c.min_ttl)
-            .unwrap_or_default()
+            .cloned()
+            .unwrap_or_else(|| lock_core::Capabilities::new(lock_core::Expiry::Ttl))
     }
 }

@@ -121,7 +121,7 @@ impl Job {
     }
 
     /// Checks every setting and prepares the job to run.
-    pub(crate) fn compile(self, min_ttl: Duration) -> Result<JobSpec> {
+    pub(crate) fn compile(self, limits: &lock_core::Capabilities) -> Result<JobSpec> {
         let invalid = |reason: String| Error::InvalidJob {
             job: self.name.clone(),
             reason,
@@ -139,7 +139,7 @@ impl Job {
             options = options.with_max_hold(max_hold);
         }
         options
-            .validate(min_ttl)
+            .validate_for(limits)
             .map_err(|e| invalid(e.to_string()))?;
         self.missed.validate().map_err(invalid)?;
         Ok(JobSpec {
@@ -196,11 +196,12 @@ mod tests {
 
     #[test]
     fn rejects_bad_names_ttls_and_policies() {
-        let zero = Duration::ZERO;
+        let any = lock_core::Capabilities::new(lock_core::Expiry::Ttl);
+        let zero = &any;
         assert!(reason(job("has space").compile(zero)).contains("not allowed"));
         assert!(reason(job("").compile(zero)).contains("empty"));
         assert!(reason(job(&"a".repeat(MAX_JOB_NAME_LEN + 1)).compile(zero)).contains("at most"));
-        assert!(reason(job("j").ttl(zero).compile(zero)).contains("TTL"));
+        assert!(reason(job("j").ttl(Duration::ZERO).compile(zero)).contains("TTL"));
         assert!(reason(
             job("j")
                 .ttl(Duration::from_secs(10))
@@ -208,12 +209,15 @@ mod tests {
                 .compile(zero)
         )
         .contains("max_hold"));
-        assert!(reason(
-            job("j")
-                .ttl(Duration::from_millis(50))
-                .compile(Duration::from_secs(1))
-        )
-        .contains("minimum"));
+        let bounded = lock_core::Capabilities::new(lock_core::Expiry::Session)
+            .with_min_ttl(Duration::from_secs(1))
+            .with_max_ttl(Duration::from_secs(2));
+        assert!(
+            reason(job("j").ttl(Duration::from_millis(50)).compile(&bounded)).contains("minimum")
+        );
+        assert!(
+            reason(job("j").ttl(Duration::from_secs(30)).compile(&bounded)).contains("maximum")
+        );
         let policy = MissedTicks::RunAll {
             window: Duration::ZERO,
             max: 3,
@@ -224,11 +228,10 @@ mod tests {
 
     #[test]
     fn bad_cron_and_zone_surface_their_own_errors() {
-        let bad_cron = Job::new("j", "every minute", |_| async { Ok(()) }).compile(Duration::ZERO);
+        let any = lock_core::Capabilities::new(lock_core::Expiry::Ttl);
+        let bad_cron = Job::new("j", "every minute", |_| async { Ok(()) }).compile(&any);
         assert!(matches!(bad_cron, Err(Error::InvalidCron { .. })));
-        let bad_zone = job("j")
-            .time_zone("Europe/Atlantis")
-            .compile(Duration::ZERO);
+        let bad_zone = job("j").time_zone("Europe/Atlantis").compile(&any);
         assert!(matches!(bad_zone, Err(Error::InvalidTimeZone { .. })));
     }
 }

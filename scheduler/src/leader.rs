@@ -127,12 +127,10 @@ impl ElectionBuilder {
     pub fn start(self) -> Result<LeaderElection> {
         let name = LockName::new(&self.name)?;
         let opts = LockOptions::new(self.ttl);
-        let min_ttl = self
-            .locker
-            .capabilities()
-            .map(|c| c.min_ttl)
-            .unwrap_or_default();
-        opts.validate(min_ttl)?;
+        match self.locker.capabilities() {
+            Some(caps) => opts.validate_for(caps)?,
+            None => opts.validate(Duration::ZERO)?,
+        }
         if self.interval.is_zero() {
             return Err(Error::Config(
                 "the election interval must be greater than zero".into(),

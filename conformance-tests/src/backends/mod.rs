@@ -1,5 +1,5 @@
 //! Factories for each backend compiled into the suite.
 
 pub mod memory;
-pub mod redis;
 pub mod postgres;
+pub mod redis;

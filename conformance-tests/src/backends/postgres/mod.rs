@@ -88,7 +88,16 @@ impl PostgresFactory {
         match &self.source {
             Source::Env(url) => Ok(url.clone()),
             // Starting the server blocks for a few seconds, once per run.
-            Source::Private(_) => tokio::task::block_in_place(|| self.url()),
+            Source::Private(_) => {
+                use tokio::runtime::{Handle, RuntimeFlavor};
+                if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+                    tokio::task::block_in_place(|| self.url())
+                } else {
+                    // block_in_place panics on a current-thread runtime, where
+                    // blocking the only thread once is harmless.
+                    self.url()
+                }
+            }
         }
     }
 

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::Expiry;
 use scheduler::{MissedTicks, Mode, TickOutcome};
 use tokio::time::{sleep, Instant};
 
@@ -60,6 +61,24 @@ pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) 
     sleep((mid_run + plan.period / 2).saturating_duration_since(Instant::now())).await;
     fleet.faults[0].set(Fault::Down);
     let cut_at = Instant::now();
+    if ctx.factory().capabilities().expiry == Expiry::Session {
+        // A session backend's server drops a vanished client only after the
+        // client's own deadline (keepalives are configured from the TTL), so
+        // end the cut-off session once the old leader has stepped down.
+        let mut old = schedulers[0].leadership();
+        tokio::time::timeout(
+            timing.ttl + timing.tolerance,
+            old.wait_for(|leading| !*leading),
+        )
+        .await
+        .expect("the cut-off leader steps down by its local deadline")
+        .expect("leadership channel open");
+        let saboteur = ctx.saboteur().await;
+        saboteur
+            .expire(&ctx.name("leader"))
+            .await
+            .expect("end the leader's session");
+    }
 
     let (first, rest) = leadership.split_at_mut(2);
     let (successor, elected_at) = tokio::select! {

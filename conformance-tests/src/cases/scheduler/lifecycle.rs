@@ -33,7 +33,9 @@ pub(crate) async fn scheduler_overlapping_tick_is_skipped(ctx: Ctx) {
             obs.exit();
             Ok(())
         }
-    });
+    })
+    // The profile's TTL: backends may cap it (Postgres's max_ttl).
+    .ttl(ctx.timing().ttl);
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
     s.start().expect("starts");
@@ -68,7 +70,9 @@ pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
                 _ => panic!("deliberate panic in a job handler"),
             }
         }
-    });
+    })
+    // The profile's TTL: backends may cap it (Postgres's max_ttl).
+    .ttl(ctx.timing().ttl);
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
     s.start().expect("starts");
@@ -117,7 +121,9 @@ pub(crate) async fn scheduler_shutdown_releases_every_lock(ctx: Ctx) {
             std::future::pending::<()>().await;
             Ok(())
         }
-    });
+    })
+    // The profile's TTL: backends may cap it (Postgres's max_ttl).
+    .ttl(ctx.timing().ttl);
     let election = fleet::election(&ctx);
     let leader_lock = LockName::new(ctx.name("leader").as_str()).expect("valid");
     let s = fleet.scheduler(&ctx, 0, Mode::Leader(election), vec![job]);
