@@ -24,6 +24,11 @@ fn kind_of(e: &EtcdError) -> BackendErrorKind {
     match e {
         EtcdError::GRpcStatus(status) => match status.code() {
             Code::Unavailable | Code::Cancelled | Code::Aborted => BackendErrorKind::Unavailable,
+            // Statuses from the server never carry a source; one with a source
+            // was made on this side from a broken connection.
+            Code::Unknown if std::error::Error::source(status).is_some() => {
+                BackendErrorKind::Unavailable
+            }
             Code::DeadlineExceeded => BackendErrorKind::Timeout,
             Code::Unauthenticated | Code::PermissionDenied => BackendErrorKind::Auth,
             // etcd reports bad passwords, missing credentials and "auth not
@@ -82,4 +87,38 @@ pub(crate) async fn bounded<T>(
 /// A response that lacked a field etcd always sends.
 pub(crate) fn protocol(op: &str, what: &str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, format!("{op}: {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    fn kind(status: Status) -> BackendErrorKind {
+        kind_of(&EtcdError::GRpcStatus(status))
+    }
+
+    #[test]
+    fn statuses_map_to_what_the_caller_must_do() {
+        assert_eq!(kind(Status::unavailable("x")), BackendErrorKind::Unavailable);
+        assert_eq!(kind(Status::deadline_exceeded("x")), BackendErrorKind::Timeout);
+        assert_eq!(kind(Status::permission_denied("x")), BackendErrorKind::Auth);
+        for message in [
+            "etcdserver: user name is empty",
+            "etcdserver: authentication failed, invalid user ID or password",
+        ] {
+            assert_eq!(kind(Status::invalid_argument(message)), BackendErrorKind::Auth);
+        }
+        assert_eq!(
+            kind(Status::invalid_argument("etcdserver: too many operations in txn request")),
+            BackendErrorKind::Protocol
+        );
+        assert_eq!(kind(Status::unknown("from the server")), BackendErrorKind::Other);
+        let local = Status::from_error(Box::new(std::io::Error::other("broken pipe")));
+        assert_eq!(kind(local), BackendErrorKind::Unavailable);
+        assert_eq!(
+            kind_of(&EtcdError::InvalidArgs("empty endpoints".into())),
+            BackendErrorKind::Config
+        );
+    }
 }
