@@ -100,20 +100,34 @@ mod tests {
 
     #[test]
     fn statuses_map_to_what_the_caller_must_do() {
-        assert_eq!(kind(Status::unavailable("x")), BackendErrorKind::Unavailable);
-        assert_eq!(kind(Status::deadline_exceeded("x")), BackendErrorKind::Timeout);
+        assert_eq!(
+            kind(Status::unavailable("x")),
+            BackendErrorKind::Unavailable
+        );
+        assert_eq!(
+            kind(Status::deadline_exceeded("x")),
+            BackendErrorKind::Timeout
+        );
         assert_eq!(kind(Status::permission_denied("x")), BackendErrorKind::Auth);
         for message in [
             "etcdserver: user name is empty",
             "etcdserver: authentication failed, invalid user ID or password",
         ] {
-            assert_eq!(kind(Status::invalid_argument(message)), BackendErrorKind::Auth);
+            assert_eq!(
+                kind(Status::invalid_argument(message)),
+                BackendErrorKind::Auth
+            );
         }
         assert_eq!(
-            kind(Status::invalid_argument("etcdserver: too many operations in txn request")),
+            kind(Status::invalid_argument(
+                "etcdserver: too many operations in txn request"
+            )),
             BackendErrorKind::Protocol
         );
-        assert_eq!(kind(Status::unknown("from the server")), BackendErrorKind::Other);
+        assert_eq!(
+            kind(Status::unknown("from the server")),
+            BackendErrorKind::Other
+        );
         let local = Status::from_error(Box::new(std::io::Error::other("broken pipe")));
         assert_eq!(kind(local), BackendErrorKind::Unavailable);
         assert_eq!(

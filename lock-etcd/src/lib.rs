@@ -94,6 +94,7 @@ mod config;
 mod connection;
 mod error;
 mod lease;
+mod renewal;
 mod ticks;
 
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENDPOINTS_ENV};
