@@ -134,6 +134,10 @@ impl EtcdFactory {
     }
 
     /// A connected backend; waits for a freshly started server to elect itself.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`server::connect_when_ready`].
     pub async fn connect(&self) -> Result<EtcdBackend, BoxError> {
         server::connect_when_ready(self.builder()?).await
     }

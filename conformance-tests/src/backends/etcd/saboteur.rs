@@ -28,6 +28,10 @@ impl std::fmt::Debug for EtcdSaboteur {
 
 impl EtcdSaboteur {
     /// Connects its own client to `endpoints`; lock keys are `prefix` + name.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is left behind.
     pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self, BoxError> {
         let client = tokio::time::timeout(Duration::from_secs(5), Client::connect(endpoints, None))
             .await??;
@@ -48,6 +52,10 @@ impl EtcdSaboteur {
     }
 
     /// The lease attached to the lock key, if the key exists.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     pub async fn lease_of(&self, name: &LockName) -> Result<Option<i64>, BoxError> {
         let resp = self.client.kv_client().get(self.key(name), None).await?;
         Ok(resp.kvs().first().map(|kv| kv.lease()))

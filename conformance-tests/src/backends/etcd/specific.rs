@@ -1,6 +1,7 @@
 //! etcd-specific trials (`etcd::<name>`): theft by a second client, a
 //! paused server, RBAC, TLS, bad input, and no residue after the cases.
 
+mod batch;
 mod faults;
 mod security;
 
@@ -62,6 +63,9 @@ pub fn add_specific(suite: &mut Suite) {
     });
     add(suite, "tls_with_test_certificate", |f, c| {
         Box::pin(security::tls_with_test_certificate(f, c))
+    });
+    add(suite, "batch_renewal_reports_each_lease", |f, c| {
+        Box::pin(batch::batch_renewal_reports_each_lease(f, c))
     });
     add(suite, "no_residue_after_cases", |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))
