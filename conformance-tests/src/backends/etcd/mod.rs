@@ -18,9 +18,13 @@ use crate::{BackendFactory, BoxError, Saboteur, Timing};
 pub use saboteur::EtcdSaboteur;
 pub use specific::add_specific;
 
-/// The TTL cases use: twice the private server's 1 s minimum, so
+/// The TTL cases use on private servers: twice their 1 s minimum, so
 /// `retain_for(ttl / 2)` is still a valid lease.
 const TTL: Duration = Duration::from_secs(2);
+
+/// The TTL on a cluster from `ETCD_ENDPOINTS`, twice the 2 s minimum of
+/// etcd's default election timeout.
+const ENV_TTL: Duration = Duration::from_secs(4);
 
 /// Where the factory's server comes from.
 enum Source {
@@ -160,8 +164,12 @@ impl BackendFactory for EtcdFactory {
     }
 
     fn timing(&self) -> Timing {
+        let ttl = match self.source {
+            Source::Env(_) => ENV_TTL,
+            Source::Private(_) => TTL,
+        };
         Timing {
-            ttl: TTL,
+            ttl,
             // etcd's leader checks for expired leases every 500 ms, and a
             // loaded 2-core machine adds scheduling delay on top.
             tolerance: Duration::from_millis(700),
