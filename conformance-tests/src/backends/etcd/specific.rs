@@ -4,6 +4,7 @@
 mod batch;
 mod faults;
 mod security;
+mod ticks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -66,6 +67,9 @@ pub fn add_specific(suite: &mut Suite) {
     });
     add(suite, "batch_renewal_reports_each_lease", |f, c| {
         Box::pin(batch::batch_renewal_reports_each_lease(f, c))
+    });
+    add(suite, "tick_store_keeps_the_maximum", |f, c| {
+        Box::pin(ticks::tick_store_keeps_the_maximum(f, c))
     });
     add(suite, "no_residue_after_cases", |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))
