@@ -73,7 +73,7 @@ impl LockOptions {
 
     /// Turns the background heartbeat on or off (default on). Without it the
     /// lease is valid for one TTL unless renewed with
-    /// [`LockGuard::renew`](crate::LockGuard::renew).
+    /// [`LeaseHandle::renew`](crate::LeaseHandle::renew).
     pub fn with_auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
         self
