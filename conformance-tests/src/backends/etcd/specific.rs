@@ -21,6 +21,10 @@ use crate::{BackendFactory, Ctx, Replica, Suite};
 /// Longest an etcd-specific trial may run.
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(170);
 
+/// Longest the no-residue trial may run: it runs every case once more, one
+/// after another, each within the suite's own per-case limit.
+const RESIDUE_TIMEOUT: Duration = Duration::from_secs(900);
+
 /// Adds the etcd-specific trials. They always use private servers (never
 /// `ETCD_ENDPOINTS`), because they pause servers and enable auth.
 pub fn add_specific(suite: &mut Suite) {
@@ -36,7 +40,10 @@ pub fn add_specific(suite: &mut Suite) {
     }
     let shared = Arc::new(EtcdFactory::private());
     let run_id = suite.run_id().to_owned();
-    let add = |suite: &mut Suite, name: &str, body: fn(Arc<EtcdFactory>, Ctx) -> BoxedCase| {
+    let add_with = |suite: &mut Suite,
+                    name: &str,
+                    limit: Duration,
+                    body: fn(Arc<EtcdFactory>, Ctx) -> BoxedCase| {
         let factory = Arc::clone(&shared);
         let ctx = Ctx::new(
             Arc::clone(&shared) as Arc<dyn BackendFactory>,
@@ -44,8 +51,11 @@ pub fn add_specific(suite: &mut Suite) {
             name,
         );
         suite.push(Trial::test(format!("etcd::{name}"), move || {
-            run(body(factory, ctx))
+            run(body(factory, ctx), limit)
         }));
+    };
+    let add = |suite: &mut Suite, name: &str, body: fn(Arc<EtcdFactory>, Ctx) -> BoxedCase| {
+        add_with(suite, name, TRIAL_TIMEOUT, body)
     };
     add(suite, "theft_by_lease_revoke", |f, c| {
         Box::pin(faults::theft_by_lease_revoke(f, c))
@@ -71,22 +81,22 @@ pub fn add_specific(suite: &mut Suite) {
     add(suite, "tick_store_keeps_the_maximum", |f, c| {
         Box::pin(ticks::tick_store_keeps_the_maximum(f, c))
     });
-    add(suite, "no_residue_after_cases", |f, c| {
+    add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))
     });
 }
 
 type BoxedCase = std::pin::Pin<Box<dyn Future<Output = Result<(), Failed>> + Send>>;
 
-fn run(body: BoxedCase) -> Result<(), Failed> {
+fn run(body: BoxedCase, limit: Duration) -> Result<(), Failed> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let outcome = rt.block_on(async {
-        match tokio::time::timeout(TRIAL_TIMEOUT, body).await {
+        match tokio::time::timeout(limit, body).await {
             Ok(result) => result,
-            Err(_) => Err(format!("did not finish within {TRIAL_TIMEOUT:?}").into()),
+            Err(_) => Err(format!("did not finish within {limit:?}").into()),
         }
     });
     rt.shutdown_timeout(Duration::from_secs(5));

@@ -16,6 +16,9 @@ use crate::{cases, BackendFactory, Ctx};
 
 const ROUNDS: usize = 5;
 
+/// The suite's own limit for one case.
+const CASE_LIMIT: Duration = Duration::from_secs(180);
+
 async fn saboteur_for(factory: &EtcdFactory) -> Result<EtcdSaboteur, Failed> {
     Ok(EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?)
 }
@@ -227,7 +230,10 @@ pub(super) async fn no_residue_after_cases(_f: Arc<EtcdFactory>, _ctx: Ctx) -> R
         if case.requires == Requires::PausedClock {
             continue;
         }
-        body(Ctx::new(Arc::clone(&dynf), "residue", case.name)).await;
+        let ctx = Ctx::new(Arc::clone(&dynf), "residue", case.name);
+        timeout(CASE_LIMIT, body(ctx))
+            .await
+            .map_err(|_| format!("case {} did not finish within {CASE_LIMIT:?}", case.name))?;
     }
     let sab = EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
     let mut client = sab.client();
