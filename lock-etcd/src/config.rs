@@ -412,6 +412,27 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_environment() {
+        // The only test in this binary that touches ETCD_ENDPOINTS.
+        std::env::set_var(ENDPOINTS_ENV, "http://a:1, b:2");
+        let listed = EtcdBuilder::from_env().map(|b| b.endpoints);
+        std::env::set_var(ENDPOINTS_ENV, "etcd://u:p@c:3");
+        let url = EtcdBuilder::from_env().map(|b| (b.endpoints, b.username));
+        std::env::set_var(ENDPOINTS_ENV, "c:notaport");
+        let bad = EtcdBuilder::from_env();
+        std::env::remove_var(ENDPOINTS_ENV);
+        let unset = EtcdBuilder::from_env();
+        assert_eq!(listed.expect("valid"), ["http://a:1", "b:2"]);
+        assert_eq!(
+            url.expect("valid"),
+            (vec!["c:3".to_owned()], Some("u".to_owned()))
+        );
+        assert_eq!(bad.expect_err("bad port").kind(), BackendErrorKind::Config);
+        let unset = unset.expect_err("unset");
+        assert!(unset.message().contains(ENDPOINTS_ENV), "{unset}");
+    }
+
+    #[test]
     fn debug_hides_the_password() {
         let b = EtcdBuilder::from_url("etcd://user:hunter2@h:1").expect("valid");
         let shown = format!("{b:?}");

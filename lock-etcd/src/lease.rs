@@ -106,6 +106,9 @@ impl Leases {
         let KeepAliveStream { keeper, answers } = &mut stream;
         let send = async {
             for &id in rest {
+                // The handle's lease id is public (etcd-client's
+                // pub-response-field feature); retargeting it sends the next
+                // keep-alive for another lease on the same stream.
                 keeper.id = id;
                 keeper.keep_alive().await?;
             }
