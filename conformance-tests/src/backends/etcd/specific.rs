@@ -2,6 +2,7 @@
 //! paused server, RBAC, TLS, bad input, and no residue after the cases.
 
 mod batch;
+mod crash;
 mod faults;
 mod security;
 mod ticks;
@@ -65,6 +66,9 @@ pub fn add_specific(suite: &mut Suite) {
     });
     add(suite, "paused_server_holder_aborts_first", |f, c| {
         Box::pin(faults::paused_server_holder_aborts_first(f, c))
+    });
+    add(suite, "abandoned_lock_frees_after_ttl", |f, c| {
+        Box::pin(crash::abandoned_lock_frees_after_ttl(f, c))
     });
     add(suite, "bad_input_gives_typed_errors", |f, c| {
         Box::pin(security::bad_input_gives_typed_errors(f, c))
