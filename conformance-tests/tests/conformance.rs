@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use conformance_tests::backends::etcd;
 use conformance_tests::backends::memory::MemoryFactory;
 use conformance_tests::backends::redis::RedisRun;
 use conformance_tests::Suite;
@@ -16,6 +17,8 @@ fn main() -> ExitCode {
     suite.add(Arc::new(MemoryFactory::new()));
     let redis = RedisRun::register(&mut suite);
     conformance_tests::backends::postgres::register(&mut suite);
+    suite.add_server_backend("etcd", etcd::factory());
+    etcd::add_specific(&mut suite);
     let code = suite.run(&args);
     if let Err(e) = redis.check_no_leftover_keys() {
         eprintln!("leftover check failed: {e}");

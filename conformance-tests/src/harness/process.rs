@@ -16,6 +16,8 @@ pub struct ServerSpec {
     /// The binary.
     pub program: PathBuf,
     /// Its arguments. `{dir}` is replaced by the temp dir and `{port}` by the port.
+    /// `{port2}` is replaced by a second free port, for servers that need two
+    /// listeners (etcd's client and peer URLs).
     pub args: Vec<String>,
     /// Run as this uid/gid instead of root (Postgres refuses to run as root).
     pub run_as: Option<(u32, u32)>,
@@ -28,6 +30,7 @@ pub struct ServerSpec {
 pub struct ServerProcess {
     spec: ServerSpec,
     port: u16,
+    port2: u16,
     dir: TempDir,
     child: Mutex<Option<Child>>,
 }
@@ -58,8 +61,17 @@ impl ServerProcess {
         if let Some((uid, gid)) = spec.run_as {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
         }
+        let port = free_port()?;
+        let mut port2 = free_port()?;
+        for _ in 0..10 {
+            if port2 != port {
+                break;
+            }
+            port2 = free_port()?;
+        }
         let server = Self {
-            port: free_port()?,
+            port,
+            port2,
             spec,
             dir,
             child: Mutex::new(None),
@@ -71,6 +83,11 @@ impl ServerProcess {
     /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The second port, substituted for `{port2}`.
+    pub fn port2(&self) -> u16 {
+        self.port2
     }
 
     /// Its private directory.
@@ -86,11 +103,16 @@ impl ServerProcess {
     fn spawn(&self) -> Result<(), BoxError> {
         let dir = self.dir.path().to_string_lossy().into_owned();
         let port = self.port.to_string();
+        let port2 = self.port2.to_string();
         let args: Vec<String> = self
             .spec
             .args
             .iter()
-            .map(|a| a.replace("{dir}", &dir).replace("{port}", &port))
+            .map(|a| {
+                a.replace("{dir}", &dir)
+                    .replace("{port}", &port)
+                    .replace("{port2}", &port2)
+            })
             .collect();
         let log = std::fs::File::create(self.dir.path().join("server.log"))?;
         let mut cmd = Command::new(&self.spec.program);

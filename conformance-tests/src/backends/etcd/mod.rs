@@ -1,0 +1,200 @@
+//! The etcd backend's factory: `ETCD_ENDPOINTS` when set, else a private
+//! etcd started from `PATH`; plus the etcd-specific trials.
+
+mod saboteur;
+pub mod server;
+mod specific;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Capabilities, Expiry, LockBackend, TickStore};
+use lock_etcd::{EtcdBackend, EtcdBuilder};
+
+use crate::harness::{free_port, which, Availability, ServerProcess};
+use crate::{BackendFactory, BoxError, Saboteur, Timing};
+
+pub use saboteur::EtcdSaboteur;
+pub use specific::add_specific;
+
+/// The TTL cases use on private servers: twice their 1 s minimum, so
+/// `retain_for(ttl / 2)` is still a valid lease.
+const TTL: Duration = Duration::from_secs(2);
+
+/// The TTL on a cluster from `ETCD_ENDPOINTS`, twice the 2 s minimum of
+/// etcd's default election timeout.
+const ENV_TTL: Duration = Duration::from_secs(4);
+
+/// Where the factory's server comes from.
+enum Source {
+    /// Endpoints from `ETCD_ENDPOINTS`.
+    Env(EtcdBuilder),
+    /// A private server, started on first use so that filtered runs that
+    /// skip etcd do not pay for it.
+    Private(OnceLock<Result<Arc<ServerProcess>, String>>),
+}
+
+/// Replicas are separate `EtcdBackend` connections to one cluster.
+pub struct EtcdFactory {
+    name: &'static str,
+    source: Source,
+}
+
+impl std::fmt::Debug for EtcdFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdFactory")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// The factory for this run: `etcd_env` over `ETCD_ENDPOINTS` when it is
+/// set, else `etcd` over a private server, else missing.
+pub fn factory() -> Availability<Arc<dyn BackendFactory>> {
+    if std::env::var_os(lock_etcd::ENDPOINTS_ENV).is_some() {
+        return match EtcdBuilder::from_env() {
+            Ok(b) => Availability::Ready(Arc::new(EtcdFactory {
+                name: "etcd_env",
+                source: Source::Env(b),
+            })),
+            Err(e) => Availability::Missing(e.to_string()),
+        };
+    }
+    match which("etcd") {
+        Some(_) => Availability::Ready(Arc::new(EtcdFactory::private())),
+        None => Availability::Missing("etcd is not on PATH and ETCD_ENDPOINTS is unset".into()),
+    }
+}
+
+impl EtcdFactory {
+    /// A factory over its own private server, started on first use.
+    pub fn private() -> Self {
+        Self {
+            name: "etcd",
+            source: Source::Private(OnceLock::new()),
+        }
+    }
+
+    /// A factory over an already running server.
+    pub fn over(server: Arc<ServerProcess>) -> Self {
+        let cell = OnceLock::new();
+        let _ = cell.set(Ok(server));
+        Self {
+            name: "etcd",
+            source: Source::Private(cell),
+        }
+    }
+
+    /// A builder for this factory's cluster.
+    pub fn builder(&self) -> Result<EtcdBuilder, BoxError> {
+        match &self.source {
+            Source::Env(b) => Ok(b.clone()),
+            Source::Private(cell) => {
+                let server = cell
+                    .get_or_init(|| {
+                        server::start(server::ServerTls::default())
+                            .map(Arc::new)
+                            .map_err(|e| e.to_string())
+                    })
+                    .as_ref()
+                    .map_err(|e| format!("private etcd: {e}"))?;
+                Ok(server::builder(server.port()))
+            }
+        }
+    }
+
+    /// The cluster's endpoints as URLs, for plain clients (the saboteur).
+    pub fn endpoints(&self) -> Result<Vec<String>, BoxError> {
+        match &self.source {
+            Source::Env(_) => {
+                let raw = std::env::var(lock_etcd::ENDPOINTS_ENV)?;
+                let list = raw
+                    .trim_start_matches("etcd://")
+                    .split(',')
+                    .map(|e| e.trim().trim_end_matches('/'))
+                    .filter(|e| !e.is_empty())
+                    .map(|e| {
+                        if e.contains("://") {
+                            e.to_owned()
+                        } else {
+                            format!("http://{e}")
+                        }
+                    })
+                    .collect();
+                Ok(list)
+            }
+            Source::Private(_) => {
+                self.builder()?;
+                match &self.source {
+                    Source::Private(cell) => match cell.get() {
+                        Some(Ok(server)) => Ok(vec![format!("http://127.0.0.1:{}", server.port())]),
+                        _ => Err("private etcd did not start".into()),
+                    },
+                    Source::Env(_) => Err("unreachable".into()),
+                }
+            }
+        }
+    }
+
+    /// A connected backend; waits for a freshly started server to elect itself.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`server::connect_when_ready`].
+    pub async fn connect(&self) -> Result<EtcdBackend, BoxError> {
+        server::connect_when_ready(self.builder()?).await
+    }
+}
+
+#[async_trait]
+impl BackendFactory for EtcdFactory {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // What every connected replica reports; min_ttl is measured per
+        // cluster at connect, and the suite's TTL is well above it.
+        Capabilities::new(Expiry::Ttl)
+            .with_fencing(true)
+            .with_batch_renew(true)
+            .with_release_notify(true)
+            .with_min_ttl(Duration::from_secs(1))
+    }
+
+    fn timing(&self) -> Timing {
+        let ttl = match self.source {
+            Source::Env(_) => ENV_TTL,
+            Source::Private(_) => TTL,
+        };
+        Timing {
+            ttl,
+            // etcd's leader checks for expired leases every 500 ms, and a
+            // loaded 2-core machine adds scheduling delay on top.
+            tolerance: Duration::from_millis(700),
+            paused_clock: false,
+        }
+    }
+
+    async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+        Ok(Arc::new(self.connect().await?))
+    }
+
+    async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {
+        let prefix = lock_etcd::DEFAULT_PREFIX;
+        Ok(Box::new(
+            EtcdSaboteur::connect(&self.endpoints()?, prefix).await?,
+        ))
+    }
+
+    async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
+        Ok(Some(Arc::new(self.connect().await?)))
+    }
+
+    async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
+        let port = free_port().ok()?;
+        let backend = server::builder(port).connect_lazy().await.ok()?;
+        Some(Arc::new(backend))
+    }
+}

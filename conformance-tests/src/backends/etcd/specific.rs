@@ -1,0 +1,142 @@
+//! etcd-specific trials (`etcd::<name>`): theft by a second client, a
+//! paused server, RBAC, TLS, bad input, and no residue after the cases.
+
+mod batch;
+mod crash;
+mod faults;
+mod security;
+mod ticks;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
+use lock_core::{LeaseHandle, LockName, RunOutcome};
+use tokio::sync::oneshot;
+
+use super::EtcdFactory;
+use crate::harness::{in_ci, which};
+use crate::{BackendFactory, Ctx, Replica, Suite};
+
+/// Longest an etcd-specific trial may run.
+const TRIAL_TIMEOUT: Duration = Duration::from_secs(170);
+
+/// Longest the no-residue trial may run: it runs every case once more, one
+/// after another, each within the suite's own per-case limit.
+const RESIDUE_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Adds the etcd-specific trials. They always use private servers (never
+/// `ETCD_ENDPOINTS`), because they pause servers and enable auth.
+pub fn add_specific(suite: &mut Suite) {
+    if which("etcd").is_none() {
+        if in_ci() {
+            suite.push(Trial::test("etcd::private_server_available", || {
+                Err("etcd is not on PATH; CI must test etcd".into())
+            }));
+        } else {
+            eprintln!("!!! SKIPPING the etcd-specific trials: etcd is not on PATH. Set CI=true to make this a failure.");
+        }
+        return;
+    }
+    let shared = Arc::new(EtcdFactory::private());
+    let run_id = suite.run_id().to_owned();
+    let add_with = |suite: &mut Suite,
+                    name: &str,
+                    limit: Duration,
+                    body: fn(Arc<EtcdFactory>, Ctx) -> BoxedCase| {
+        let factory = Arc::clone(&shared);
+        let ctx = Ctx::new(
+            Arc::clone(&shared) as Arc<dyn BackendFactory>,
+            &run_id,
+            name,
+        );
+        suite.push(Trial::test(format!("etcd::{name}"), move || {
+            run(body(factory, ctx), limit)
+        }));
+    };
+    let add = |suite: &mut Suite, name: &str, body: fn(Arc<EtcdFactory>, Ctx) -> BoxedCase| {
+        add_with(suite, name, TRIAL_TIMEOUT, body)
+    };
+    add(suite, "theft_by_lease_revoke", |f, c| {
+        Box::pin(faults::theft_by_lease_revoke(f, c))
+    });
+    add(suite, "theft_by_delete_and_put", |f, c| {
+        Box::pin(faults::theft_by_delete_and_put(f, c))
+    });
+    add(suite, "paused_server_holder_aborts_first", |f, c| {
+        Box::pin(faults::paused_server_holder_aborts_first(f, c))
+    });
+    add(suite, "abandoned_lock_frees_after_ttl", |f, c| {
+        Box::pin(crash::abandoned_lock_frees_after_ttl(f, c))
+    });
+    add(suite, "bad_input_gives_typed_errors", |f, c| {
+        Box::pin(security::bad_input_gives_typed_errors(f, c))
+    });
+    add(suite, "rbac_user_limited_to_prefix", |f, c| {
+        Box::pin(security::rbac_user_limited_to_prefix(f, c))
+    });
+    add(suite, "tls_with_test_certificate", |f, c| {
+        Box::pin(security::tls_with_test_certificate(f, c))
+    });
+    add(suite, "batch_renewal_reports_each_lease", |f, c| {
+        Box::pin(batch::batch_renewal_reports_each_lease(f, c))
+    });
+    add(suite, "tick_store_keeps_the_maximum", |f, c| {
+        Box::pin(ticks::tick_store_keeps_the_maximum(f, c))
+    });
+    add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
+        Box::pin(faults::no_residue_after_cases(f, c))
+    });
+}
+
+type BoxedCase = std::pin::Pin<Box<dyn Future<Output = Result<(), Failed>> + Send>>;
+
+fn run(body: BoxedCase, limit: Duration) -> Result<(), Failed> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let outcome = rt.block_on(async {
+        match tokio::time::timeout(limit, body).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("did not finish within {limit:?}").into()),
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    outcome
+}
+
+/// Starts a `with_lock` job that runs until aborted; returns its lease
+/// handle and the task yielding the run's outcome.
+async fn hold_in_job(
+    replica: &Replica,
+    ctx: &Ctx,
+    name: &LockName,
+) -> Result<(LeaseHandle, tokio::task::JoinHandle<RunOutcome<()>>), Failed> {
+    let (tx, rx) = oneshot::channel();
+    let locker = replica.locker.clone();
+    let (name, opts) = (name.clone(), ctx.opts());
+    let run = tokio::spawn(async move {
+        locker
+            .with_lock(&name, &opts, |lease| async move {
+                let _ = tx.send(lease);
+                std::future::pending::<()>().await
+            })
+            .await
+            .expect("valid input")
+    });
+    let handle = rx
+        .await
+        .map_err(|_| "the job did not start: the lock was not acquired")?;
+    Ok((handle, run))
+}
+
+/// Turns a boolean check into a trial failure that says what went wrong.
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what().into())
+    }
+}

@@ -1,0 +1,82 @@
+//! Batch renewal over one keep-alive stream and chunked read transactions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::Failed;
+use lock_core::{AcquireAttempt, LeaseStatus, LockBackend, OwnerToken, RenewRequest};
+use tokio::time::{sleep, Instant};
+
+use super::ensure;
+use crate::backends::etcd::{EtcdFactory, EtcdSaboteur};
+use crate::{Ctx, Saboteur};
+
+/// More leases than one read transaction may carry (etcd allows 128 ops).
+const LEASES: usize = 300;
+const STOLEN: usize = 7;
+const EXPIRED: usize = 200;
+
+/// `renew_many` over 300 leases answers each one in order (held, stolen,
+/// expired), and really extends the held ones: they outlive the TTL
+/// counted from their acquisition.
+pub(super) async fn batch_renewal_reports_each_lease(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let backend = f.connect().await?;
+    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    // Long enough that acquiring 300 locks on a loaded machine fits in it.
+    let ttl = Duration::from_secs(5);
+    let mut requests = Vec::with_capacity(LEASES);
+    for i in 0..LEASES {
+        let name = ctx.name(&format!("many-{i}"));
+        let owner = OwnerToken::generate()?;
+        let got = backend.try_acquire(&name, &owner, ttl).await?;
+        ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
+            format!("lock {i}: {got:?}")
+        })?;
+        requests.push(RenewRequest { name, owner, ttl });
+    }
+    sab.steal(&requests[STOLEN].name, ttl * 4).await?;
+    sab.expire(&requests[EXPIRED].name).await?;
+    let expected = |i: usize| match i {
+        STOLEN => LeaseStatus::Stolen,
+        EXPIRED => LeaseStatus::Expired,
+        _ => LeaseStatus::Held,
+    };
+    for round in 0..2 {
+        let statuses = backend.renew_many(&requests).await?;
+        ensure(statuses.len() == LEASES, || {
+            format!("{} statuses for {LEASES} leases", statuses.len())
+        })?;
+        for (i, status) in statuses.iter().enumerate() {
+            ensure(*status == expected(i), || {
+                format!(
+                    "round {round}, lease {i}: {status:?}, expected {:?}",
+                    expected(i)
+                )
+            })?;
+        }
+        if round == 0 {
+            sleep(ttl * 3 / 5).await;
+        }
+    }
+    let renewed_at = Instant::now();
+    // Past the TTL counted from the first renewal (plus etcd's 500 ms
+    // expiry sweep), but within the one from the second.
+    sleep(ttl * 4 / 5).await;
+    for (i, r) in requests.iter().enumerate() {
+        let status = backend.check(&r.name, &r.owner).await?;
+        ensure(status == expected(i), || {
+            format!(
+                "lease {i} {:?} after the last renewal: {status:?}",
+                renewed_at.elapsed()
+            )
+        })?;
+    }
+    for r in &requests {
+        backend.release(&r.name, &r.owner).await?;
+    }
+    sab.clear(&requests[STOLEN].name).await?;
+    Ok(())
+}

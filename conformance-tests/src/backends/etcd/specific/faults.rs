@@ -1,0 +1,272 @@
+//! Faults from outside: a second client revoking or overwriting, a stopped
+//! server, and what the cases leave behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{GetOptions, PutOptions};
+use libtest_mimic::Failed;
+use lock_core::{Error, LossReason, OwnerToken, RunOutcome};
+use tokio::time::{sleep, timeout, Instant};
+
+use super::{ensure, hold_in_job};
+use crate::backends::etcd::{server, EtcdFactory, EtcdSaboteur};
+use crate::suite::{CaseFn, Requires};
+use crate::{cases, BackendFactory, Ctx};
+
+const ROUNDS: usize = 5;
+
+/// The suite's own limit for one case.
+const CASE_LIMIT: Duration = Duration::from_secs(180);
+
+async fn saboteur_for(factory: &EtcdFactory) -> Result<EtcdSaboteur, Failed> {
+    Ok(EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?)
+}
+
+/// `etcdctl lease revoke` on the holder's lease deletes its key: the holder
+/// sees `expired` at its next renewal and the job is aborted. Prints the
+/// measured abort times.
+pub(super) async fn theft_by_lease_revoke(f: Arc<EtcdFactory>, ctx: Ctx) -> Result<(), Failed> {
+    let a = ctx.replica().await;
+    let sab = saboteur_for(&f).await?;
+    let bound = ctx.opts().renew_interval() + ctx.timing().tolerance;
+    let mut taken = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let name = ctx.name(&format!("revoked-{round}"));
+        let (lease, run) = hold_in_job(&a, &ctx, &name).await?;
+        // Vary where in the renewal interval the revoke lands.
+        sleep(ctx.opts().renew_interval() * (round as u32 + 1) / (ROUNDS as u32 + 1)).await;
+        let id = sab
+            .lease_of(&name)
+            .await?
+            .ok_or("the held key is missing")?;
+        let revoked_at = Instant::now();
+        sab.client().lease_client().revoke(id).await?;
+        let reason = timeout(bound * 2, lease.lost())
+            .await
+            .map_err(|_| "the holder never noticed the revoke")?;
+        let took = revoked_at.elapsed();
+        ensure(reason == LossReason::Expired, || {
+            format!("round {round}: lost as {reason}")
+        })?;
+        ensure(took <= bound, || {
+            format!("round {round}: abort took {took:?} > {bound:?}")
+        })?;
+        match run.await? {
+            RunOutcome::Aborted(LossReason::Expired) => {}
+            other => return Err(format!("round {round}: run ended {other:?}").into()),
+        }
+        taken.push(took);
+    }
+    taken.sort();
+    println!(
+        "etcd: abort after lease revoke over {ROUNDS} rounds: min {:?}, median {:?}, max {:?} (renew interval {:?})",
+        taken[0],
+        taken[ROUNDS / 2],
+        taken[ROUNDS - 1],
+        ctx.opts().renew_interval()
+    );
+    Ok(())
+}
+
+/// A second client deletes the key (the holder sees `expired`), or
+/// overwrites it with its own token (`stolen`); the overwrite survives the
+/// old holder.
+pub(super) async fn theft_by_delete_and_put(f: Arc<EtcdFactory>, ctx: Ctx) -> Result<(), Failed> {
+    let a = ctx.replica().await;
+    let sab = saboteur_for(&f).await?;
+    let bound = ctx.opts().renew_interval() + ctx.timing().tolerance;
+    let mut kv = sab.client().kv_client();
+
+    let name = ctx.name("deleted");
+    let key = format!("{}{}", lock_etcd::DEFAULT_PREFIX, name.as_str());
+    let (lease, run) = hold_in_job(&a, &ctx, &name).await?;
+    let deleted_at = Instant::now();
+    kv.delete(key.as_str(), None).await?;
+    let reason = timeout(bound * 2, lease.lost())
+        .await
+        .map_err(|_| "delete unnoticed")?;
+    ensure(reason == LossReason::Expired, || {
+        format!("delete: lost as {reason}")
+    })?;
+    ensure(deleted_at.elapsed() <= bound, || {
+        format!("delete noticed after {:?}", deleted_at.elapsed())
+    })?;
+    ensure(
+        matches!(run.await?, RunOutcome::Aborted(LossReason::Expired)),
+        || "delete: not aborted".into(),
+    )?;
+
+    let name = ctx.name("overwritten");
+    let key = format!("{}{}", lock_etcd::DEFAULT_PREFIX, name.as_str());
+    let (lease, run) = hold_in_job(&a, &ctx, &name).await?;
+    let thief = OwnerToken::generate()?.to_hex();
+    let thief_lease = sab.client().lease_client().grant(30, None).await?.id();
+    let put_at = Instant::now();
+    kv.put(
+        key.as_str(),
+        thief.as_str(),
+        Some(PutOptions::new().with_lease(thief_lease)),
+    )
+    .await?;
+    let reason = timeout(bound * 2, lease.lost())
+        .await
+        .map_err(|_| "overwrite unnoticed")?;
+    ensure(reason == LossReason::Stolen, || {
+        format!("overwrite: lost as {reason}")
+    })?;
+    ensure(put_at.elapsed() <= bound, || {
+        format!("overwrite noticed after {:?}", put_at.elapsed())
+    })?;
+    ensure(
+        matches!(run.await?, RunOutcome::Aborted(LossReason::Stolen)),
+        || "overwrite: not aborted".into(),
+    )?;
+    sleep(ctx.opts().renew_interval()).await;
+    let still = kv.get(key.as_str(), None).await?;
+    ensure(
+        still
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == thief.as_bytes()),
+        || "the old holder touched the thief's key".into(),
+    )?;
+    sab.client().lease_client().revoke(thief_lease).await?;
+    Ok(())
+}
+
+/// SIGSTOP the server for longer than the TTL: calls end with timeouts
+/// within the request timeout, the holder aborts at its local deadline
+/// while the server is still stopped, and a second client acquires only
+/// after the resume.
+pub(super) async fn paused_server_holder_aborts_first(
+    _f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let srv = Arc::new(server::start(server::ServerTls::default())?);
+    let factory: Arc<dyn BackendFactory> = Arc::new(EtcdFactory::over(Arc::clone(&srv)));
+    let ctx = Ctx::new(factory, "paused", ctx.prefix());
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let name = ctx.name("stopped-server");
+    let ttl = ctx.timing().ttl;
+    let tol = ctx.timing().tolerance;
+    let request_timeout = Duration::from_secs(1);
+    let acquired_at = Instant::now();
+    let (lease, run) = hold_in_job(&a, &ctx, &name).await?;
+    sleep(ttl / 2).await;
+    let paused_at = Instant::now();
+    srv.pause()?;
+    let probe = Instant::now();
+    let answer = a.backend.check(&name, &OwnerToken::generate()?).await;
+    let probe_took = probe.elapsed();
+    let reason = timeout(ttl * 2, lease.lost()).await;
+    let aborted_at = Instant::now();
+    let pause = ttl * 3 / 2 + Duration::from_millis(500);
+    sleep((paused_at + pause).saturating_duration_since(Instant::now())).await;
+    srv.resume()?;
+    let resumed_at = Instant::now();
+
+    match answer {
+        Err(e) if e.kind() == lock_core::BackendErrorKind::Timeout => {}
+        other => return Err(format!("a call to a stopped server gave {other:?}").into()),
+    }
+    ensure(probe_took <= request_timeout + tol, || {
+        format!("a call blocked {probe_took:?}")
+    })?;
+    let reason = reason.map_err(|_| "the holder never aborted while the server was stopped")?;
+    ensure(reason == LossReason::BackendError, || {
+        format!("lost as {reason}")
+    })?;
+    ensure(aborted_at - acquired_at <= ttl + tol, || {
+        format!("aborted {:?} after acquiring", aborted_at - acquired_at)
+    })?;
+    ensure(aborted_at < resumed_at, || {
+        "the holder aborted only after the resume".into()
+    })?;
+
+    let opts = ctx.opts();
+    let mut successor = None;
+    for _ in 0..100 {
+        match b.locker.try_lock(&name, &opts).await {
+            Ok(g) => {
+                successor = Some((g, Instant::now()));
+                break;
+            }
+            Err(Error::Contended { .. } | Error::Unavailable { .. }) => {
+                sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => return Err(format!("successor: {e}").into()),
+        }
+    }
+    let (guard, successor_at) = successor.ok_or("no successor within 10 s of the resume")?;
+    ensure(aborted_at < successor_at, || {
+        "the successor acquired before the holder aborted".into()
+    })?;
+    match run.await? {
+        RunOutcome::Aborted(LossReason::BackendError) => {}
+        other => return Err(format!("holder run ended {other:?}").into()),
+    }
+    println!(
+        "etcd: stopped {:?}: holder aborted {:?} after the stop, successor acquired {:?} after the resume",
+        pause,
+        aborted_at - paused_at,
+        successor_at - resumed_at
+    );
+    guard.release().await?;
+    Ok(())
+}
+
+/// Runs every applicable case against a server of its own, then checks for
+/// real that no lock key and no lease of the run is left.
+pub(super) async fn no_residue_after_cases(_f: Arc<EtcdFactory>, _ctx: Ctx) -> Result<(), Failed> {
+    let srv = Arc::new(server::start(server::ServerTls::default())?);
+    let factory = Arc::new(EtcdFactory::over(Arc::clone(&srv)));
+    let dynf: Arc<dyn BackendFactory> = factory.clone();
+    let ttl = dynf.timing().ttl;
+    for case in cases::ALL {
+        let CaseFn::Async(body) = case.run else {
+            continue;
+        };
+        if case.requires == Requires::PausedClock {
+            continue;
+        }
+        let ctx = Ctx::new(Arc::clone(&dynf), "residue", case.name);
+        timeout(CASE_LIMIT, body(ctx))
+            .await
+            .map_err(|_| format!("case {} did not finish within {CASE_LIMIT:?}", case.name))?;
+    }
+    let sab = EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let mut client = sab.client();
+    let ended = Instant::now();
+    let (mut keys, mut leases) = (usize::MAX, usize::MAX);
+    let (mut keys_at_end, mut leases_at_end) = (None, None);
+    // Orphans end by themselves within one TTL (a dropped acquire's lease,
+    // a retained lock); anything alive after that is kept alive by someone.
+    while ended.elapsed() < ttl * 2 + Duration::from_secs(1) {
+        let resp = client
+            .get(
+                lock_etcd::DEFAULT_PREFIX,
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await?;
+        keys = resp.kvs().len();
+        leases = client.leases().await?.leases().len();
+        keys_at_end.get_or_insert(keys);
+        leases_at_end.get_or_insert(leases);
+        if keys == 0 && leases == 0 {
+            break;
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "etcd: after the cases: {:?} keys and {:?} leases at once, {keys} and {leases} after {:?}",
+        keys_at_end,
+        leases_at_end,
+        ended.elapsed()
+    );
+    ensure(keys == 0, || {
+        format!("{keys} lock keys left under {}", lock_etcd::DEFAULT_PREFIX)
+    })?;
+    ensure(leases == 0, || format!("{leases} leases still alive"))?;
+    Ok(())
+}

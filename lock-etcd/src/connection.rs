@@ -1,0 +1,222 @@
+//! [`EtcdBackend`]: connecting, the key layout, and the leases this instance holds.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, KeyValue, TlsOptions};
+use lock_core::{BackendError, BackendErrorKind, LeaseStatus, LockName, OwnerToken};
+use tracing::debug;
+
+use crate::config::{EtcdBuilder, DEFAULT_MIN_TTL};
+use crate::error::{bounded, convert};
+use crate::lease::{lease_seconds, Leases};
+
+/// A lock backend over an etcd v3 cluster: one lease per lock, a
+/// put-if-absent transaction to acquire, the key's create revision as the
+/// fencing token. Cloning is cheap and clones share the connection.
+///
+/// See the [crate documentation](crate) for the guarantees and limits.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use lock_core::{LockName, LockOptions, Locker};
+/// use lock_etcd::EtcdBuilder;
+///
+/// let backend = EtcdBuilder::from_env()?.connect().await?;
+/// let locker = Locker::new(backend)?;
+/// let opts = LockOptions::new(Duration::from_secs(10));
+/// let guard = locker.try_lock(&LockName::new("reports/daily")?, &opts).await?;
+/// // … write with guard.fencing_token() …
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) leases: Leases,
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) min_ttl: Duration,
+    held: Mutex<HashMap<LockName, Held>>,
+}
+
+/// A lease this instance granted for a lock it acquired.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held {
+    pub(crate) owner: OwnerToken,
+    pub(crate) lease: i64,
+    pub(crate) seconds: i64,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("prefix", &self.inner.prefix)
+            .field("request_timeout", &self.inner.timeout)
+            .field("min_ttl", &self.inner.min_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    /// A builder; see [`EtcdBuilder`].
+    pub fn builder() -> EtcdBuilder {
+        EtcdBuilder::new()
+    }
+
+    pub(crate) async fn connect(mut b: EtcdBuilder, probe: bool) -> Result<Self, BackendError> {
+        let endpoints = b.validated()?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(b.connect_timeout)
+            .with_require_leader(true);
+        if let (Some(user), Some(password)) = (&b.username, &b.password) {
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
+        }
+        if b.uses_tls() {
+            let Some(pem) = &b.ca_pem else {
+                return Err(BackendError::new(
+                    BackendErrorKind::Config,
+                    "TLS needs a CA certificate: set with_ca_file or with_ca_pem",
+                ));
+            };
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(pem));
+            if let Some(domain) = &b.tls_domain {
+                tls = tls.domain_name(domain.clone());
+            }
+            options = options.with_tls(tls);
+        }
+        let connect_limit = b.connect_timeout + b.request_timeout;
+        let client = bounded(connect_limit, "connect", async {
+            Client::connect(&endpoints, Some(options))
+                .await
+                .map_err(|e| convert(&format!("connect to {}", endpoints.join(",")), e))
+        })
+        .await?;
+        let leases = Leases::new(client.lease_client());
+        let declared = b.min_ttl.map(|t| secs(lease_seconds(t)));
+        let min_ttl = if probe {
+            // A grant comes back raised to the cluster's minimum TTL, so one
+            // short lease both proves the cluster answers and measures it.
+            let asked = declared.map_or(1, lease_seconds);
+            let granted = bounded(connect_limit, "probe the cluster", async {
+                let (id, granted) = leases.grant(asked).await?;
+                leases.revoke(id).await?;
+                Ok(granted)
+            })
+            .await?;
+            declared.unwrap_or_default().max(secs(granted))
+        } else {
+            declared.unwrap_or(DEFAULT_MIN_TTL)
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                leases,
+                prefix: b.prefix,
+                timeout: b.request_timeout,
+                min_ttl,
+                held: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The shortest TTL this backend accepts: the cluster's minimum lease
+    /// TTL (measured at connect, or declared), in whole seconds.
+    pub fn min_ttl(&self) -> Duration {
+        self.inner.min_ttl
+    }
+
+    /// The etcd key that holds the lock `name`.
+    pub fn key_for(&self, name: &LockName) -> String {
+        self.inner.key(name)
+    }
+}
+
+impl Inner {
+    pub(crate) fn key(&self, name: &LockName) -> String {
+        format!("{}{}", self.prefix, name.as_str())
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<LockName, Held>> {
+        // Each critical section is one map operation: a poisoned map is consistent.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn remember(&self, name: &LockName, held: Held) {
+        self.held().insert(name.clone(), held);
+    }
+
+    /// The lease this instance holds for `name` under `owner`, if any.
+    pub(crate) fn lease_of(&self, name: &LockName, owner: &OwnerToken) -> Option<Held> {
+        self.held().get(name).filter(|h| h.owner == *owner).copied()
+    }
+
+    /// Drops the entry for `name` if it belongs to `owner`, returning it.
+    pub(crate) fn forget(&self, name: &LockName, owner: &OwnerToken) -> Option<Held> {
+        let mut map = self.held();
+        match map.get(name) {
+            Some(h) if h.owner == *owner => map.remove(name),
+            _ => None,
+        }
+    }
+
+    /// Revokes a lease that guards nothing of ours any more, without making
+    /// the caller wait; if it fails, the lease simply runs out.
+    pub(crate) fn revoke_in_background(&self, lease: i64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut client = self.client.lease_client();
+        let limit = self.timeout;
+        runtime.spawn(async move {
+            if let Ok(Err(e)) = tokio::time::timeout(limit, client.revoke(lease)).await {
+                debug!(lease, error = %e, "revoking an unused lease failed; it will expire");
+            }
+        });
+    }
+
+    /// Rejects TTLs the cluster would silently lengthen.
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), BackendError> {
+        if ttl < self.min_ttl {
+            return Err(BackendError::new(
+                BackendErrorKind::Config,
+                format!(
+                    "a TTL of {ttl:?} is below this etcd cluster's minimum lease TTL of {:?}",
+                    self.min_ttl
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn secs(seconds: i64) -> Duration {
+    Duration::from_secs(seconds.max(1).unsigned_abs())
+}
+
+/// What the key says about `owner`'s lease, after a keep-alive answered `ttl`.
+pub(crate) fn classify(
+    kv: Option<&KeyValue>,
+    owner: &OwnerToken,
+    lease: i64,
+    ttl: i64,
+) -> LeaseStatus {
+    match kv {
+        None => LeaseStatus::Expired,
+        Some(kv) if kv.value() != owner.to_hex().as_bytes() => LeaseStatus::Stolen,
+        Some(kv) if ttl > 0 && kv.lease() == lease => LeaseStatus::Held,
+        // Our token, but nothing keeps the key alive any more.
+        Some(_) => LeaseStatus::Expired,
+    }
+}

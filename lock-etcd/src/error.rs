@@ -1,0 +1,138 @@
+//! Converts `etcd-client` errors into [`BackendError`]s of the right kind.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::Error as EtcdError;
+use lock_core::{BackendError, BackendErrorKind};
+use tonic::Code;
+
+/// Wraps a native client error, naming the operation that failed.
+pub(crate) fn convert(op: &str, e: EtcdError) -> BackendError {
+    let kind = kind_of(&e);
+    let what = match kind {
+        BackendErrorKind::Unavailable => "etcd is unreachable",
+        BackendErrorKind::Timeout => "etcd did not answer in time",
+        BackendErrorKind::Auth => "etcd refused the credentials or the operation",
+        BackendErrorKind::Config => "the etcd client is misconfigured",
+        _ => "etcd failed",
+    };
+    BackendError::new(kind, format!("{op}: {what}")).with_source(e)
+}
+
+fn kind_of(e: &EtcdError) -> BackendErrorKind {
+    match e {
+        EtcdError::GRpcStatus(status) => match status.code() {
+            Code::Unavailable | Code::Cancelled | Code::Aborted => BackendErrorKind::Unavailable,
+            // Statuses from the server never carry a source; one with a source
+            // was made on this side from a broken connection.
+            Code::Unknown if std::error::Error::source(status).is_some() => {
+                BackendErrorKind::Unavailable
+            }
+            Code::DeadlineExceeded => BackendErrorKind::Timeout,
+            Code::Unauthenticated | Code::PermissionDenied => BackendErrorKind::Auth,
+            // etcd reports bad passwords, missing credentials and "auth not
+            // enabled" with these codes; only the message tells them apart.
+            Code::InvalidArgument | Code::FailedPrecondition if is_auth(status.message()) => {
+                BackendErrorKind::Auth
+            }
+            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+                BackendErrorKind::Protocol
+            }
+            _ => BackendErrorKind::Other,
+        },
+        EtcdError::TransportError(_) | EtcdError::IoError(_) | EtcdError::WatchError(_) => {
+            BackendErrorKind::Unavailable
+        }
+        EtcdError::InvalidArgs(_)
+        | EtcdError::InvalidUri(_)
+        | EtcdError::InvalidMetadataValue(_)
+        | EtcdError::EndpointError(_) => BackendErrorKind::Config,
+        EtcdError::LeaseKeepAliveError(_) => BackendErrorKind::Unavailable,
+        _ => BackendErrorKind::Other,
+    }
+}
+
+fn is_auth(message: &str) -> bool {
+    ["auth", "user name", "password", "permission"]
+        .iter()
+        .any(|word| message.contains(word))
+}
+
+/// True when the server said the lease does not exist (any more).
+pub(crate) fn is_lease_not_found(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::GRpcStatus(status) => {
+            status.code() == Code::NotFound || status.message().contains("lease not found")
+        }
+        EtcdError::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// Runs `fut`, turning "no answer within `limit`" into a timeout error.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    op: &str,
+    fut: impl Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(result) => result,
+        Err(_) => Err(BackendError::timeout(format!(
+            "{op}: etcd did not answer within {limit:?}"
+        ))),
+    }
+}
+
+/// A response that lacked a field etcd always sends.
+pub(crate) fn protocol(op: &str, what: &str) -> BackendError {
+    BackendError::new(BackendErrorKind::Protocol, format!("{op}: {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    fn kind(status: Status) -> BackendErrorKind {
+        kind_of(&EtcdError::GRpcStatus(status))
+    }
+
+    #[test]
+    fn statuses_map_to_what_the_caller_must_do() {
+        assert_eq!(
+            kind(Status::unavailable("x")),
+            BackendErrorKind::Unavailable
+        );
+        assert_eq!(
+            kind(Status::deadline_exceeded("x")),
+            BackendErrorKind::Timeout
+        );
+        assert_eq!(kind(Status::permission_denied("x")), BackendErrorKind::Auth);
+        for message in [
+            "etcdserver: user name is empty",
+            "etcdserver: authentication failed, invalid user ID or password",
+        ] {
+            assert_eq!(
+                kind(Status::invalid_argument(message)),
+                BackendErrorKind::Auth
+            );
+        }
+        assert_eq!(
+            kind(Status::invalid_argument(
+                "etcdserver: too many operations in txn request"
+            )),
+            BackendErrorKind::Protocol
+        );
+        assert_eq!(
+            kind(Status::unknown("from the server")),
+            BackendErrorKind::Other
+        );
+        let local = Status::from_error(Box::new(std::io::Error::other("broken pipe")));
+        assert_eq!(kind(local), BackendErrorKind::Unavailable);
+        assert_eq!(
+            kind_of(&EtcdError::InvalidArgs("empty endpoints".into())),
+            BackendErrorKind::Config
+        );
+    }
+}

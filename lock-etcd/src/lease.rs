@@ -1,0 +1,153 @@
+//! Leases: grant, revoke, and keep-alive over one shared stream.
+
+use std::fmt;
+use std::time::Duration;
+
+use etcd_client::{Error as EtcdError, LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
+use lock_core::BackendError;
+use tokio::sync::Mutex;
+
+use crate::error::{convert, is_lease_not_found, protocol};
+
+/// etcd lease TTLs are whole seconds: the TTL rounded up, at least one.
+pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
+    let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(whole.max(1)).unwrap_or(i64::MAX)
+}
+
+/// Grants, revokes and keeps leases alive for one backend instance.
+///
+/// Keep-alives share one bidirectional stream: etcd answers the requests of
+/// a stream one by one, in order, so a batch is written in one go and its
+/// answers read back in the same order, one round trip for any number of
+/// leases.
+pub(crate) struct Leases {
+    client: LeaseClient,
+    stream: Mutex<Option<KeepAliveStream>>,
+}
+
+struct KeepAliveStream {
+    keeper: LeaseKeeper,
+    answers: LeaseKeepAliveStream,
+}
+
+impl fmt::Debug for Leases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leases").finish_non_exhaustive()
+    }
+}
+
+impl Leases {
+    pub(crate) fn new(client: LeaseClient) -> Self {
+        Self {
+            client,
+            stream: Mutex::new(None),
+        }
+    }
+
+    /// Grants a lease of `seconds`; returns its id and the TTL the server
+    /// actually gave (it raises TTLs below its minimum).
+    pub(crate) async fn grant(&self, seconds: i64) -> Result<(i64, i64), BackendError> {
+        let resp = self
+            .client
+            .clone()
+            .grant(seconds, None)
+            .await
+            .map_err(|e| convert("lease grant", e))?;
+        if !resp.error().is_empty() {
+            return Err(protocol("lease grant", resp.error()));
+        }
+        Ok((resp.id(), resp.ttl()))
+    }
+
+    /// Revokes `id`, deleting the keys attached to it. A lease that is
+    /// already gone counts as revoked.
+    pub(crate) async fn revoke(&self, id: i64) -> Result<(), BackendError> {
+        match self.client.clone().revoke(id).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_lease_not_found(&e) => Ok(()),
+            Err(e) => Err(convert("lease revoke", e)),
+        }
+    }
+
+    /// Sends one keep-alive per id and returns the TTL each got back, in
+    /// order; 0 means the lease no longer exists.
+    ///
+    /// Cancel safety: if the future is dropped midway, the stream is left
+    /// out of step with its answers, so it is discarded (the slot is emptied
+    /// before any request goes out) and the next call opens a new one.
+    pub(crate) async fn keep_alive(&self, ids: &[i64]) -> Result<Vec<i64>, BackendError> {
+        let mut slot = self.stream.lock().await;
+        let mut ttls = Vec::with_capacity(ids.len());
+        let mut stream = match slot.take() {
+            Some(s) => s,
+            None => {
+                // Opening a stream renews its first lease. The client refuses
+                // to open one for a lease that is gone, so try the next.
+                let mut opened = None;
+                for &id in ids {
+                    match self.client.clone().keep_alive(id).await {
+                        Ok((keeper, answers)) => {
+                            ttls.push(1);
+                            opened = Some(KeepAliveStream { keeper, answers });
+                            break;
+                        }
+                        Err(e) if is_lease_not_found(&e) => ttls.push(0),
+                        Err(e) => return Err(convert("lease keep-alive", e)),
+                    }
+                }
+                match opened {
+                    Some(s) => s,
+                    None => return Ok(ttls),
+                }
+            }
+        };
+        let rest = &ids[ttls.len()..];
+        let KeepAliveStream { keeper, answers } = &mut stream;
+        let send = async {
+            for &id in rest {
+                // The handle's lease id is public (etcd-client's
+                // pub-response-field feature); retargeting it sends the next
+                // keep-alive for another lease on the same stream.
+                keeper.id = id;
+                keeper.keep_alive().await?;
+            }
+            Ok::<_, EtcdError>(())
+        };
+        let receive = async {
+            let mut got = Vec::with_capacity(rest.len());
+            for &id in rest {
+                match answers.message().await? {
+                    Some(answer) if answer.id() == id => got.push(answer.ttl().max(0)),
+                    Some(answer) => {
+                        return Ok(Err(format!(
+                            "keep-alive answer for lease {:x} where {id:x} was expected",
+                            answer.id()
+                        )))
+                    }
+                    None => return Err(EtcdError::LeaseKeepAliveError("stream closed".into())),
+                }
+            }
+            Ok::<_, EtcdError>(Ok(got))
+        };
+        let ((), received) =
+            tokio::try_join!(send, receive).map_err(|e| convert("lease keep-alive", e))?;
+        let got = received.map_err(|m| protocol("lease keep-alive", &m))?;
+        ttls.extend(got);
+        *slot = Some(stream);
+        Ok(ttls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(lease_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(lease_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(lease_seconds(Duration::from_millis(2001)), 3);
+        assert_eq!(lease_seconds(Duration::ZERO), 1);
+    }
+}

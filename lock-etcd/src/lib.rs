@@ -1,0 +1,101 @@
+//! An etcd v3 [`LockBackend`](lock_core::LockBackend) for `lock-core`.
+//!
+//! Each lock is one key, `<prefix><name>` (prefix `/locks/` by default),
+//! whose value is the holder's owner token and which is attached to a lease
+//! of the lock's TTL:
+//!
+//! - **acquire** grants a lease, then puts the key in a transaction that
+//!   succeeds only if the key does not exist (`create_revision == 0`). If it
+//!   exists, the new lease is revoked and the answer is "held".
+//! - **renew** sends a keep-alive for the lease and then reads the key: a
+//!   keep-alive answer of TTL 0 or a missing key is `expired`, a key carrying
+//!   another token is `stolen`. Many leases renew together over one
+//!   keep-alive stream plus one transaction of reads per 128 keys.
+//! - **release** deletes the key in a transaction that compares its value
+//!   with the owner token, then revokes the lease. A key is never re-created.
+//! - **waiting** acquires wake on a watch of the key, created before the
+//!   attempt it guards. etcd's own `Lock` RPC is not used (see etcd issue
+//!   11456: a waiter whose lease expired while it queued was granted the lock).
+//!
+//! # Guarantees
+//!
+//! - **Fencing tokens** are the key's create revision: etcd revisions grow
+//!   across the whole cluster, so each acquisition of a name gets a larger
+//!   token than every earlier one, even across holders and crashes.
+//! - **Local validity** is counted by `lock-core` from when the acquire or
+//!   keep-alive request was *sent*, never from the answer; etcd starts the
+//!   lease's new TTL when it receives the request, which is later.
+//! - **Bounded calls.** Every call ends within the request timeout (default
+//!   1 s): a stopped or partitioned cluster gives a
+//!   [`Timeout`](lock_core::BackendErrorKind::Timeout) error, a refused
+//!   connection an [`Unavailable`](lock_core::BackendErrorKind::Unavailable)
+//!   one, so the `Locker` fails closed.
+//!
+//! # TTL granularity and minimum
+//!
+//! etcd leases have whole-second TTLs, so a TTL is rounded **up** to the next
+//! second on the server (2.5 s becomes 3 s); the local deadline still uses the
+//! exact TTL, which keeps it before the server's. etcd also raises any TTL
+//! below its minimum, 1.5 × the election timeout (1 s by default, so 2 s).
+//! [`EtcdBuilder::connect`] measures that minimum with a one-second probe
+//! lease and reports it as [`Capabilities::min_ttl`](lock_core::Capabilities::min_ttl);
+//! shorter TTLs are rejected with a configuration error instead of being
+//! silently lengthened. Expiry itself is checked by the etcd leader about
+//! every 500 ms, so an abandoned lock frees up to about half a second after
+//! its TTL.
+//!
+//! # What a lease cannot do
+//!
+//! A lease cannot stop a paused holder. If a process freezes (GC pause,
+//! SIGSTOP, a VM migration) past its TTL, etcd expires the lease and another
+//! process acquires, while the frozen one still runs its critical section
+//! when it wakes up. The Jepsen analysis of etcd 3.4.3 shows exactly this.
+//! `lock-core` narrows the window (its `assert_held` fails once the local
+//! deadline has passed, and a lost lease cancels the job at once) but cannot
+//! close it; only the protected resource can, by rejecting writes that carry
+//! a fencing token lower than one it has already seen.
+//!
+//! # Access control and TLS
+//!
+//! With RBAC enabled, a user needs read-write on the key prefix (which also
+//! holds the scheduler's tick keys, under `<prefix>#ticks/`); lease grant,
+//! keep-alive and revoke need no extra permission. Give credentials with
+//! [`EtcdBuilder::with_credentials`] or in the URL
+//! (`etcd://user:password@host:2379`). For TLS use `https://` endpoints or
+//! `etcds://` and trust the server's CA with [`EtcdBuilder::with_ca_file`].
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use lock_core::{LockName, LockOptions, Locker, RunOutcome};
+//! use lock_etcd::EtcdBuilder;
+//!
+//! let backend = EtcdBuilder::from_url("etcd://127.0.0.1:2379")?
+//!     .with_request_timeout(Duration::from_millis(500))
+//!     .connect()
+//!     .await?;
+//! let locker = Locker::new(backend)?;
+//! let name = LockName::new("billing/nightly")?;
+//! let opts = LockOptions::new(Duration::from_secs(10));
+//! let outcome = locker
+//!     .with_lock(&name, &opts, |lease| async move { lease.fencing_token() })
+//!     .await?;
+//! if let RunOutcome::Completed(token) = outcome {
+//!     println!("ran with fencing token {token:?}");
+//! }
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod backend;
+mod config;
+mod connection;
+mod error;
+mod lease;
+mod renewal;
+mod ticks;
+
+pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENDPOINTS_ENV};
+pub use connection::EtcdBackend;

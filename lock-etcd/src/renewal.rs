@@ -1,0 +1,176 @@
+//! Renewal: keep-alive then read, one lease or many, and re-leasing for a new TTL.
+
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use lock_core::{BackendError, LeaseStatus, LockName, OwnerToken, RenewRequest};
+
+use crate::backend::first_kv;
+use crate::connection::{classify, Held, Inner};
+use crate::error::{convert, protocol};
+use crate::lease::lease_seconds;
+
+/// etcd's default `--max-txn-ops`: the most reads one batch transaction may carry.
+const MAX_TXN_OPS: usize = 128;
+
+impl Inner {
+    /// The lease behind `owner`'s hold on `name`: remembered, or read from the key.
+    async fn resolve(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        seconds: i64,
+    ) -> Result<Result<Held, LeaseStatus>, BackendError> {
+        if let Some(held) = self.lease_of(name, owner) {
+            return Ok(Ok(held));
+        }
+        let kv = self.get(&self.key(name)).await?;
+        match classify(
+            kv.as_ref(),
+            owner,
+            kv.as_ref().map_or(0, KeyValue::lease),
+            1,
+        ) {
+            LeaseStatus::Held => {
+                let lease = kv.as_ref().map_or(0, KeyValue::lease);
+                Ok(Ok(Held {
+                    owner: *owner,
+                    lease,
+                    seconds,
+                }))
+            }
+            status => Ok(Err(status)),
+        }
+    }
+
+    pub(crate) async fn renew_one(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        let seconds = lease_seconds(ttl);
+        let held = match self.resolve(name, owner, seconds).await? {
+            Ok(held) => held,
+            Err(status) => return Ok(status),
+        };
+        if held.seconds != seconds {
+            return self.relet(name, owner, held, seconds).await;
+        }
+        let ttls = self.leases.keep_alive(&[held.lease]).await?;
+        let ttl = ttls.first().copied().unwrap_or(0);
+        let kv = self.get(&self.key(name)).await?;
+        let status = classify(kv.as_ref(), owner, held.lease, ttl);
+        self.settle(name, owner, status);
+        Ok(status)
+    }
+
+    /// Moves the key to a new lease of `seconds`: keep-alive can only restart
+    /// a lease's own TTL, and `retain_for` asks for a different one.
+    async fn relet(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        held: Held,
+        seconds: i64,
+    ) -> Result<LeaseStatus, BackendError> {
+        let key = self.key(name);
+        let (lease, _) = self.leases.grant(seconds).await?;
+        let txn = Txn::new()
+            .when([
+                Compare::value(key.as_str(), CompareOp::Equal, owner.to_hex()),
+                Compare::lease(key.as_str(), CompareOp::Equal, held.lease),
+            ])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                owner.to_hex(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let resp = match self.client.kv_client().txn(txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.revoke_in_background(lease);
+                return Err(convert(&format!("renew {key}"), e));
+            }
+        };
+        if resp.succeeded() {
+            self.remember(
+                name,
+                Held {
+                    owner: *owner,
+                    lease,
+                    seconds,
+                },
+            );
+            self.revoke_in_background(held.lease);
+            return Ok(LeaseStatus::Held);
+        }
+        self.revoke_in_background(lease);
+        let kv = first_kv(&resp.op_responses());
+        let status = match classify(kv.as_ref(), owner, held.lease, 0) {
+            LeaseStatus::Stolen => LeaseStatus::Stolen,
+            _ => LeaseStatus::Expired,
+        };
+        self.settle(name, owner, status);
+        Ok(status)
+    }
+
+    /// After a renewal found the lease lost, drops it here and on the server.
+    fn settle(&self, name: &LockName, owner: &OwnerToken, status: LeaseStatus) {
+        if status != LeaseStatus::Held {
+            if let Some(held) = self.forget(name, owner) {
+                self.revoke_in_background(held.lease);
+            }
+        }
+    }
+
+    pub(crate) async fn renew_batch(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        let mut out: Vec<Option<LeaseStatus>> = vec![None; requests.len()];
+        let mut batch: Vec<(usize, Held)> = Vec::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            match self.lease_of(&r.name, &r.owner) {
+                Some(h) if h.seconds == lease_seconds(r.ttl) => batch.push((i, h)),
+                // Unknown here or a new TTL: rare, renewed on its own.
+                _ => out[i] = Some(self.renew_one(&r.name, &r.owner, r.ttl).await?),
+            }
+        }
+        let ids: Vec<i64> = batch.iter().map(|(_, h)| h.lease).collect();
+        let ttls = self.leases.keep_alive(&ids).await?;
+        let mut kv = self.client.kv_client();
+        for (chunk_no, chunk) in batch.chunks(MAX_TXN_OPS).enumerate() {
+            let gets: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(i, _)| TxnOp::get(self.key(&requests[*i].name), None))
+                .collect();
+            let resp = kv
+                .txn(Txn::new().and_then(gets))
+                .await
+                .map_err(|e| convert("renew (batch read)", e))?;
+            let answers = resp.op_responses();
+            if answers.len() != chunk.len() {
+                return Err(protocol(
+                    "renew",
+                    "batch read answered the wrong number of gets",
+                ));
+            }
+            for (j, ((i, held), answer)) in chunk.iter().zip(answers).enumerate() {
+                let ttl = ttls.get(chunk_no * MAX_TXN_OPS + j).copied().unwrap_or(0);
+                let kv = match answer {
+                    TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+                    _ => return Err(protocol("renew", "batch read answered a non-get")),
+                };
+                let r = &requests[*i];
+                let status = classify(kv.as_ref(), &r.owner, held.lease, ttl);
+                self.settle(&r.name, &r.owner, status);
+                out[*i] = Some(status);
+            }
+        }
+        out.into_iter()
+            .map(|s| s.ok_or_else(|| protocol("renew", "a lease got no status")))
+            .collect()
+    }
+}

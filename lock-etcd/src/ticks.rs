@@ -1,0 +1,101 @@
+//! [`TickStore`] on etcd: one key per job, raised only, in one transaction.
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use lock_core::{async_trait, BackendError, LockName, TickStore};
+
+use crate::connection::EtcdBackend;
+use crate::error::{bounded, convert, protocol};
+
+/// Tick keys live under the lock prefix (so one RBAC grant covers both) but
+/// behind `#`, a character lock names cannot contain, so they never collide.
+const TICKS: &str = "#ticks/";
+
+/// Encodes a tick so that byte order is numeric order: the sign bit flipped,
+/// then 20 zero-padded decimal digits. etcd compares values as bytes, so the
+/// "only raise" rule becomes a single compare in a transaction.
+fn encode(tick: i64) -> String {
+    format!("{:020}", (tick as u64) ^ (1 << 63))
+}
+
+fn decode(raw: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(raw).ok()?;
+    if text.len() != 20 {
+        return None;
+    }
+    let biased: u64 = text.parse().ok()?;
+    Some((biased ^ (1 << 63)) as i64)
+}
+
+impl EtcdBackend {
+    fn tick_key(&self, job: &LockName) -> String {
+        format!("{}{TICKS}{}", self.inner.prefix, job.as_str())
+    }
+}
+
+#[async_trait]
+impl TickStore for EtcdBackend {
+    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
+        let key = self.tick_key(job);
+        bounded(self.inner.timeout, "read tick", async {
+            let mut resp = self
+                .inner
+                .client
+                .kv_client()
+                .get(key.as_str(), None)
+                .await
+                .map_err(|e| convert(&format!("read {key}"), e))?;
+            match resp.take_kvs().first() {
+                None => Ok(None),
+                Some(kv) => decode(kv.value())
+                    .map(Some)
+                    .ok_or_else(|| protocol(&format!("read {key}"), "not a tick value")),
+            }
+        })
+        .await
+    }
+
+    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+        let key = self.tick_key(job);
+        let value = encode(tick);
+        // Raise an existing value, or create a missing key; a compare on the
+        // value of a missing key is false, hence the nested transaction.
+        let create = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), value.as_str(), None)]);
+        let txn = Txn::new()
+            .when([Compare::value(
+                key.as_str(),
+                CompareOp::Less,
+                value.as_str(),
+            )])
+            .and_then([TxnOp::put(key.as_str(), value.as_str(), None)])
+            .or_else([TxnOp::txn(create)]);
+        bounded(self.inner.timeout, "record tick", async {
+            self.inner
+                .client
+                .kv_client()
+                .txn(txn)
+                .await
+                .map_err(|e| convert(&format!("record {key}"), e))?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_orders_like_the_numbers() {
+        let ticks = [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        for pair in ticks.windows(2) {
+            assert!(encode(pair[0]) < encode(pair[1]), "{pair:?}");
+        }
+        for t in ticks {
+            assert_eq!(decode(encode(t).as_bytes()), Some(t));
+        }
+        assert_eq!(decode(b"12"), None);
+    }
+}
