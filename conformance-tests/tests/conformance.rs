@@ -19,6 +19,9 @@ fn main() -> ExitCode {
     conformance_tests::backends::postgres::register(&mut suite);
     suite.add_server_backend("etcd", etcd::factory());
     etcd::add_specific(&mut suite);
+    for trial in conformance_tests::backends::connect_urls::trials(suite.run_id()) {
+        suite.push(trial);
+    }
     let code = suite.run(&args);
     if let Err(e) = redis.check_no_leftover_keys() {
         eprintln!("leftover check failed: {e}");

@@ -67,21 +67,92 @@ impl Backend {
 ///
 /// [`Error::InvalidUrl`] for a malformed URL, [`Error::UnknownScheme`] for a
 /// scheme no backend handles, [`Error::BackendNotCompiled`] for a backend
-/// this build leaves out.
-pub fn connect(url: &str) -> Result<Backend> {
+/// this build leaves out, [`Error::Connect`] when a server backend's URL is
+/// rejected or its server cannot be reached.
+///
+/// # Cancel safety
+///
+/// Cancel safe: a dropped call leaves no connection behind.
+pub async fn connect(url: &str) -> Result<Backend> {
     let (scheme, rest) = split_scheme(url)?;
     match scheme.as_str() {
         #[cfg(feature = "memory")]
         "memory" => memory::connect(url, rest),
         #[cfg(not(feature = "memory"))]
         "memory" => not_compiled("memory"),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => servers::redis(url).await,
+        #[cfg(not(feature = "redis"))]
         "redis" | "rediss" => not_compiled("redis"),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => servers::postgres(url).await,
+        #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => not_compiled("postgres"),
-        "etcd" => not_compiled("etcd"),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => servers::etcd(url).await,
+        #[cfg(not(feature = "etcd"))]
+        "etcd" | "etcds" => not_compiled("etcd"),
         _ => Err(Error::UnknownScheme { scheme }),
     }
 }
 
+#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
+mod servers {
+    use std::sync::Arc;
+
+    use lock_core::{BackendError, LockBackend, TickStore};
+
+    use super::Backend;
+    use crate::{Error, Result};
+
+    /// One connection serves both the locks and the tick store.
+    fn both<T: LockBackend + TickStore + 'static>(backend: T) -> Backend {
+        let shared = Arc::new(backend);
+        Backend::new(Arc::clone(&shared) as Arc<dyn LockBackend>, shared)
+    }
+
+    fn failed(backend: &'static str) -> impl Fn(BackendError) -> Error {
+        move |source| Error::Connect { backend, source }
+    }
+
+    #[cfg(feature = "redis")]
+    pub(super) async fn redis(url: &str) -> Result<Backend> {
+        let backend = lock_redis::RedisConfig::from_url(url)
+            .map_err(failed("redis"))?
+            .connect()
+            .await
+            .map_err(failed("redis"))?;
+        Ok(both(backend))
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(super) async fn postgres(url: &str) -> Result<Backend> {
+        let config = lock_postgres::PostgresConfigBuilder::from_url(url)
+            .and_then(lock_postgres::PostgresConfigBuilder::build)
+            .map_err(failed("postgres"))?;
+        let backend = lock_postgres::PostgresBackend::connect(config)
+            .await
+            .map_err(failed("postgres"))?;
+        Ok(both(backend))
+    }
+
+    #[cfg(feature = "etcd")]
+    pub(super) async fn etcd(url: &str) -> Result<Backend> {
+        let backend = lock_etcd::EtcdBuilder::from_url(url)
+            .map_err(failed("etcd"))?
+            .connect()
+            .await
+            .map_err(failed("etcd"))?;
+        Ok(both(backend))
+    }
+}
+
+#[cfg(not(all(
+    feature = "memory",
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd"
+)))]
 fn not_compiled(backend: &'static str) -> Result<Backend> {
     Err(Error::BackendNotCompiled {
         backend,
@@ -168,16 +239,24 @@ mod memory {
 mod tests {
     use super::*;
 
-    #[test]
-    fn schemes_map_to_backends_or_clear_errors() {
-        for (url, feature) in [
-            ("redis://localhost:6379", "redis"),
-            ("rediss://u:secret@host", "redis"),
-            ("postgres://db/app", "postgres"),
-            ("postgresql://db/app", "postgres"),
-            ("etcd://127.0.0.1:2379", "etcd"),
+    #[tokio::test]
+    async fn schemes_map_to_backends_or_clear_errors() {
+        for (url, feature, compiled) in [
+            ("redis://localhost:6379", "redis", cfg!(feature = "redis")),
+            ("rediss://u:secret@host", "redis", cfg!(feature = "redis")),
+            ("postgres://db/app", "postgres", cfg!(feature = "postgres")),
+            (
+                "postgresql://db/app",
+                "postgres",
+                cfg!(feature = "postgres"),
+            ),
+            ("etcd://127.0.0.1:2379", "etcd", cfg!(feature = "etcd")),
         ] {
-            let err = connect(url).expect_err(url);
+            if compiled {
+                // Connecting for real is tested against live servers in conformance-tests.
+                continue;
+            }
+            let err = connect(url).await.expect_err(url);
             assert!(
                 matches!(err, Error::BackendNotCompiled { feature: f, .. } if f == feature),
                 "{url}: {err:?}"
@@ -188,7 +267,7 @@ mod tests {
             );
         }
         assert!(
-            matches!(connect("ftp://x"), Err(Error::UnknownScheme { scheme }) if scheme == "ftp")
+            matches!(connect("ftp://x").await, Err(Error::UnknownScheme { scheme }) if scheme == "ftp")
         );
         for bad in [
             "",
@@ -199,21 +278,23 @@ mod tests {
             "memory://a/b",
         ] {
             assert!(
-                matches!(connect(bad), Err(Error::InvalidUrl { .. })),
+                matches!(connect(bad).await, Err(Error::InvalidUrl { .. })),
                 "{bad:?}"
             );
         }
-        let err = connect("memory://has@secret/../x").expect_err("bad memory name");
+        let err = connect("memory://has@secret/../x")
+            .await
+            .expect_err("bad memory name");
         assert!(!err.to_string().contains("has@"), "{err}");
     }
 
     #[tokio::test]
     async fn named_memory_urls_share_locks_and_ticks() -> Result<()> {
         let (a, b) = (
-            connect("memory://shared-test")?,
-            connect("memory://Shared-test/")?,
+            connect("memory://shared-test").await?,
+            connect("memory://Shared-test/").await?,
         );
-        let c = connect("memory://")?;
+        let c = connect("memory://").await?;
         let job = lock_core::LockName::new("job")?;
         a.tick_store()
             .record_completed(&job, 42)
@@ -227,7 +308,7 @@ mod tests {
             None,
             "names are case-sensitive"
         );
-        let b = connect("memory://shared-test/")?;
+        let b = connect("memory://shared-test/").await?;
         assert_eq!(
             b.tick_store()
                 .last_completed(&job)

@@ -80,6 +80,15 @@ pub enum Error {
         /// The cargo feature that adds it.
         feature: &'static str,
     },
+    /// A server backend named by [`connect`](crate::connect) could not be set up.
+    #[error("cannot connect to the {backend} backend: {source}")]
+    Connect {
+        /// The backend (`redis`, `postgres`, `etcd`).
+        backend: &'static str,
+        /// What the backend reported.
+        #[source]
+        source: lock_core::BackendError,
+    },
     /// An error from the lock layer (names, options, backend).
     #[error(transparent)]
     Lock(#[from] lock_core::Error),

@@ -26,7 +26,7 @@ use crate::{Error, LeaderElection, Mode, Result, SchedulerBuilder, SchedulerMetr
 /// use std::time::Duration;
 /// use scheduler::{Job, Mode, ElectionOptions, Scheduler};
 ///
-/// let backend = scheduler::connect("memory://")?;
+/// let backend = scheduler::connect("memory://").await?;
 /// let locker = backend.locker(&prometheus::Registry::new())?;
 /// let scheduler = Scheduler::builder(locker, backend.tick_store())
 ///     .mode(Mode::Leader(ElectionOptions::new()))

@@ -64,7 +64,7 @@ async fn run() -> Result<(), BoxError> {
         .init();
     let url = backend_url()?;
     // Fail on a bad or unsupported URL before starting anything.
-    scheduler::connect(&url)?;
+    scheduler::connect(&url).await?;
     println!(
         "backend: {url}; 3 replicas, r0's clock is +2 s; job every 2 s, working {} ms",
         WORK.as_millis()
@@ -114,7 +114,7 @@ async fn run_mode(
     let job_name = format!("example/{name}");
     let mut replicas = Vec::new();
     for i in 0..REPLICAS {
-        let backend = scheduler::connect(url)?;
+        let backend = scheduler::connect(url).await?;
         let wire = Severable::new(backend.lock_backend(), backend.tick_store());
         let locker = Locker::builder()
             .backend(wire.clone())
