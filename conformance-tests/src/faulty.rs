@@ -22,6 +22,9 @@ pub enum Fault {
     /// Let acquires through, but stall renewals until `stall` passes and then
     /// time out, as a paused server behind an operation timeout would.
     StallRenewals = 2,
+    /// Let acquires through, but refuse renewals and checks with a
+    /// configuration error (as a detected pooler or a revoked ACL would).
+    RefuseRenewals = 3,
 }
 
 /// One renewal round trip: when it started and ended, and how many leases it carried.
@@ -87,6 +90,7 @@ impl FaultyBackend {
         match self.fault.load(Ordering::SeqCst) {
             1 => Fault::Down,
             2 => Fault::StallRenewals,
+            3 => Fault::RefuseRenewals,
             _ => Fault::None,
         }
     }
@@ -102,6 +106,11 @@ impl FaultyBackend {
                     "injected: no answer within the operation timeout",
                 ))
             }
+            Fault::StallRenewals | Fault::RefuseRenewals if !is_renewal => Ok(()),
+            Fault::RefuseRenewals => Err(BackendError::new(
+                lock_core::BackendErrorKind::Config,
+                "injected: the server refuses this session",
+            )),
             Fault::StallRenewals => Ok(()),
         }
     }

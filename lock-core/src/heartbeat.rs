@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use crate::lease::LeaseState;
 use crate::metrics::RenewalOutcome;
-use crate::{LeaseStatus, LockBackend, LossReason, RenewRequest};
+use crate::{BackendErrorKind, LeaseStatus, LockBackend, LossReason, RenewRequest};
 
 /// Most leases renewed in one `renew_many` call.
 const MAX_BATCH: usize = 1000;
@@ -76,7 +76,11 @@ struct Entry {
     in_flight: bool,
 }
 
-type RenewResult = (u64, Instant, Result<LeaseStatus, String>);
+type RenewResult = (
+    u64,
+    Instant,
+    Result<LeaseStatus, (BackendErrorKind, String)>,
+);
 
 struct Heartbeat {
     backend: Arc<dyn LockBackend>,
@@ -220,7 +224,7 @@ impl Heartbeat {
                     let r = backend
                         .renew(&lease.name, &lease.owner, lease.ttl)
                         .await
-                        .map_err(|e| e.to_string());
+                        .map_err(|e| (e.kind(), e.to_string()));
                     vec![(lease.id, sent_at, r)]
                 });
             }
@@ -250,7 +254,17 @@ impl Heartbeat {
                 lease.mark_lost(reason);
                 self.entries.remove(&id);
             }
-            Err(message) => {
+            Err((BackendErrorKind::Config | BackendErrorKind::Auth, message)) => {
+                // Misconfiguration or lost permission does not heal by retrying
+                // (a detected pooler, a revoked ACL): the lease cannot be proven.
+                metrics.renewal(&lease.label, RenewalOutcome::Error);
+                warn!(lock = %lease.name, error = %message, "renewal refused; giving the lease up");
+                lease.set_renew_failing();
+                lease.mark_lost(LossReason::BackendError);
+                self.entries.remove(&id);
+                self.release_in_background(lease);
+            }
+            Err((_, message)) => {
                 metrics.renewal(&lease.label, RenewalOutcome::Error);
                 lease.set_renew_failing();
                 warn!(lock = %lease.name, error = %message, "renewal failed; retrying while the lease is valid");
@@ -284,7 +298,7 @@ async fn renew_batch(
         .collect();
     let sent_at = Instant::now();
     let answer = backend.renew_many(&requests).await;
-    let statuses: Vec<Result<LeaseStatus, String>> = match answer {
+    let statuses: Vec<Result<LeaseStatus, (BackendErrorKind, String)>> = match answer {
         Ok(statuses) if statuses.len() == leases.len() => statuses.into_iter().map(Ok).collect(),
         Ok(statuses) => {
             let msg = format!(
@@ -292,9 +306,9 @@ async fn renew_batch(
                 statuses.len(),
                 leases.len()
             );
-            vec![Err(msg); leases.len()]
+            vec![Err((BackendErrorKind::Protocol, msg)); leases.len()]
         }
-        Err(e) => vec![Err(e.to_string()); leases.len()],
+        Err(e) => vec![Err((e.kind(), e.to_string())); leases.len()],
     };
     leases
         .iter()

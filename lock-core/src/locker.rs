@@ -217,8 +217,10 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`] when the timeout passes; [`Error::Unavailable`] at
-    /// once if the backend fails (fail closed); as [`Locker::try_lock`] otherwise.
+    /// [`Error::Timeout`] when the timeout passes. [`Error::Unavailable`] if
+    /// the backend cannot be reached: at once without an acquire timeout, and
+    /// otherwise after retrying until the timeout (nothing runs meanwhile).
+    /// As [`Locker::try_lock`] otherwise.
     ///
     /// # Cancel safety
     ///
@@ -234,11 +236,14 @@ impl Locker {
             .as_ref()
             .is_some_and(|c| c.release_notify);
         let mut backoff = Backoff::new(opts.ttl());
+        // A subscription that has not fired is kept for the next round, so a
+        // long wait costs one subscription, not one per attempt.
+        let mut signal: Option<crate::ReleaseSignal> = None;
+        let mut last_outage: Option<BackendError> = None;
         loop {
-            let signal = match (&self.inner.backend, notify) {
-                (Some(b), true) => b.subscribe_release(name).await.ok().flatten(),
-                _ => None,
-            };
+            if let (Some(b), true, None) = (&self.inner.backend, notify, &signal) {
+                signal = b.subscribe_release(name).await.ok().flatten();
+            }
             let local_freed = self.inner.claims.freed();
             tokio::pin!(local_freed);
             local_freed.as_mut().enable();
@@ -247,15 +252,31 @@ impl Locker {
             let held_locally = match self.attempt(name, opts, CountDenials::No).await {
                 Err(Error::HeldLocally { .. }) => true,
                 Err(Error::Contended { .. }) => false,
+                // An outage within a bounded wait is retried until the
+                // deadline: nothing runs meanwhile, so this stays fail closed.
+                Err(Error::Unavailable { source, .. })
+                    if deadline.is_some() && source.kind().is_unavailable() =>
+                {
+                    last_outage = Some(source);
+                    false
+                }
                 other => return other,
             };
             let nap = backoff.next_sleep();
             let far = Instant::now() + nap + nap;
             tokio::select! {
-                _ = async { if let Some(s) = signal { s.await } else { std::future::pending().await } } => {}
+                _ = async {
+                    match signal.as_mut() {
+                        Some(s) => s.await,
+                        None => std::future::pending().await,
+                    }
+                } => signal = None,
                 _ = &mut local_freed, if held_locally => {}
                 _ = sleep(nap) => {}
                 _ = sleep_until(deadline.unwrap_or(far)), if deadline.is_some() => {
+                    if let Some(source) = last_outage.take() {
+                        return Err(Error::Unavailable { name: name.clone(), source });
+                    }
                     self.inner.metrics.acquisition(&label_for(name, opts), AcquireOutcome::Denied);
                     return Err(Error::Timeout { name: name.clone(), waited: started.elapsed() });
                 }

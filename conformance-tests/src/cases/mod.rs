@@ -36,6 +36,14 @@ pub static ALL: &[Case] = &[
         renewal::stalled_renewal_fails_closed_at_deadline,
         Requires::Nothing
     ),
+    case!(
+        renewal::refused_renewal_loses_the_lease_at_once,
+        Requires::Nothing
+    ),
+    case!(
+        renewal::waiting_acquire_rides_out_an_outage,
+        Requires::Nothing
+    ),
     case!(loss::theft_is_detected, Requires::Nothing),
     case!(loss::expiry_is_detected, Requires::Nothing),
     case!(loss::stale_holder_cannot_touch_successor, Requires::Nothing),

@@ -1,5 +1,7 @@
 use lock_core::{Error, LossReason, RenewalOutcome};
 use std::sync::Arc;
+use std::time::Duration;
+
 use tokio::time::{sleep, Instant};
 
 use super::assert_between;
@@ -92,4 +94,52 @@ pub(super) async fn stalled_renewal_fails_closed_at_deadline(ctx: Ctx) {
     assert!(guard.assert_held().is_err());
     faulty.set(Fault::None);
     drop(guard);
+}
+
+/// A renewal refused for a reason that will not heal (configuration,
+/// permission) loses the lease at once instead of at its deadline.
+pub(super) async fn refused_renewal_loses_the_lease_at_once(ctx: Ctx) {
+    let timing = ctx.timing();
+    let faulty = FaultyBackend::new(ctx.factory().replica().await.expect("replica"), timing.ttl);
+    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let name = ctx.name("refused");
+    let opts = ctx.opts();
+    let guard = a.locker.try_lock(&name, &opts).await.expect("free lock");
+    faulty.set(Fault::RefuseRenewals);
+    let refused_from = Instant::now();
+    assert_eq!(guard.lost().await, LossReason::BackendError);
+    assert_between(
+        "loss after a refused renewal",
+        refused_from.elapsed(),
+        Duration::ZERO,
+        opts.renew_interval() + timing.tolerance,
+    );
+    faulty.set(Fault::None);
+    drop(guard);
+}
+
+/// A waiting acquire with a timeout retries through a short outage and gets
+/// the lock once the backend is back.
+pub(super) async fn waiting_acquire_rides_out_an_outage(ctx: Ctx) {
+    let timing = ctx.timing();
+    let faulty = FaultyBackend::new(ctx.factory().replica().await.expect("replica"), timing.ttl);
+    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let name = ctx.name("outage");
+    faulty.set(Fault::Down);
+    let heal = {
+        let faulty = faulty.clone();
+        let after = timing.ttl / 2;
+        tokio::spawn(async move {
+            sleep(after).await;
+            faulty.set(Fault::None);
+        })
+    };
+    let opts = ctx.opts().with_acquire_timeout(timing.ttl * 3);
+    let guard = a
+        .locker
+        .lock(&name, &opts)
+        .await
+        .expect("acquired after the outage");
+    heal.await.expect("healer");
+    guard.release().await.expect("release");
 }
