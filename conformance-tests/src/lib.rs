@@ -13,6 +13,7 @@
 
 pub mod backends;
 pub mod cases;
+pub mod chaos;
 pub mod factory;
 pub mod faulty;
 pub mod harness;

@@ -5,6 +5,7 @@ mod saboteur;
 pub mod server;
 mod specific;
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -190,6 +191,34 @@ impl BackendFactory for EtcdFactory {
 
     async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
         Ok(Some(Arc::new(self.connect().await?)))
+    }
+
+    fn server_addr(&self) -> Option<SocketAddr> {
+        // Starts the private server if no replica has yet.
+        self.builder().ok()?;
+        self.server_process()
+            .map(|p| SocketAddr::from((Ipv4Addr::LOCALHOST, p.port())))
+    }
+
+    async fn replica_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Option<Arc<dyn LockBackend>>, BoxError> {
+        if !addr.ip().is_loopback() {
+            return Err(format!("the proxy must be on loopback, not {addr}").into());
+        }
+        let backend = server::connect_when_ready(server::builder(addr.port())).await?;
+        Ok(Some(Arc::new(backend)))
+    }
+
+    fn server_process(&self) -> Option<&ServerProcess> {
+        match &self.source {
+            Source::Private(cell) => match cell.get() {
+                Some(Ok(server)) => Some(server),
+                _ => None,
+            },
+            Source::Env(_) => None,
+        }
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {

@@ -12,6 +12,7 @@ mod saboteur;
 pub mod server;
 mod specific;
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +132,26 @@ impl BackendFactory for RedisFactory {
         Ok(Some(Arc::new(self.config()?.connect().await?)))
     }
 
+    fn server_addr(&self) -> Option<SocketAddr> {
+        self.process()
+            .map(|p| SocketAddr::from((Ipv4Addr::LOCALHOST, p.port())))
+    }
+
+    async fn replica_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Option<Arc<dyn LockBackend>>, BoxError> {
+        let backend = config_for(&format!("redis://{addr}"))?
+            .with_key_prefix(&self.prefix)
+            .connect()
+            .await?;
+        Ok(Some(Arc::new(backend)))
+    }
+
+    fn server_process(&self) -> Option<&ServerProcess> {
+        self.process()
+    }
+
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
         let port = free_port().ok()?;
         let backend = config_for(&format!("redis://127.0.0.1:{port}"))
@@ -203,6 +224,16 @@ impl RedisRun {
             Ok(())
         })
     }
+}
+
+/// A factory over a private server of its own, for cases that pause, kill
+/// or partition their server and so must not share it.
+///
+/// # Errors
+///
+/// When no server can be started.
+pub fn private_factory(prefix: &str) -> Result<RedisFactory, BoxError> {
+    private(prefix)
 }
 
 fn private(prefix: &str) -> Result<RedisFactory, BoxError> {

@@ -1,0 +1,215 @@
+//! X2 (server stall) and X3 (blackhole partition) against a private server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{Error, LockName, LockOptions};
+use tokio::time::{sleep, sleep_until, Instant};
+
+use super::figures::{self, Row};
+use super::holder::{Holder, Resource};
+use crate::proxy::FaultProxy;
+use crate::{Ctx, Replica};
+
+/// What a chaos case needs to know about its backend beyond the factory.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// The backend's operation timeout: the longest any single call may
+    /// block on a server that does not answer.
+    pub op_timeout: Duration,
+    /// Smoke iterations per case.
+    pub iterations: usize,
+}
+
+fn check_no_leak(
+    successor: &Replica,
+    name: &LockName,
+    opts: &LockOptions,
+) -> impl std::future::Future<Output = usize> {
+    let (locker, name, opts) = (successor.locker.clone(), name.clone(), opts.clone());
+    async move {
+        match locker.try_lock(&name, &opts).await {
+            Ok(guard) => {
+                guard.release().await.expect("release of the leak probe");
+                0
+            }
+            Err(Error::Contended { .. }) => 1,
+            Err(e) => panic!("leak probe failed: {e}"),
+        }
+    }
+}
+
+/// The successor takes `name` (waiting out the old lease), writes once under
+/// its token, and returns when it acquired and its guard.
+async fn successor_takes(
+    successor: &Replica,
+    name: &LockName,
+    opts: &LockOptions,
+    wait: Duration,
+    resource: &Resource,
+) -> (Instant, lock_core::LockGuard) {
+    let guard = successor
+        .locker
+        .lock(name, &opts.clone().with_acquire_timeout(wait))
+        .await
+        .expect("the successor acquires after the fault");
+    let at = Instant::now();
+    let token = guard.handle().fencing_token().expect("the backend fences");
+    assert!(resource.write(token), "the successor's write is accepted");
+    (at, guard)
+}
+
+/// X2: the server is frozen (SIGSTOP) for 1.5 × TTL while a holder writes.
+/// The holder must abort before the successor acquires after the thaw, make
+/// no write after its deadline, and no call may hang past the op timeout.
+pub(super) async fn server_stall(ctx: Ctx, target: Target) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let holder_rep = ctx.replica().await;
+    let probe_rep = ctx.replica().await;
+    let successor = ctx.replica().await;
+    let server = ctx.factory().server_process().expect("a private server");
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: "chaos_server_stall".to_owned(),
+        ..Row::default()
+    };
+    for i in 0..target.iterations {
+        let name = ctx.name(&format!("stall-{i}"));
+        let resource = Arc::new(Resource::default());
+        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
+        sleep(ttl / 2).await;
+        assert!(holder.handle.is_held(), "healthy before the fault");
+        let fault_at = Instant::now();
+        let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
+        server.pause().expect("SIGSTOP the server");
+        row.faults += 1;
+        let thaw_at = fault_at + ttl * 3 / 2;
+        // A call made while the server is frozen must give up in time.
+        let probe_name = ctx.name(&format!("stall-probe-{i}"));
+        let call_at = Instant::now();
+        let probe = probe_rep.locker.try_lock(&probe_name, &opts).await;
+        let blocked = call_at.elapsed();
+        assert!(probe.is_err(), "nothing is granted by a frozen server");
+        row.max_blocked = row.max_blocked.max(blocked);
+        let lost = holder.lost_by(thaw_at).await;
+        sleep_until(thaw_at).await;
+        server.resume().expect("SIGCONT the server");
+        let (lost_at, reason) = lost.expect("the holder aborted while the server was frozen");
+        row.abort.push(lost_at - fault_at);
+        assert!(
+            lost_at <= deadline + tol,
+            "abort {:?} after the deadline ({reason:?})",
+            lost_at - deadline
+        );
+        let (acquired_at, succ) =
+            successor_takes(&successor, &name, &opts, ttl * 4, &resource).await;
+        assert!(
+            lost_at < acquired_at,
+            "the holder aborted before the successor acquired"
+        );
+        let token = succ.handle().fencing_token().expect("fenced");
+        assert!(token > holder.token, "the successor's token is newer");
+        let (old, writes) = holder.writes(ttl).await;
+        assert!(writes > 0, "the holder wrote before the fault");
+        assert!(
+            old.release().await.is_err(),
+            "the lost holder cannot release"
+        );
+        succ.handle()
+            .verify()
+            .await
+            .expect("the successor still holds");
+        succ.release().await.expect("successor releases");
+        row.writes += writes;
+        row.stale_accepts += resource.stale_accepted(token, acquired_at);
+        row.after_deadline += resource.log.after_deadline();
+        row.leaked += check_no_leak(&successor, &name, &opts).await;
+        assert!(
+            blocked <= target.op_timeout + tol,
+            "a call blocked {blocked:?} on the frozen server"
+        );
+    }
+    row.iterations = target.iterations;
+    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    let summary = format!("{row:?}");
+    figures::record(row);
+    assert!(ok, "unsafe writes or leaks: {summary}");
+}
+
+/// X3: the holder's connection is blackholed for 2 × TTL while the successor
+/// reaches the server directly. The holder aborts by its deadline, the
+/// successor acquires after it, and after healing the old lease stays lost.
+pub(super) async fn partition(ctx: Ctx, target: Target) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let upstream = ctx.factory().server_addr().expect("a loopback server");
+    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let successor = ctx.replica().await;
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: "chaos_partition".to_owned(),
+        ..Row::default()
+    };
+    for i in 0..target.iterations {
+        // A fresh connection each time: a blackhole drops bytes mid-stream.
+        let via = ctx
+            .factory()
+            .replica_via(proxy.addr())
+            .await
+            .expect("connects through the proxy")
+            .expect("the backend can be proxied");
+        let holder_rep = ctx.replica_over(via);
+        let name = ctx.name(&format!("partition-{i}"));
+        let resource = Arc::new(Resource::default());
+        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
+        sleep(ttl / 2).await;
+        assert!(holder.handle.is_held(), "healthy before the fault");
+        let fault_at = Instant::now();
+        let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
+        proxy.blackhole(true);
+        row.faults += 1;
+        let (lost_at, reason) = holder
+            .lost_by(deadline + tol)
+            .await
+            .expect("the holder aborts by its local deadline");
+        row.abort.push(lost_at - fault_at);
+        let (acquired_at, succ) =
+            successor_takes(&successor, &name, &opts, ttl * 4, &resource).await;
+        assert!(
+            lost_at < acquired_at,
+            "aborted ({reason:?}) before the successor acquired"
+        );
+        let token = succ.handle().fencing_token().expect("fenced");
+        sleep_until(fault_at + ttl * 2).await;
+        proxy.blackhole(false);
+        sleep(opts.renew_interval() * 2).await;
+        assert!(
+            holder.handle.assert_held().is_err(),
+            "the old lease stays lost after healing"
+        );
+        let (old, writes) = holder.writes(ttl).await;
+        let release_at = Instant::now();
+        assert!(
+            old.release().await.is_err(),
+            "the lost holder cannot release"
+        );
+        row.max_blocked = row.max_blocked.max(release_at.elapsed());
+        succ.handle()
+            .verify()
+            .await
+            .expect("the successor still holds after healing");
+        succ.release().await.expect("successor releases");
+        row.writes += writes;
+        row.stale_accepts += resource.stale_accepted(token, acquired_at);
+        row.after_deadline += resource.log.after_deadline();
+        row.leaked += check_no_leak(&successor, &name, &opts).await;
+    }
+    row.iterations = target.iterations;
+    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    let summary = format!("{row:?}");
+    figures::record(row);
+    assert!(ok, "unsafe writes or leaks: {summary}");
+}

@@ -1,0 +1,135 @@
+//! An in-process holder that does guarded, fenced writes until its lease is
+//! lost, and what the cases measure about it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{LeaseHandle, LockGuard, LockName, LockOptions, LossReason};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, Instant};
+
+use crate::observe::{FencedStore, GuardLog};
+use crate::Replica;
+
+/// Pause between two guarded writes: often enough that a write lands close
+/// to the deadline, rarely enough to cost nothing on 2 cores.
+const WRITE_EVERY: Duration = Duration::from_millis(10);
+
+/// Upper bound on writes per holder, so a lease that is never lost cannot
+/// keep the loop going forever (the case's own timeouts fail first).
+const MAX_WRITES: usize = 6_000;
+
+/// One iteration's shared resource: the fenced store, the guard log, and
+/// when each accepted write happened with which token.
+#[derive(Debug, Default)]
+pub(super) struct Resource {
+    /// I2: rejects tokens below the highest seen.
+    pub store: FencedStore,
+    /// I5: every guarded write with its lease's deadline.
+    pub log: GuardLog,
+    accepted: Mutex<Vec<(Instant, u64)>>,
+}
+
+impl Resource {
+    /// Offers a write under `token` and remembers it if accepted.
+    pub(super) fn write(&self, token: u64) -> bool {
+        let at = Instant::now();
+        let ok = self.store.write(token);
+        if ok {
+            self.accepted
+                .lock()
+                .expect("resource lock")
+                .push((at, token));
+        }
+        ok
+    }
+
+    /// Writes accepted under a token older than `newer` at or after `since`:
+    /// a stale holder's writes that landed after its successor got the lock.
+    pub(super) fn stale_accepted(&self, newer: u64, since: Instant) -> usize {
+        self.accepted
+            .lock()
+            .expect("resource lock")
+            .iter()
+            .filter(|(at, token)| *token < newer && *at >= since)
+            .count()
+    }
+}
+
+/// A lock held through a `Locker`, with a writer task and a loss watcher.
+#[derive(Debug)]
+pub(super) struct Holder {
+    /// The guard; released (or dropped) by the case.
+    pub guard: LockGuard,
+    /// The lease, for `lost`, `remaining_validity` and `assert_held`.
+    pub handle: LeaseHandle,
+    /// Its fencing token.
+    pub token: u64,
+    writer: JoinHandle<usize>,
+    lost: JoinHandle<(Instant, LossReason)>,
+}
+
+impl Holder {
+    /// Takes `name` (it must be free) and starts writing to `resource`.
+    pub(super) async fn start(
+        replica: &Replica,
+        name: &LockName,
+        opts: &LockOptions,
+        resource: Arc<Resource>,
+    ) -> Self {
+        let guard = replica
+            .locker
+            .try_lock(name, opts)
+            .await
+            .expect("the holder acquires a free lock");
+        let handle = guard.handle();
+        let token = handle.fencing_token().expect("the backend fences");
+        let writer = tokio::spawn(write_until_lost(handle.clone(), token, resource));
+        let watched = handle.clone();
+        let lost = tokio::spawn(async move {
+            let reason = watched.lost().await;
+            (Instant::now(), reason)
+        });
+        Self {
+            guard,
+            handle,
+            token,
+            writer,
+            lost,
+        }
+    }
+
+    /// Waits at most until `by` for the loss; its time and reason if it came.
+    pub(super) async fn lost_by(&mut self, by: Instant) -> Option<(Instant, LossReason)> {
+        match tokio::time::timeout_at(by, &mut self.lost).await {
+            Ok(joined) => Some(joined.expect("loss watcher")),
+            Err(_) => None,
+        }
+    }
+
+    /// Waits for the writer to stop (it stops at the first failed guard) and
+    /// returns how many writes it made.
+    pub(super) async fn writes(self, within: Duration) -> (LockGuard, usize) {
+        let n = tokio::time::timeout(within, self.writer)
+            .await
+            .expect("the writer stops once the guard fails")
+            .expect("writer task");
+        self.lost.abort();
+        (self.guard, n)
+    }
+}
+
+async fn write_until_lost(handle: LeaseHandle, token: u64, resource: Arc<Resource>) -> usize {
+    for n in 0..MAX_WRITES {
+        // The deadline is read before the guard, so a write that slips past
+        // it (the guard passing too late) is counted, not hidden.
+        let deadline = handle.remaining_validity().map(|r| Instant::now() + r);
+        if handle.assert_held().is_err() {
+            return n;
+        }
+        resource.log.record(Instant::now(), deadline);
+        resource.write(token);
+        sleep(WRITE_EVERY).await;
+    }
+    MAX_WRITES
+}

@@ -1,0 +1,131 @@
+//! The fault suite: real server stalls and partitions against private
+//! servers, each case asserting that a fenced resource accepted no stale
+//! write and that no guarded write happened after the holder's deadline.
+//!
+//! Every trial starts its own server, since it freezes or partitions it,
+//! and the trials run one at a time so that their timing bounds do not
+//! compete for the CPU. Figures go to [`figures::table`].
+
+mod cases;
+pub mod figures;
+mod holder;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
+
+use crate::backends::{etcd, redis};
+use crate::harness::{in_ci, which};
+use crate::{BackendFactory, BoxError, Ctx};
+
+pub use cases::Target;
+
+/// Smoke iterations per case; `CHAOS_SOAK` multiplies them.
+const SMOKE_ITERATIONS: usize = 3;
+
+/// Longest one chaos trial may run before it counts as hung.
+const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
+
+type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
+
+fn redis_factory(run_id: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
+    Ok(Arc::new(redis::private_factory(&format!(
+        "lock-chaos:{run_id}:"
+    ))?))
+}
+
+fn etcd_factory(_: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
+    Ok(Arc::new(etcd::EtcdFactory::private()))
+}
+
+/// The chaos trials, named `<backend>::chaos_<case>`, for every backend
+/// whose server binary is on `PATH`. A missing binary fails the run under
+/// `CI=true` and is skipped loudly elsewhere.
+pub fn trials(run_id: &str) -> Vec<Trial> {
+    let iterations = figures::iterations(SMOKE_ITERATIONS);
+    let backends: [(&str, &str, MakeFactory, Duration); 2] = [
+        ("redis", "redis-server", redis_factory, redis::OP_TIMEOUT),
+        // The request timeout of the etcd test profile.
+        ("etcd", "etcd", etcd_factory, Duration::from_secs(1)),
+    ];
+    let mut out = Vec::new();
+    for (backend, binary, make, op_timeout) in backends {
+        let target = Target {
+            op_timeout,
+            iterations,
+        };
+        if which(binary).is_none() {
+            let msg = format!("{backend}: {binary} is not on PATH");
+            if in_ci() {
+                out.push(Trial::test(
+                    format!("{backend}::chaos_server_available"),
+                    move || Err(msg.into()),
+                ));
+            } else {
+                eprintln!("!!! SKIPPING {backend} CHAOS CASES: {msg}");
+            }
+            continue;
+        }
+        let stall_id = run_id.to_owned();
+        out.push(Trial::test(
+            format!("{backend}::chaos_server_stall"),
+            move || {
+                run(make, &stall_id, "chaos_server_stall", move |ctx| {
+                    cases::server_stall(ctx, target)
+                })
+            },
+        ));
+        let part_id = run_id.to_owned();
+        out.push(Trial::test(
+            format!("{backend}::chaos_partition"),
+            move || {
+                run(make, &part_id, "chaos_partition", move |ctx| {
+                    cases::partition(ctx, target)
+                })
+            },
+        ));
+    }
+    out
+}
+
+fn run<F, Fut>(make: MakeFactory, run_id: &str, case: &str, body: F) -> Result<(), Failed>
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let factory = make(run_id).map_err(|e| Failed::from(format!("no server: {e}")))?;
+    let ctx = Ctx::new(Arc::clone(&factory), run_id, case);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let outcome = rt.block_on(async move {
+        let task = tokio::spawn(body(ctx));
+        match tokio::time::timeout(TRIAL_TIMEOUT, task).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(panic)) => Err(Failed::from(panic_message(panic))),
+            Err(_) => Err(Failed::from(format!(
+                "case did not finish within {TRIAL_TIMEOUT:?}"
+            ))),
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    // A case that failed while its server was frozen must not leave it so.
+    if let Some(server) = factory.server_process() {
+        let _ = server.resume();
+    }
+    outcome
+}
+
+fn panic_message(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "panicked".to_owned()),
+        Err(e) => e.to_string(),
+    }
+}
