@@ -6,6 +6,7 @@
 //! `--test-threads` says otherwise, since each freezes or partitions its own
 //! server against timing bounds. `CHAOS_SOAK=<n>` multiplies the iterations.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use conformance_tests::chaos;
@@ -17,7 +18,10 @@ fn main() -> ExitCode {
         args.test_threads = Some(1);
     }
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
-    let conclusion = libtest_mimic::run(&args, chaos::trials(&run_id));
+    let conclusion = libtest_mimic::run(
+        &args,
+        chaos::trials(&run_id, Path::new(env!("CARGO_BIN_EXE_chaos-holder"))),
+    );
     let table = chaos::figures::table();
     if table.lines().count() > 2 {
         println!("\nchaos figures:\n{table}");

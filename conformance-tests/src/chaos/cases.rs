@@ -19,6 +19,8 @@ pub struct Target {
     pub op_timeout: Duration,
     /// Smoke iterations per case.
     pub iterations: usize,
+    /// The URL scheme `scheduler::connect` knows the backend by.
+    pub scheme: &'static str,
 }
 
 fn check_no_leak(
@@ -92,7 +94,7 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
         let probe = probe_rep.locker.try_lock(&probe_name, &opts).await;
         let blocked = call_at.elapsed();
         assert!(probe.is_err(), "nothing is granted by a frozen server");
-        row.max_blocked = row.max_blocked.max(blocked);
+        row.max_blocked = row.max_blocked.max(Some(blocked));
         let lost = holder.lost_by(thaw_at).await;
         sleep_until(thaw_at).await;
         server.resume().expect("SIGCONT the server");
@@ -196,7 +198,7 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
             old.release().await.is_err(),
             "the lost holder cannot release"
         );
-        row.max_blocked = row.max_blocked.max(release_at.elapsed());
+        row.max_blocked = row.max_blocked.max(Some(release_at.elapsed()));
         succ.handle()
             .verify()
             .await

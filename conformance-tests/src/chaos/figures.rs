@@ -24,8 +24,8 @@ pub struct Row {
     pub after_deadline: usize,
     /// Time from fault injection to the holder's abort, per iteration.
     pub abort: Vec<Duration>,
-    /// Longest single backend call made while the fault was on.
-    pub max_blocked: Duration,
+    /// Longest single backend call the case timed (`None`: it timed none).
+    pub max_blocked: Option<Duration>,
     /// Locks still held after every holder and successor let go.
     pub leaked: usize,
 }
@@ -68,7 +68,8 @@ pub fn table() -> String {
             r.stale_accepts,
             r.after_deadline,
             abort,
-            ms(r.max_blocked),
+            r.max_blocked
+                .map_or_else(|| "-".to_owned(), |d| ms(d).to_string()),
             r.leaked
         ));
     }

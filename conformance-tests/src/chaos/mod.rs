@@ -9,8 +9,10 @@
 mod cases;
 pub mod figures;
 mod holder;
+mod pause;
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,8 +44,9 @@ fn etcd_factory(_: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
 
 /// The chaos trials, named `<backend>::chaos_<case>`, for every backend
 /// whose server binary is on `PATH`. A missing binary fails the run under
-/// `CI=true` and is skipped loudly elsewhere.
-pub fn trials(run_id: &str) -> Vec<Trial> {
+/// `CI=true` and is skipped loudly elsewhere. `holder` is the
+/// `chaos-holder` binary, which the holder-pause case runs as a process.
+pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
     let iterations = figures::iterations(SMOKE_ITERATIONS);
     let backends: [(&str, &str, MakeFactory, Duration); 2] = [
         ("redis", "redis-server", redis_factory, redis::OP_TIMEOUT),
@@ -55,6 +58,7 @@ pub fn trials(run_id: &str) -> Vec<Trial> {
         let target = Target {
             op_timeout,
             iterations,
+            scheme: backend,
         };
         if which(binary).is_none() {
             let msg = format!("{backend}: {binary} is not on PATH");
@@ -84,6 +88,20 @@ pub fn trials(run_id: &str) -> Vec<Trial> {
                 run(make, &part_id, "chaos_partition", move |ctx| {
                     cases::partition(ctx, target)
                 })
+            },
+        ));
+        let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), holder.to_owned());
+        out.push(Trial::test(
+            format!("{backend}::chaos_holder_pause"),
+            move || {
+                run(
+                    make,
+                    &pause_id,
+                    "chaos_holder_pause",
+                    move |ctx| async move {
+                        pause::holder_pause(ctx, target, &holder).await;
+                    },
+                )
             },
         ));
     }

@@ -1,0 +1,168 @@
+//! X1: a holder in its own process is stopped (SIGSTOP) past its TTL while
+//! a successor takes the lock and writes; the holder's writes are applied
+//! to the fenced store in the order they arrive.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{Error, LockOptions};
+use prometheus::Registry;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::Instant;
+
+use super::figures::{self, Row};
+use super::holder::Resource;
+use super::Target;
+use crate::Ctx;
+
+/// The holder's reports, read line by line with a bound on each wait.
+struct Reports {
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Reports {
+    async fn next(&mut self, within: Duration) -> Option<String> {
+        tokio::time::timeout(within, self.lines.next_line())
+            .await
+            .expect("the holder reports in time")
+            .expect("the holder's stdout reads")
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let pid = child.id().expect("the holder runs");
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// Applies one report; returns whether it was a write, and counts late ones.
+fn apply(line: &str, resource: &Resource, late: &mut usize) -> bool {
+    let mut parts = line.split(' ');
+    if parts.next() != Some("WRITE") {
+        return false;
+    }
+    let token: u64 = parts.next().and_then(|t| t.parse().ok()).expect("a token");
+    if parts.next() == Some("1") {
+        *late += 1;
+    }
+    resource.write(token);
+    true
+}
+
+/// X1 against the backend at `url`, with the holder binary at `holder`.
+pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let addr = ctx.factory().server_addr().expect("a loopback server");
+    let url = format!("{}://{addr}", target.scheme);
+    let successor = scheduler::connect(&url)
+        .await
+        .expect("the successor connects")
+        .locker(&Registry::new())
+        .expect("locker");
+    let opts = LockOptions::new(ttl);
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: "chaos_holder_pause".to_owned(),
+        ..Row::default()
+    };
+    for i in 0..target.iterations {
+        let name = ctx.name(&format!("pause-{i}"));
+        let resource = Arc::new(Resource::default());
+        let mut child = Command::new(holder)
+            .arg(&url)
+            .arg(name.as_str())
+            .arg(ttl.as_millis().to_string())
+            .arg((ttl * 10).as_millis().to_string())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the holder starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut reports = Reports {
+            lines: BufReader::new(stdout).lines(),
+        };
+        let first = reports.next(ttl * 5).await.expect("the holder reports");
+        let token: u64 = first
+            .strip_prefix("ACQUIRED ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("expected ACQUIRED, got {first:?}"));
+        let (mut late, mut writes) = (0, 0);
+        let healthy_until = Instant::now() + ttl / 2;
+        while Instant::now() < healthy_until {
+            let line = reports.next(ttl).await.expect("a write");
+            writes += usize::from(apply(&line, &resource, &mut late));
+        }
+        signal(&child, "STOP");
+        let stopped_at = Instant::now();
+        row.faults += 1;
+        // The successor waits out the stopped holder's lease and writes.
+        let guard = successor
+            .lock(&name, &opts.clone().with_acquire_timeout(ttl * 4))
+            .await
+            .expect("the successor acquires while the holder is stopped");
+        let acquired_at = Instant::now();
+        let succ_token = guard.handle().fencing_token().expect("fenced");
+        assert!(succ_token > token, "the successor's token is newer");
+        assert!(resource.write(succ_token), "the successor writes");
+        tokio::time::sleep_until(stopped_at + ttl * 3 / 2).await;
+        signal(&child, "CONT");
+        let resumed_at = Instant::now();
+        // Writes reported before the stop are still in the pipe; apply them
+        // in order, then the holder's first guard after the thaw must fail.
+        let lost_line = loop {
+            let line = reports
+                .next(ttl)
+                .await
+                .expect("the holder reports its loss");
+            if !apply(&line, &resource, &mut late) {
+                break line;
+            }
+            writes += 1;
+        };
+        let abort = resumed_at.elapsed();
+        row.abort.push(abort);
+        assert!(
+            lost_line.starts_with("LOST"),
+            "the first failed guard: {lost_line:?}"
+        );
+        assert!(
+            abort <= tol,
+            "the holder saw its loss {abort:?} after the thaw"
+        );
+        let status = tokio::time::timeout(ttl * 2, child.wait())
+            .await
+            .expect("the holder exits after its loss")
+            .expect("wait");
+        assert!(status.success(), "the holder exited with {status}");
+        guard
+            .handle()
+            .verify()
+            .await
+            .expect("the successor still holds");
+        guard.release().await.expect("successor releases");
+        row.writes += writes;
+        row.stale_accepts += resource.stale_accepted(succ_token, acquired_at);
+        row.after_deadline += late;
+        row.leaked += match successor.try_lock(&name, &opts).await {
+            Ok(g) => {
+                g.release().await.expect("release of the leak probe");
+                0
+            }
+            Err(Error::Contended { .. }) => 1,
+            Err(e) => panic!("leak probe failed: {e}"),
+        };
+    }
+    row.iterations = target.iterations;
+    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    let summary = format!("{row:?}");
+    figures::record(row);
+    assert!(ok, "unsafe writes or leaks: {summary}");
+}
