@@ -34,6 +34,20 @@ pub(crate) enum FloorSource {
     Etcd { endpoints: Vec<String> },
 }
 
+impl FloorSource {
+    /// How many leases the renewal measurement can hold at once. Postgres
+    /// keeps advisory locks in the shared lock table, sized
+    /// `max_locks_per_transaction` (64) × `max_connections` (100) = 6,400 by
+    /// default; the measurement holds the library's leases and the floor's
+    /// at once, so 2,500 each.
+    pub(crate) fn max_leases(&self) -> Option<usize> {
+        match self {
+            Self::Postgres { .. } => Some(2_500),
+            _ => None,
+        }
+    }
+}
+
 /// For backends without a separate client (memory): the backend's own
 /// single attempts through the trait, without `Locker`.
 struct TraitFloor {

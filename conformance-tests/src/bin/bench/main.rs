@@ -155,6 +155,7 @@ async fn bench_backend(
         ));
     }
     for &leases in mode.scales() {
+        let leases = source.max_leases().map_or(leases, |max| leases.min(max));
         rows.push(done(measures::renewal_at_scale(&ctx, leases, mode).await?));
     }
     rows.push(done(measures::handoff(&ctx, mode).await?));
