@@ -53,6 +53,14 @@ impl std::fmt::Debug for EtcdFactory {
 /// The factory for this run: `etcd_env` over `ETCD_ENDPOINTS` when it is
 /// set, else `etcd` over a private server, else missing.
 pub fn factory() -> Availability<Arc<dyn BackendFactory>> {
+    match find() {
+        Availability::Ready(f) => Availability::Ready(f),
+        Availability::Missing(why) => Availability::Missing(why),
+    }
+}
+
+/// [`factory`], as the concrete type (for its endpoints).
+pub fn find() -> Availability<Arc<EtcdFactory>> {
     if std::env::var_os(lock_etcd::ENDPOINTS_ENV).is_some() {
         return match EtcdBuilder::from_env() {
             Ok(b) => Availability::Ready(Arc::new(EtcdFactory {

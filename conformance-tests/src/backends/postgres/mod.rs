@@ -160,6 +160,27 @@ impl BackendFactory for PostgresFactory {
     }
 }
 
+/// One factory for tools outside the suite (the benchmark): `DATABASE_URL`
+/// when set (as `postgres_env`), else a private server started on first use
+/// (as `postgres`).
+pub fn factory(run: &str) -> Availability<Arc<PostgresFactory>> {
+    if let Ok(url) = std::env::var(lock_postgres::DATABASE_URL) {
+        return Availability::Ready(Arc::new(PostgresFactory::new(
+            "postgres_env",
+            Source::Env(url),
+            run,
+        )));
+    }
+    match server::bindir() {
+        Some(_) => Availability::Ready(Arc::new(PostgresFactory::new(
+            "postgres",
+            Source::Private(Arc::default()),
+            run,
+        ))),
+        None => Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
+    }
+}
+
 /// Adds every conformance case and the Postgres-specific trials, for the
 /// private server and for `DATABASE_URL`.
 pub fn register(suite: &mut Suite) {

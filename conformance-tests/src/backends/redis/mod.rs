@@ -187,13 +187,8 @@ impl RedisRun {
             }
             Err(why) => suite.add_server_backend("redis", Availability::Missing(why.to_string())),
         }
-        if let Ok(url) = std::env::var(lock_redis::REDIS_URL_ENV) {
-            let factory = Arc::new(RedisFactory {
-                name: "redis_env",
-                url,
-                prefix: prefix.clone(),
-                server: Server::External,
-            });
+        if let Some(factory) = from_env(&prefix) {
+            let factory = Arc::new(factory);
             run.factories.push(Arc::clone(&factory));
             suite.add_server_backend(
                 "redis_env",
@@ -234,6 +229,29 @@ impl RedisRun {
 /// When no server can be started.
 pub fn private_factory(prefix: &str) -> Result<RedisFactory, BoxError> {
     private(prefix)
+}
+
+/// One factory for tools outside the suite (the benchmark): `REDIS_URL` when
+/// set (as `redis_env`), else a private server (as `redis`).
+pub fn factory(prefix: &str) -> Availability<Arc<RedisFactory>> {
+    if let Some(f) = from_env(prefix) {
+        return Availability::Ready(Arc::new(f));
+    }
+    match private(prefix) {
+        Ok(f) => Availability::Ready(Arc::new(f)),
+        Err(why) => Availability::Missing(why.to_string()),
+    }
+}
+
+/// `redis_env`, on the server at `REDIS_URL` when it is set.
+fn from_env(prefix: &str) -> Option<RedisFactory> {
+    let url = std::env::var(lock_redis::REDIS_URL_ENV).ok()?;
+    Some(RedisFactory {
+        name: "redis_env",
+        url,
+        prefix: prefix.to_owned(),
+        server: Server::External,
+    })
 }
 
 fn private(prefix: &str) -> Result<RedisFactory, BoxError> {

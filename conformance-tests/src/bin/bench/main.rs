@@ -4,8 +4,11 @@
 //!
 //! `cargo run --release -p conformance-tests --bin bench` (add `-- --short`
 //! for a seconds-long smoke run, `-- --only memory` for one backend).
+//! Backends whose server cannot be had are listed as SKIPPED; one whose
+//! measurement fails is listed as FAILED and makes the exit status non-zero.
 //! Servers come from the same places as in the conformance suite.
 
+mod failover;
 mod floors;
 mod measures;
 mod report;
@@ -15,8 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::backends::memory::MemoryFactory;
+use conformance_tests::backends::{etcd, postgres, redis};
+use conformance_tests::harness::Availability;
 use conformance_tests::{BackendFactory, BoxError, Ctx};
 
+use floors::FloorSource;
 use report::Row;
 
 /// Counts live heap bytes, for the memory-per-lease figure (RSS is too coarse:
@@ -50,8 +56,16 @@ impl Mode {
 
     fn hold(self) -> Duration {
         match self {
-            Self::Short => Duration::from_secs(7),
+            Self::Short => Duration::from_secs(3),
             Self::Full => Duration::from_secs(30),
+        }
+    }
+
+    /// The TTL of the renewal measurement (clamped to what the backend allows).
+    fn renewal_ttl(self) -> Duration {
+        match self {
+            Self::Short => Duration::from_secs(3),
+            Self::Full => Duration::from_secs(9),
         }
     }
 
@@ -63,26 +77,89 @@ impl Mode {
     }
 }
 
-fn factories() -> Vec<Arc<dyn BackendFactory>> {
-    vec![Arc::new(MemoryFactory::new())]
+/// A backend to measure, or why it cannot be.
+type Target = (
+    &'static str,
+    Availability<(Arc<dyn BackendFactory>, FloorSource)>,
+);
+
+/// Every backend, with its server found the way the conformance suite finds
+/// it (an URL in the environment, else a private server). Starts private
+/// servers, so call it outside the runtime.
+fn targets(run_id: &str, only: Option<&str>) -> Vec<Target> {
+    let wanted = |name: &str| only.is_none_or(|o| name.starts_with(o));
+    let mut out: Vec<Target> = Vec::new();
+    if wanted("memory") {
+        let memory: Arc<dyn BackendFactory> = Arc::new(MemoryFactory::new());
+        out.push(("memory", Availability::Ready((memory, FloorSource::Trait))));
+    }
+    if wanted("redis") {
+        let found = match redis::factory(&format!("lock-bench:{run_id}:")) {
+            Availability::Ready(f) => {
+                let source = FloorSource::Redis {
+                    url: f.url().to_owned(),
+                    prefix: f.prefix().to_owned(),
+                };
+                Availability::Ready((f as Arc<dyn BackendFactory>, source))
+            }
+            Availability::Missing(why) => Availability::Missing(why),
+        };
+        out.push(("redis", found));
+    }
+    if wanted("postgres") {
+        let found = match postgres::factory(run_id) {
+            Availability::Ready(f) => match f.url() {
+                Ok(url) => Availability::Ready((
+                    f as Arc<dyn BackendFactory>,
+                    FloorSource::Postgres { url },
+                )),
+                Err(why) => Availability::Missing(why.to_string()),
+            },
+            Availability::Missing(why) => Availability::Missing(why),
+        };
+        out.push(("postgres", found));
+    }
+    if wanted("etcd") {
+        let found = match etcd::find() {
+            Availability::Ready(f) => match f.endpoints() {
+                Ok(endpoints) => Availability::Ready((
+                    f as Arc<dyn BackendFactory>,
+                    FloorSource::Etcd { endpoints },
+                )),
+                Err(why) => Availability::Missing(why.to_string()),
+            },
+            Availability::Missing(why) => Availability::Missing(why),
+        };
+        out.push(("etcd", found));
+    }
+    out
 }
 
 async fn bench_backend(
     factory: Arc<dyn BackendFactory>,
+    source: FloorSource,
     mode: Mode,
     run_id: &str,
 ) -> Result<Vec<Row>, BoxError> {
     let ctx = Ctx::new(Arc::clone(&factory), run_id, "bench");
-    let floor = floors::floor_for(&factory).await?;
+    let floor = floors::floor_for(&factory, &source, 16).await?;
     eprintln!("{}: floor = {}", factory.name(), floor.describe());
     let mut rows = Vec::new();
+    let done = |row: Row| {
+        eprintln!("  {}: {} ({})", row.backend, row.measure, row.setting);
+        row
+    };
     for concurrency in [1, 16] {
-        rows.push(measures::uncontended(&ctx, &floor, concurrency, mode).await?);
+        rows.push(done(
+            measures::uncontended(&ctx, &floor, concurrency, mode).await?,
+        ));
     }
     for &leases in mode.scales() {
-        rows.push(measures::renewal_at_scale(&ctx, leases, mode).await?);
+        let leases = source.max_leases().map_or(leases, |max| leases.min(max));
+        rows.push(done(measures::renewal_at_scale(&ctx, leases, mode).await?));
     }
-    rows.push(measures::handoff(&ctx, mode).await?);
+    rows.push(done(measures::handoff(&ctx, mode).await?));
+    rows.push(done(failover::failover(&ctx, mode).await?));
     Ok(rows)
 }
 
@@ -104,11 +181,25 @@ fn main() -> Result<(), BoxError> {
         .enable_all()
         .build()?;
     let mut rows = Vec::new();
-    for factory in factories() {
-        if only.as_deref().is_some_and(|o| o != factory.name()) {
-            continue;
+    let mut failed = false;
+    for (backend, found) in targets(&run_id, only.as_deref()) {
+        match found {
+            Availability::Ready((factory, source)) => {
+                eprintln!("{backend}: measuring");
+                match runtime.block_on(bench_backend(factory, source, mode, &run_id)) {
+                    Ok(r) => rows.extend(r),
+                    Err(e) => {
+                        failed = true;
+                        eprintln!("{backend}: FAILED: {e}");
+                        rows.push(Row::new(backend, "FAILED", e.to_string()));
+                    }
+                }
+            }
+            Availability::Missing(why) => {
+                eprintln!("!!! {backend}: SKIPPED, no server ({why})");
+                rows.push(Row::new(backend, "SKIPPED", format!("no server: {why}")));
+            }
         }
-        rows.extend(runtime.block_on(bench_backend(factory, mode, &run_id))?);
     }
     report::print_table(&rows);
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
@@ -116,5 +207,8 @@ fn main() -> Result<(), BoxError> {
     let path = std::path::Path::new(&target).join("bench.json");
     std::fs::write(&path, report::to_json(&rows))?;
     eprintln!("written to {}", path.display());
+    if failed {
+        return Err("a backend's measurement failed".into());
+    }
     Ok(())
 }

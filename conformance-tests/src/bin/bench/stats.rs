@@ -35,6 +35,10 @@ impl Samples {
         self.latencies.len() as f64 / self.wall.as_secs_f64()
     }
 
+    pub(crate) fn max(&self) -> Duration {
+        self.latencies.iter().copied().max().unwrap_or_default()
+    }
+
     pub(crate) fn percentile(&self, p: f64) -> Duration {
         if self.latencies.is_empty() {
             return Duration::ZERO;
