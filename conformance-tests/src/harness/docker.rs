@@ -43,8 +43,9 @@ impl Kind {
 pub struct DockerServer {
     kind: Kind,
     port: u16,
-    // Held for its drop, which removes the container.
-    _container: Container<GenericImage>,
+    // Held for its drop, which removes the container. Boxed: the handle is
+    // large, and factories keep it in an enum beside small variants.
+    _container: Box<Container<GenericImage>>,
 }
 
 impl std::fmt::Debug for DockerServer {
@@ -101,7 +102,7 @@ impl DockerServer {
         Ok(Self {
             kind,
             port,
-            _container: container,
+            _container: Box::new(container),
         })
     }
 
