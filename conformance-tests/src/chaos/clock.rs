@@ -63,6 +63,7 @@ pub(super) async fn holder_clock_step(ctx: Ctx, target: Target, holder: &Path) {
             ctx.name(&format!("clock-{i}")).as_str().to_owned(),
             ttl.as_millis().to_string(),
             (ttl * 10).as_millis().to_string(),
+            "--max-hold-ms".to_owned(),
             max_hold.as_millis().to_string(),
         ];
         let mut child = journal.spawn(i, holder, &args, Some(&clock));

@@ -1,14 +1,15 @@
 //! A lock holder in its own process, for fault cases that stop or kill it.
 //!
-//! `chaos-holder <url> <lock-name> <ttl-ms> <max-ms> [max-hold-ms]` connects
-//! with `scheduler::connect`, takes the lock once (with the watchdog at
-//! `max-hold-ms` if given), and then makes a guarded write every 10 ms,
-//! reported on stdout in the order made:
+//! `chaos-holder <url> <lock-name> <ttl-ms> <max-ms> [--linger-ms N]
+//! [--max-hold-ms N]` connects with `scheduler::connect`, takes the lock once
+//! (with the watchdog at `--max-hold-ms` if given), and then makes a guarded
+//! write every 10 ms, reported on stdout in the order made:
 //!
 //! - `ACQUIRED <token>` once the lock is held;
 //! - `WRITE <token> <late>` for each write whose guard passed, `late` being
 //!   1 if the guard passed at or after the lease's local deadline;
-//! - `LOST <reason>` when a guard fails, after which it releases and exits;
+//! - `LOST <reason>` when a guard fails, after which it keeps its guard for
+//!   `--linger-ms` (default 0, like a job slow to stop), releases and exits;
 //! - `DONE` if `max-ms` passed without a loss.
 //!
 //! The parent applies the writes to a fenced store in arrival order.
@@ -30,25 +31,23 @@ const WRITE_EVERY: Duration = Duration::from_millis(10);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (url, name, ttl_ms, max_ms, hold_ms) = match args.as_slice() {
-        [u, n, t, m] => (u, n, t, m, None),
-        [u, n, t, m, h] => (u, n, t, m, Some(h)),
-        _ => {
-            eprintln!("usage: chaos-holder <url> <lock-name> <ttl-ms> <max-ms> [max-hold-ms]");
-            return ExitCode::from(2);
-        }
-    };
-    let (Ok(ttl_ms), Ok(max_ms)) = (ttl_ms.parse::<u64>(), max_ms.parse::<u64>()) else {
-        eprintln!("ttl-ms and max-ms are whole milliseconds");
+    let Some(parsed) = parse(&args) else {
+        eprintln!(
+            "usage: chaos-holder <url> <lock-name> <ttl-ms> <max-ms> [--linger-ms N] [--max-hold-ms N] (durations in whole ms)"
+        );
         return ExitCode::from(2);
     };
-    let Ok(max_hold) = hold_ms.map(|h| h.parse::<u64>()).transpose() else {
-        eprintln!("max-hold-ms is whole milliseconds");
-        return ExitCode::from(2);
-    };
-    let mut opts = LockOptions::new(Duration::from_millis(ttl_ms));
+    let Args {
+        url,
+        name,
+        ttl,
+        max,
+        linger,
+        max_hold,
+    } = parsed;
+    let mut opts = LockOptions::new(ttl);
     if let Some(h) = max_hold {
-        opts = opts.with_max_hold(Duration::from_millis(h));
+        opts = opts.with_max_hold(h);
     }
     let timed = std::env::var("CHAOS_HOLDER_TIMES").is_ok_and(|v| v == "1");
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -62,14 +61,46 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let max = Duration::from_millis(max_ms);
-    match rt.block_on(hold(url, name, &opts, max, timed)) {
+    match rt.block_on(hold(&url, &name, &opts, max, linger, timed)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("chaos-holder: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line.
+struct Args {
+    url: String,
+    name: String,
+    ttl: Duration,
+    max: Duration,
+    linger: Duration,
+    max_hold: Option<Duration>,
+}
+
+fn parse(args: &[String]) -> Option<Args> {
+    let ms = |s: &String| s.parse::<u64>().ok().map(Duration::from_millis);
+    let [url, name, ttl, max, flags @ ..] = args else {
+        return None;
+    };
+    let mut parsed = Args {
+        url: url.clone(),
+        name: name.clone(),
+        ttl: ms(ttl)?,
+        max: ms(max)?,
+        linger: Duration::ZERO,
+        max_hold: None,
+    };
+    for pair in flags.chunks(2) {
+        match pair {
+            [flag, value] if flag == "--linger-ms" => parsed.linger = ms(value)?,
+            [flag, value] if flag == "--max-hold-ms" => parsed.max_hold = Some(ms(value)?),
+            _ => return None,
+        }
+    }
+    Some(parsed)
 }
 
 /// Ends a report line, with the monotonic time when `timed`.
@@ -87,6 +118,7 @@ async fn hold(
     name: &str,
     opts: &LockOptions,
     max: Duration,
+    linger: Duration,
     timed: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
@@ -115,6 +147,7 @@ async fn hold(
             write!(out, "LOST {reason}")?;
             end(&mut out, timed)?;
             drop(out);
+            tokio::time::sleep(linger).await;
             let _ = guard.release().await;
             return Ok(());
         }
