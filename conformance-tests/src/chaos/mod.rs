@@ -8,6 +8,7 @@
 
 mod cases;
 pub mod figures;
+mod flap;
 mod holder;
 mod pause;
 
@@ -90,6 +91,12 @@ pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
                 })
             },
         ));
+        let flap_id = run_id.to_owned();
+        out.push(Trial::test(format!("{backend}::chaos_flap"), move || {
+            run(make, &flap_id, "chaos_flap", move |ctx| {
+                flap::flap(ctx, target)
+            })
+        }));
         let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), holder.to_owned());
         out.push(Trial::test(
             format!("{backend}::chaos_holder_pause"),
