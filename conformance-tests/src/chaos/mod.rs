@@ -10,6 +10,7 @@ mod cases;
 pub mod figures;
 mod flap;
 mod holder;
+mod latency;
 mod pause;
 
 use std::future::Future;
@@ -33,10 +34,12 @@ const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
 
+fn redis_prefix(run_id: &str) -> String {
+    format!("lock-chaos:{run_id}:")
+}
+
 fn redis_factory(run_id: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
-    Ok(Arc::new(redis::private_factory(&format!(
-        "lock-chaos:{run_id}:"
-    ))?))
+    Ok(Arc::new(redis::private_factory(&redis_prefix(run_id))?))
 }
 
 fn etcd_factory(_: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
@@ -97,6 +100,19 @@ pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
                 flap::flap(ctx, target)
             })
         }));
+        let latency_id = run_id.to_owned();
+        let probe = match backend {
+            "redis" => latency::Probe::Redis(redis_prefix(run_id)),
+            _ => latency::Probe::Etcd,
+        };
+        out.push(Trial::test(
+            format!("{backend}::chaos_latency"),
+            move || {
+                run(make, &latency_id, "chaos_latency", move |ctx| {
+                    latency::latency(ctx, target, probe)
+                })
+            },
+        ));
         let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), holder.to_owned());
         out.push(Trial::test(
             format!("{backend}::chaos_holder_pause"),
