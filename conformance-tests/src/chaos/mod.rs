@@ -12,6 +12,7 @@ mod flap;
 mod holder;
 mod latency;
 mod pause;
+mod restart;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -113,6 +114,17 @@ pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
                 })
             },
         ));
+        if backend == "redis" {
+            let (restart_id, prefix) = (run_id.to_owned(), redis_prefix(run_id));
+            out.push(Trial::test(
+                format!("{backend}::chaos_restart"),
+                move || {
+                    run(make, &restart_id, "chaos_restart", move |ctx| {
+                        restart::restart(ctx, target, prefix)
+                    })
+                },
+            ));
+        }
         let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), holder.to_owned());
         out.push(Trial::test(
             format!("{backend}::chaos_holder_pause"),
