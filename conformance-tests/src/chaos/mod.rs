@@ -7,6 +7,7 @@
 //! compete for the CPU. Figures go to [`figures::table`].
 
 mod cases;
+mod failover;
 pub mod figures;
 mod flap;
 mod holder;
@@ -115,6 +116,15 @@ pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
             },
         ));
         if backend == "redis" {
+            let (failover_id, prefix) = (run_id.to_owned(), redis_prefix(run_id));
+            out.push(Trial::test(
+                format!("{backend}::chaos_failover"),
+                move || {
+                    run(make, &failover_id, "chaos_failover", move |ctx| {
+                        failover::failover(ctx, target, prefix)
+                    })
+                },
+            ));
             let (restart_id, prefix) = (run_id.to_owned(), redis_prefix(run_id));
             out.push(Trial::test(
                 format!("{backend}::chaos_restart"),
