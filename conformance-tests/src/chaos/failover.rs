@@ -150,6 +150,14 @@ async fn one_failover(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Tria
     let opts = ctx.opts();
     let interval = opts.renew_interval();
     let primary = server::start_plain().expect("the primary starts");
+    // Full sync at once, not after the default 5 s wait for more replicas.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("repl-diskless-sync-delay")
+        .arg("0")
+        .query_async(&mut plain(primary.port()).await)
+        .await
+        .expect("CONFIG SET");
     let replica = server::start_replica_of(primary.port()).expect("the replica starts");
     server::replica_link_up(replica.port(), Duration::from_secs(10))
         .await
