@@ -74,7 +74,6 @@ pub(super) fn flap_for() -> Duration {
     (Duration::from_secs(10) * scale).min(Duration::from_secs(60))
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn worker(
     replica: Replica,
     names: Arc<Vec<(LockName, Arc<Shared>)>>,
