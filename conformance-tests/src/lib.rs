@@ -17,6 +17,7 @@ pub mod chaos;
 pub mod factory;
 pub mod faulty;
 pub mod harness;
+pub mod mono;
 pub mod observe;
 pub mod proxy;
 pub mod suite;

@@ -6,7 +6,7 @@
 //! `--test-threads` says otherwise, since each freezes or partitions its own
 //! server against timing bounds. `CHAOS_SOAK=<n>` multiplies the iterations.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use conformance_tests::chaos;
@@ -20,7 +20,13 @@ fn main() -> ExitCode {
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
     let conclusion = libtest_mimic::run(
         &args,
-        chaos::trials(&run_id, Path::new(env!("CARGO_BIN_EXE_chaos-holder"))),
+        chaos::trials(
+            &run_id,
+            &chaos::Bins {
+                holder: PathBuf::from(env!("CARGO_BIN_EXE_chaos-holder")),
+                replica: PathBuf::from(env!("CARGO_BIN_EXE_chaos-replica")),
+            },
+        ),
     );
     let table = chaos::figures::table();
     if table.lines().count() > 2 {

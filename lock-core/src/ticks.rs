@@ -29,4 +29,15 @@ pub trait TickStore: fmt::Debug + Send + Sync {
 
     /// Records `tick` (Unix ms) as completed for `job`, keeping the maximum.
     async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError>;
+
+    /// The server's wall clock in Unix milliseconds, where the backend has
+    /// one to read (`None` otherwise, the default).
+    ///
+    /// The scheduler compares a tick against it before running, so that a
+    /// replica whose own clock was stepped far ahead cannot run (and record
+    /// as done) ticks that every other replica would then skip as past. One
+    /// round trip; cancel safe (a read).
+    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
+        Ok(None)
+    }
 }

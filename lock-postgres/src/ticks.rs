@@ -79,6 +79,24 @@ impl TickStore for PostgresBackend {
         }
     }
 
+    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
+        let session = self.session().await?;
+        let rows = session
+            .query(
+                "reading the server time",
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                &[],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => row
+                .try_get::<_, i64>(0)
+                .map(Some)
+                .map_err(|e| protocol(e.to_string())),
+            None => Err(protocol("SELECT clock_timestamp() returned no row")),
+        }
+    }
+
     async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
         match self.upsert_tick(job, tick).await {
             Err(e) if missing_table(&e) => {

@@ -54,7 +54,7 @@
 //! prefix is enough:
 //!
 //! ```text
-//! ACL SETUSER locksvc on >password resetkeys ~lock:* resetchannels &lock:* -@all +get +set +exists +incr +pexpire +del +publish +subscribe +unsubscribe +evalsha +eval +ping
+//! ACL SETUSER locksvc on >password resetkeys ~lock:* resetchannels &lock:* -@all +get +set +exists +incr +pexpire +del +publish +subscribe +unsubscribe +evalsha +eval +ping +time
 //! ```
 //!
 //! # TLS

@@ -28,6 +28,19 @@ impl TickStore for RedisBackend {
             .transpose()
     }
 
+    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
+        let shared = self.shared();
+        let (secs, micros): (i64, i64) = shared
+            .conn
+            .run("read the server time", |mut c| async move {
+                redis::cmd("TIME").query_async(&mut c).await
+            })
+            .await?;
+        Ok(Some(
+            secs.saturating_mul(1_000).saturating_add(micros / 1_000),
+        ))
+    }
+
     async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
         let shared = self.shared();
         let key = shared.keys.tick(job);

@@ -51,6 +51,17 @@
 //! backwards neither fires early nor fires a tick twice, and one stepped
 //! forward treats the ticks it jumped over as missed.
 //!
+//! A replica whose clock is far *ahead* (beyond the tolerance) would run
+//! future ticks early and record one as the latest completed, and every
+//! replica with a true clock would then skip its ticks as past until real
+//! time caught up. Where the backend has a server clock
+//! ([`TickStore::server_time`](lock_core::TickStore::server_time): Redis
+//! `TIME`, Postgres `clock_timestamp()`), a tick further ahead of it than the
+//! tolerance is refused with a warning instead. etcd has no clock to read:
+//! there, keep replicas' clocks within the tolerance (NTP slewing, not
+//! stepping), or a forward step of one replica makes the others skip the
+//! ticks it ran early, and the ones up to them.
+//!
 //! # Missed ticks
 //!
 //! Ticks that passed while no replica ran them (all down, an election under

@@ -84,6 +84,10 @@ async fn attempt(
             return TickOutcome::Skipped;
         }
     };
+    if let Some(outcome) = ahead_of_server(rt, label, tick.at).await {
+        let _ = guard.release().await;
+        return outcome;
+    }
     // Checked while holding the lock, so a replica that finished this tick
     // either still holds its completion mark or has recorded it.
     match rt.ticks.last_completed(&job.name).await {
@@ -100,6 +104,36 @@ async fn attempt(
         }
     }
     execute(rt, job, tick, leader, guard).await
+}
+
+/// Refuses a tick that lies beyond the server's clock plus the skew
+/// tolerance: this replica's clock is then far ahead (stepped, or never
+/// synchronised). Running it would record a far-future tick as the latest
+/// completed one, and every replica with a true clock would skip its ticks
+/// as past until real time caught up. `Some(Skipped)` means do not run;
+/// an unreadable server clock fails closed like the tick store does.
+async fn ahead_of_server(rt: &Runtime, label: &str, tick: DateTime<Utc>) -> Option<TickOutcome> {
+    let server_ms = match rt.ticks.server_time().await {
+        Ok(Some(ms)) => ms,
+        Ok(None) => return None,
+        Err(e) => {
+            warn!(job = label, error = %e, "cannot read the server's clock; not running (fail closed)");
+            return Some(TickOutcome::Skipped);
+        }
+    };
+    let tolerance_ms = i64::try_from(rt.tolerance.as_millis()).unwrap_or(i64::MAX);
+    let ahead_ms = tick.timestamp_millis().saturating_sub(server_ms);
+    if ahead_ms <= tolerance_ms {
+        return None;
+    }
+    warn!(
+        job = label,
+        tick = %tick,
+        ahead_ms,
+        tolerance_ms,
+        "this tick is further ahead of the server's clock than the skew tolerance: this replica's clock is wrong; not running"
+    );
+    Some(TickOutcome::Skipped)
 }
 
 /// Whether the tick store shows `tick` as done, given the latest completed

@@ -116,6 +116,10 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_skew_beyond_tolerance_still_runs_once,
         Requires::Nothing
     ),
+    case!(
+        scheduler::scheduler_far_ahead_replica_does_not_starve_others,
+        Requires::Nothing
+    ),
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.

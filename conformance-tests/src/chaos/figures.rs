@@ -35,6 +35,9 @@ pub struct Row {
     pub detection: Vec<Duration>,
     /// Longest single backend call the case timed (`None`: it timed none).
     pub max_blocked: Option<Duration>,
+    /// Largest deviation of a timer (renewal, watchdog) from its nominal
+    /// instant, where the case measures one (the clock-step cases).
+    pub timing_error: Option<Duration>,
     /// Locks still held after every holder and successor let go.
     pub leaked: usize,
 }
@@ -78,12 +81,12 @@ pub fn table() -> String {
     let mut rows = ROWS.lock().map(|r| r.clone()).unwrap_or_default();
     rows.sort_by(|a, b| (&a.backend, &a.case).cmp(&(&b.backend, &b.case)));
     let mut out = String::from(
-        "| backend | case | iterations | faults | writes | stale accepts | writes after deadline | raw overlaps | abort ms min/p50/p99/max | detection ms min/p50/p99/max | max blocked call ms | leaked locks |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| backend | case | iterations | faults | writes | stale accepts | writes after deadline | raw overlaps | abort ms min/p50/p99/max | detection ms min/p50/p99/max | max blocked call ms | max timer error ms | leaked locks |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.backend,
             r.case,
             r.iterations,
@@ -95,6 +98,8 @@ pub fn table() -> String {
             spread(&r.abort),
             spread(&r.detection),
             r.max_blocked
+                .map_or_else(|| "-".to_owned(), |d| ms(d).to_string()),
+            r.timing_error
                 .map_or_else(|| "-".to_owned(), |d| ms(d).to_string()),
             r.leaked
         ));

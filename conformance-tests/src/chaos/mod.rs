@@ -7,16 +7,19 @@
 //! compete for the CPU. Figures go to [`figures::table`].
 
 mod cases;
+mod churn;
+mod clock;
 mod failover;
 pub mod figures;
 mod flap;
 mod holder;
 mod latency;
 mod pause;
+mod procs;
 mod restart;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,11 +51,19 @@ fn etcd_factory(_: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
     Ok(Arc::new(etcd::EtcdFactory::private()))
 }
 
+/// The test package's helper binaries, which cases run as processes.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// `chaos-holder`: takes one lock and writes under it.
+    pub holder: PathBuf,
+    /// `chaos-replica`: one scheduler replica.
+    pub replica: PathBuf,
+}
+
 /// The chaos trials, named `<backend>::chaos_<case>`, for every backend
 /// whose server binary is on `PATH`. A missing binary fails the run under
-/// `CI=true` and is skipped loudly elsewhere. `holder` is the
-/// `chaos-holder` binary, which the holder-pause case runs as a process.
-pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
+/// `CI=true` and is skipped loudly elsewhere.
+pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
     let iterations = figures::iterations(SMOKE_ITERATIONS);
     let backends: [(&str, &str, MakeFactory, Duration); 2] = [
         ("redis", "redis-server", redis_factory, redis::OP_TIMEOUT),
@@ -135,7 +146,7 @@ pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
                 },
             ));
         }
-        let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), holder.to_owned());
+        let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), bins.holder.clone());
         out.push(Trial::test(
             format!("{backend}::chaos_holder_pause"),
             move || {
@@ -145,6 +156,48 @@ pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
                     "chaos_holder_pause",
                     move |ctx| async move {
                         pause::holder_pause(ctx, target, &holder).await;
+                    },
+                )
+            },
+        ));
+        let (clock_id, holder) = (run_id.to_owned(), bins.holder.clone());
+        out.push(Trial::test(
+            format!("{backend}::chaos_clock_step_holder"),
+            move || {
+                run(
+                    make,
+                    &clock_id,
+                    "chaos_clock_step_holder",
+                    move |ctx| async move {
+                        clock::holder_clock_step(ctx, target, &holder).await;
+                    },
+                )
+            },
+        ));
+        let (sched_id, replica) = (run_id.to_owned(), bins.replica.clone());
+        out.push(Trial::test(
+            format!("{backend}::chaos_clock_step_scheduler"),
+            move || {
+                run(
+                    make,
+                    &sched_id,
+                    "chaos_clock_step_scheduler",
+                    move |ctx| async move {
+                        clock::scheduler_clock_step(ctx, target, &replica).await;
+                    },
+                )
+            },
+        ));
+        let (churn_id, replica) = (run_id.to_owned(), bins.replica.clone());
+        out.push(Trial::test(
+            format!("{backend}::chaos_leader_churn"),
+            move || {
+                run(
+                    make,
+                    &churn_id,
+                    "chaos_leader_churn",
+                    move |ctx| async move {
+                        churn::leader_churn(ctx, target, &replica).await;
                     },
                 )
             },

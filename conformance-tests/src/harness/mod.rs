@@ -6,6 +6,8 @@
 //! "none of these worked" into a failure under `CI=true` and a loud skip
 //! elsewhere, so a missing server is never silently passed over in CI.
 
+#[cfg(feature = "docker")]
+pub mod docker;
 mod process;
 
 pub use process::{free_port, wait_for_port, ServerProcess, ServerSpec};

@@ -34,6 +34,9 @@ enum Source {
     /// A private server, started on first use so that filtered runs that
     /// skip etcd do not pay for it.
     Private(OnceLock<Result<Arc<ServerProcess>, String>>),
+    /// A container (the `docker` feature), removed with the factory.
+    #[cfg(feature = "docker")]
+    Container(Arc<crate::harness::docker::DockerServer>),
 }
 
 /// Replicas are separate `EtcdBackend` connections to one cluster.
@@ -72,8 +75,27 @@ pub fn find() -> Availability<Arc<EtcdFactory>> {
     }
     match which("etcd") {
         Some(_) => Availability::Ready(Arc::new(EtcdFactory::private())),
-        None => Availability::Missing("etcd is not on PATH and ETCD_ENDPOINTS is unset".into()),
+        None => docker_or("etcd is not on PATH and ETCD_ENDPOINTS is unset"),
     }
+}
+
+#[cfg(feature = "docker")]
+fn docker_or(why: &str) -> Availability<Arc<EtcdFactory>> {
+    use crate::harness::docker::{DockerServer, Kind};
+    match DockerServer::start(Kind::Etcd) {
+        Ok(c) => Availability::Ready(Arc::new(EtcdFactory {
+            name: "etcd",
+            source: Source::Container(Arc::new(c)),
+        })),
+        Err(e) => Availability::Missing(format!("{why}; {e}")),
+    }
+}
+
+#[cfg(not(feature = "docker"))]
+fn docker_or(why: &str) -> Availability<Arc<EtcdFactory>> {
+    Availability::Missing(format!(
+        "{why}; build with --features docker to start a container"
+    ))
 }
 
 impl EtcdFactory {
@@ -99,6 +121,8 @@ impl EtcdFactory {
     pub fn builder(&self) -> Result<EtcdBuilder, BoxError> {
         match &self.source {
             Source::Env(b) => Ok(b.clone()),
+            #[cfg(feature = "docker")]
+            Source::Container(c) => Ok(server::builder(c.port())),
             Source::Private(cell) => {
                 let server = cell
                     .get_or_init(|| {
@@ -133,6 +157,8 @@ impl EtcdFactory {
                     .collect();
                 Ok(list)
             }
+            #[cfg(feature = "docker")]
+            Source::Container(c) => Ok(vec![c.url()]),
             Source::Private(_) => {
                 self.builder()?;
                 match &self.source {
@@ -140,7 +166,7 @@ impl EtcdFactory {
                         Some(Ok(server)) => Ok(vec![format!("http://127.0.0.1:{}", server.port())]),
                         _ => Err("private etcd did not start".into()),
                     },
-                    Source::Env(_) => Err("unreachable".into()),
+                    _ => Err("unreachable".into()),
                 }
             }
         }
@@ -175,6 +201,8 @@ impl BackendFactory for EtcdFactory {
     fn timing(&self) -> Timing {
         let ttl = match self.source {
             Source::Env(_) => ENV_TTL,
+            #[cfg(feature = "docker")]
+            Source::Container(_) => ENV_TTL,
             Source::Private(_) => TTL,
         };
         Timing {
@@ -225,7 +253,7 @@ impl BackendFactory for EtcdFactory {
                 Some(Ok(server)) => Some(server),
                 _ => None,
             },
-            Source::Env(_) => None,
+            _ => None,
         }
     }
 

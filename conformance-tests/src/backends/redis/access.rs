@@ -36,6 +36,7 @@ pub fn acl_rules(prefix: &str) -> Vec<String> {
         "evalsha",
         "eval",
         "ping",
+        "time",
     ] {
         rules.push(format!("+{cmd}"));
     }
@@ -186,6 +187,10 @@ async fn acl_body(f: &RedisFactory, user: &str, allowed: &str) -> Result<(), Box
     g.release().await?;
     backend.record_completed(&name, 42).await?;
     ensure(backend.last_completed(&name).await? == Some(42), "ticks")?;
+    ensure(
+        backend.server_time().await?.is_some(),
+        "the server's clock is readable",
+    )?;
     // Outside its prefix, every operation is refused.
     let outside = config_for(&url)?
         .with_key_prefix(format!("{}other:", f.prefix()))

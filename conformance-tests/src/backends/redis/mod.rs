@@ -39,7 +39,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 enum Server {
     Private(ServerProcess),
     #[cfg(feature = "docker")]
-    Container(server::Container),
+    Container(crate::harness::docker::DockerServer),
     External,
 }
 
@@ -275,7 +275,7 @@ fn private(prefix: &str) -> Result<RedisFactory, BoxError> {
 
 #[cfg(feature = "docker")]
 fn docker_or(binary: BoxError) -> Result<Server, BoxError> {
-    server::Container::start()
+    crate::harness::docker::DockerServer::start(crate::harness::docker::Kind::Redis)
         .map(Server::Container)
         .map_err(|e| format!("{binary}; {e}").into())
 }

@@ -1,5 +1,6 @@
-//! Private `redis-server`s for the suite: plain, TLS, and (with the `docker`
-//! feature) a container when no binary is installed.
+//! Private `redis-server`s for the suite: plain and TLS. (With the `docker`
+//! feature, a container stands in when no binary is installed: see
+//! [`crate::harness::docker`].)
 
 use std::path::Path;
 use std::process::Command;
@@ -193,72 +194,5 @@ fn openssl(args: &[&str]) -> Result<(), BoxError> {
             String::from_utf8_lossy(&out.stderr)
         )
         .into())
-    }
-}
-
-/// A Redis container started with the `docker` CLI, removed on drop.
-///
-/// The CLI rather than `testcontainers`: testcontainers 0.27 with
-/// testcontainers-modules 0.15 adds about 236 crates to the build, more than
-/// the whole suite uses today, for a path that only runs where a Docker
-/// engine exists.
-#[cfg(feature = "docker")]
-#[derive(Debug)]
-pub struct Container {
-    id: String,
-    port: u16,
-}
-
-#[cfg(feature = "docker")]
-impl Container {
-    /// Docker support: starts `redis:7` publishing 6379 on a loopback port.
-    pub fn start() -> Result<Self, BoxError> {
-        let run = Command::new("docker")
-            .args([
-                "run",
-                "-d",
-                "--rm",
-                "-p",
-                "127.0.0.1::6379",
-                "redis:7",
-                "--save",
-                "",
-            ])
-            .output()
-            .map_err(|e| format!("docker support: cannot run the docker CLI: {e}"))?;
-        if !run.status.success() {
-            return Err(format!(
-                "docker support: cannot start a container: {}",
-                String::from_utf8_lossy(&run.stderr).trim()
-            )
-            .into());
-        }
-        let id = String::from_utf8_lossy(&run.stdout).trim().to_owned();
-        let mut container = Self { id, port: 0 };
-        let port = Command::new("docker")
-            .args(["port", &container.id, "6379/tcp"])
-            .output()?;
-        let text = String::from_utf8_lossy(&port.stdout);
-        let port = text
-            .lines()
-            .next()
-            .and_then(|l| l.rsplit(':').next())
-            .and_then(|p| p.trim().parse().ok())
-            .ok_or_else(|| format!("docker support: no published port in {text:?}"))?;
-        crate::harness::wait_for_port(port, Duration::from_secs(30))?;
-        container.port = port;
-        Ok(container)
-    }
-
-    /// The loopback port the container's Redis is published on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
-
-#[cfg(feature = "docker")]
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = Command::new("docker").args(["rm", "-f", &self.id]).output();
     }
 }

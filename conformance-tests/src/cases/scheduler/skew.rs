@@ -66,3 +66,45 @@ pub(crate) async fn scheduler_skew_beyond_tolerance_still_runs_once(ctx: Ctx) {
         "the far-behind replica re-ran a tick"
     );
 }
+
+/// Replica 0's clock is an hour ahead (a step that slewing never undid).
+/// Where the tick store reads a server clock, that replica's ticks are
+/// refused, and replica 1 (true clock) runs every tick, once: the hour-ahead
+/// ticks are never recorded as done. Without a server clock (the in-process
+/// memory backend, etcd) the hour-ahead ticks run early and replica 1 then
+/// skips its own as past; only "never twice" holds, which is checked.
+pub(crate) async fn scheduler_far_ahead_replica_does_not_starve_others(ctx: Ctx) {
+    let plan = Plan::of(&ctx);
+    let fleet = Fleet::new(&ctx, &[3_600_000, 0]).await;
+    let has_clock = fleet
+        .ticks
+        .server_time()
+        .await
+        .expect("the server clock reads")
+        .is_some();
+    let name = ctx.name("far-ahead");
+    let schedulers = fleet
+        .start_all(&ctx, Mode::PerTick, |replica| {
+            fleet.recording_job(name.as_str(), plan.cron, replica, plan.work)
+        })
+        .await;
+    sleep(plan.period * plan.ticks / 2).await;
+    fleet.shutdown_all(schedulers).await;
+    let runs = fleet.log.completed();
+    let by_replica = |r: usize| runs.iter().filter(|run| run.replica == r).count();
+    if has_clock {
+        fleet::assert_each_tick_once(&runs, plan.period);
+        assert_eq!(by_replica(0), 0, "the hour-ahead replica ran: {runs:?}");
+        assert!(
+            by_replica(1) + 1 >= (plan.ticks / 2) as usize,
+            "the true-clocked replica ran only {} ticks in {} periods",
+            by_replica(1),
+            plan.ticks / 2
+        );
+    } else {
+        let mut ticks: Vec<_> = runs.iter().map(|r| r.tick).collect();
+        let total = ticks.len();
+        ticks.dedup();
+        assert_eq!(ticks.len(), total, "a tick ran twice: {runs:?}");
+    }
+}

@@ -1,0 +1,233 @@
+//! X10: scheduler leader churn. Three `chaos-replica` processes run one
+//! every-second job in leader mode, replica 0 with its wall clock 2 s ahead
+//! (libfaketime). The leader is killed (SIGKILL, then restarted) or stopped
+//! past its election TTL (SIGSTOP, then resumed), in turn.
+//!
+//! Pass criteria, from everything the replicas reported:
+//! - no scheduled instant runs twice;
+//! - no guarded write after its lease's local deadline;
+//! - no write under an older fencing token once a run under a newer one has
+//!   begun (counted strictly: every such write, whether or not a fenced store
+//!   would have rejected it) — the old leader's job is stopped before the
+//!   new leader runs;
+//! - missed instants ≤ Σ over faults of ceil(failover / tick), plus the 2
+//!   ticks a hand-over to the replica 2 s ahead skips by design (missed
+//!   ticks are not replayed under `MissedTicks::Skip`).
+//!
+//! Raw overlaps of run intervals (start to end as reported) are counted:
+//! a stopped leader's run stays open until it resumes and learns its loss.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::process::Child;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::{sleep, timeout, Instant};
+
+use super::figures::{self, Row};
+use super::procs::{libfaketime, signal, Journal, Line, WallClock};
+use super::Target;
+use crate::mono::now_ns;
+use crate::Ctx;
+
+const TICK_MS: i64 = 1_000;
+/// How far ahead replica 0's wall clock runs.
+const SKEW_S: i64 = 2;
+/// How long a leader keeps the job before the next fault.
+const LEAD_FOR: Duration = Duration::from_millis(3_000);
+
+/// One replica slot: its current process and the label its lines carry.
+struct Slot {
+    child: Child,
+    who: usize,
+}
+
+/// Waits for a line matching `want`, up to `within`.
+async fn wait_for(
+    feed: &mut UnboundedReceiver<Line>,
+    within: Duration,
+    what: &str,
+    mut want: impl FnMut(&Line) -> bool,
+) -> Line {
+    let until = Instant::now() + within;
+    loop {
+        let line = timeout(until.saturating_duration_since(Instant::now()), feed.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within {within:?}"))
+            .expect("the journal feed is open");
+        if want(&line) {
+            return line;
+        }
+    }
+}
+
+fn is_leader(line: &Line, who: Option<usize>) -> bool {
+    line.kind() == "LEADER" && line.num(1) == 1 && who.is_none_or(|w| w != line.who)
+}
+
+/// X10 on the backend at `target`, with the replica binary at `replica`.
+pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
+    let lib =
+        libfaketime().expect("libfaketime is installed (apt-get install faketime libfaketime)");
+    let ttl = ctx.timing().ttl;
+    let addr = ctx.factory().server_addr().expect("a loopback server");
+    let url = format!("{}://{addr}", target.scheme);
+    let faults = target.iterations + 1;
+    let run_ms = (LEAD_FOR + ttl * 4) * (u32::try_from(faults).unwrap_or(8) + 2);
+    let args = vec![
+        url,
+        "leader".to_owned(),
+        ttl.as_millis().to_string(),
+        ttl.as_millis().to_string(),
+        run_ms.as_millis().to_string(),
+    ];
+    let clocks = [Some(WallClock::new(lib, SKEW_S)), None, None];
+    let (journal, mut feed) = Journal::new();
+    let mut next_label = 0;
+    let mut spawn = |slot: usize, journal: &Journal| {
+        next_label += 1;
+        let who = slot * 1000 + next_label;
+        let child = journal.spawn(who, replica, &args, clocks[slot].as_ref());
+        Slot { child, who }
+    };
+    let mut slots: Vec<Slot> = (0..3).map(|i| spawn(i, &journal)).collect();
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: "chaos_leader_churn".to_owned(),
+        iterations: faults,
+        ..Row::default()
+    };
+    let mut failovers = Vec::new();
+    let elect_within = ttl * 4 + Duration::from_secs(10);
+    let mut leader = wait_for(&mut feed, elect_within, "first leader", |l| {
+        is_leader(l, None)
+    })
+    .await
+    .who;
+    for k in 0..faults {
+        sleep(LEAD_FOR).await;
+        let slot = slots
+            .iter()
+            .position(|s| s.who == leader)
+            .expect("the leader is one of ours");
+        let stop = k % 2 == 1;
+        signal(&slots[slot].child, if stop { "STOP" } else { "KILL" });
+        let fault_at = now_ns();
+        row.faults += 1;
+        let next = wait_for(&mut feed, elect_within, "a new leader", |l| {
+            is_leader(l, Some(leader))
+        })
+        .await;
+        let failover = Duration::from_nanos(next.mono.saturating_sub(fault_at));
+        failovers.push(failover);
+        row.detection.push(failover);
+        if stop {
+            // Keep it stopped past its own lease, then let it find out.
+            let stopped_for = Duration::from_nanos(now_ns() - fault_at);
+            sleep((ttl * 3 / 2).saturating_sub(stopped_for)).await;
+            let resumed_at = now_ns();
+            signal(&slots[slot].child, "CONT");
+            let old = leader;
+            let demoted = wait_for(
+                &mut feed,
+                ttl * 2 + Duration::from_secs(2),
+                "the demotion",
+                |l| l.who == old && l.kind() == "LEADER" && l.num(1) == 0,
+            )
+            .await;
+            row.abort.push(Duration::from_nanos(
+                demoted.mono.saturating_sub(resumed_at),
+            ));
+        } else {
+            slots[slot] = spawn(slot, &journal);
+        }
+        leader = next.who;
+    }
+    // Let the last run finish, then stop everyone.
+    sleep(Duration::from_millis(1_500)).await;
+    for slot in &mut slots {
+        let _ = slot.child.start_kill();
+    }
+    sleep(Duration::from_millis(200)).await;
+    let lines = journal.lines();
+    let verdict = judge(&lines, &failovers, &mut row);
+    let summary = format!("{row:?} {verdict:?}");
+    figures::record(row);
+    assert!(
+        verdict.is_empty(),
+        "leader churn: {}\n{summary}",
+        verdict.join("; ")
+    );
+}
+
+/// Checks the journal; returns what failed.
+fn judge(lines: &[Line], failovers: &[Duration], row: &mut Row) -> Vec<String> {
+    let mut runs: BTreeMap<i64, Vec<&Line>> = BTreeMap::new();
+    for l in lines.iter().filter(|l| l.kind() == "RUN") {
+        runs.entry(l.num(1)).or_default().push(l);
+    }
+    let writes: Vec<&Line> = lines.iter().filter(|l| l.kind() == "WRITE").collect();
+    row.writes = writes.len();
+    row.after_deadline = writes.iter().filter(|w| w.num(3) == 1).count();
+    // Every write under an older token after a run under a newer one began.
+    row.stale_accepts = writes
+        .iter()
+        .filter(|w| {
+            runs.values()
+                .flatten()
+                .any(|r| r.num(2) > w.num(2) && r.mono < w.mono)
+        })
+        .count();
+    // Run intervals: from RUN to the run's END, else its OUTCOME.
+    let end_of = |r: &Line| {
+        lines
+            .iter()
+            .filter(|l| l.who == r.who && l.mono >= r.mono)
+            .find(|l| (l.kind() == "END" || l.kind() == "OUTCOME") && l.num(1) == r.num(1))
+            .map_or(u64::MAX, |l| l.mono)
+    };
+    let intervals: Vec<(usize, u64, u64)> = runs
+        .values()
+        .flatten()
+        .map(|r| (r.who, r.mono, end_of(r)))
+        .collect();
+    row.overlaps = intervals
+        .iter()
+        .enumerate()
+        .flat_map(|(i, a)| intervals[i + 1..].iter().map(move |b| (a, b)))
+        .filter(|(a, b)| a.0 != b.0 && a.1 < b.2 && b.1 < a.2)
+        .count();
+    let duplicates: usize = runs.values().map(|v| v.len().saturating_sub(1)).sum();
+    let (Some(first), Some(last)) = (runs.keys().next(), runs.keys().next_back()) else {
+        return vec!["no tick ran".to_owned()];
+    };
+    let expected = usize::try_from((last - first) / TICK_MS + 1).unwrap_or(0);
+    let missed = expected.saturating_sub(runs.len());
+    let tick = Duration::from_millis(TICK_MS.unsigned_abs());
+    let bound: usize = failovers
+        .iter()
+        .map(|f| f.as_millis().div_ceil(tick.as_millis()) as usize + SKEW_S.unsigned_abs() as usize)
+        .sum();
+    println!(
+        "leader churn: {} ticks run of {expected} from first to last, {duplicates} duplicates, {missed} missed (bound {bound}), failovers {failovers:?}",
+        runs.len()
+    );
+    let mut failed = Vec::new();
+    if duplicates > 0 {
+        failed.push(format!("{duplicates} instants ran twice"));
+    }
+    if row.after_deadline > 0 {
+        failed.push(format!("{} writes after the deadline", row.after_deadline));
+    }
+    if row.stale_accepts > 0 {
+        failed.push(format!(
+            "{} writes under an older token after a newer run began",
+            row.stale_accepts
+        ));
+    }
+    if missed > bound {
+        failed.push(format!("{missed} instants missed, bound {bound}"));
+    }
+    failed
+}

@@ -1,0 +1,154 @@
+//! Child processes for the clock and churn cases: started with an optional
+//! libfaketime wall-clock offset, their report lines collected with the
+//! monotonic time each ends in.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// The libfaketime preload library (the thread-safe build), if installed.
+pub(super) fn libfaketime() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime",
+        "/usr/lib/aarch64-linux-gnu/faketime",
+        "/usr/lib/faketime",
+    ]
+    .iter()
+    .map(|dir| Path::new(dir).join("libfaketimeMT.so.1"))
+    .find(|p| p.is_file())
+}
+
+/// A file libfaketime re-reads on every clock call: writing an offset into
+/// it steps the wall clock of every process started over it, at once.
+/// Only the wall clock moves; `CLOCK_MONOTONIC` is left alone.
+#[derive(Debug)]
+pub(super) struct WallClock {
+    lib: PathBuf,
+    file: tempfile::NamedTempFile,
+}
+
+impl WallClock {
+    /// A clock offset by `offset_s` seconds from the real one.
+    pub(super) fn new(lib: PathBuf, offset_s: i64) -> Self {
+        let file = tempfile::NamedTempFile::new().expect("a temp file for the clock");
+        let clock = Self { lib, file };
+        clock.set(offset_s);
+        clock
+    }
+
+    /// Steps the clock to `offset_s` seconds from the real one.
+    pub(super) fn set(&self, offset_s: i64) {
+        // Written whole and renamed over, so a reader never sees half a line.
+        let tmp = self.file.path().with_extension("new");
+        std::fs::write(&tmp, format!("{offset_s:+}\n")).expect("write the clock offset");
+        std::fs::rename(&tmp, self.file.path()).expect("install the clock offset");
+    }
+
+    fn apply(&self, cmd: &mut Command) {
+        cmd.env("LD_PRELOAD", &self.lib)
+            .env("FAKETIME_TIMESTAMP_FILE", self.file.path())
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    }
+}
+
+/// One report line: who said it, its words (without the time), and the
+/// monotonic time it ends in.
+#[derive(Debug, Clone)]
+pub(super) struct Line {
+    /// The child's label, given at spawn.
+    pub who: usize,
+    /// The words before the time.
+    pub words: Vec<String>,
+    /// `CLOCK_MONOTONIC` nanoseconds when the child wrote it.
+    pub mono: u64,
+}
+
+impl Line {
+    /// The first word.
+    pub(super) fn kind(&self) -> &str {
+        self.words.first().map_or("", String::as_str)
+    }
+
+    /// Word `i` (0 is the kind) parsed as a number.
+    pub(super) fn num(&self, i: usize) -> i64 {
+        self.words
+            .get(i)
+            .and_then(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("word {i} of {:?} is a number", self.words))
+    }
+}
+
+/// Every line of every child, in arrival order, plus a feed of the same.
+#[derive(Debug)]
+pub(super) struct Journal {
+    lines: Arc<Mutex<Vec<Line>>>,
+    tx: mpsc::UnboundedSender<Line>,
+}
+
+impl Journal {
+    /// An empty journal and the receiving end of its feed.
+    pub(super) fn new() -> (Self, mpsc::UnboundedReceiver<Line>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        (Self { lines, tx }, rx)
+    }
+
+    /// A copy of every line so far.
+    pub(super) fn lines(&self) -> Vec<Line> {
+        self.lines.lock().expect("journal lock").clone()
+    }
+
+    /// Starts `program args` labelled `who`, over `clock` if given, and
+    /// feeds its timed stdout lines into the journal (`CHAOS_HOLDER_TIMES=1`
+    /// makes `chaos-holder` time its lines; `chaos-replica` always does).
+    /// The child dies with its handle.
+    pub(super) fn spawn(
+        &self,
+        who: usize,
+        program: &Path,
+        args: &[String],
+        clock: Option<&WallClock>,
+    ) -> Child {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env("CHAOS_HOLDER_TIMES", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(clock) = clock {
+            clock.apply(&mut cmd);
+        }
+        let mut child = cmd.spawn().expect("the child starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (lines, tx) = (Arc::clone(&self.lines), self.tx.clone());
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(text)) = reader.next_line().await {
+                let mut words: Vec<String> = text.split(' ').map(str::to_owned).collect();
+                let Some(mono) = words.pop().and_then(|w| w.parse().ok()) else {
+                    panic!("child {who} wrote an untimed line: {text:?}");
+                };
+                let line = Line { who, words, mono };
+                lines.lock().expect("journal lock").push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        child
+    }
+}
+
+/// Sends `sig` (`STOP`, `CONT`, `KILL`) to a child we started.
+pub(super) fn signal(child: &Child, sig: &str) {
+    let pid = child.id().expect("the child runs");
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{sig} {pid}");
+}
