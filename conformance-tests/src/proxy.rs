@@ -1,10 +1,12 @@
 //! A loopback TCP fault proxy, placed between a client and its server.
 //!
-//! It forwards bytes both ways and can, on demand: blackhole traffic (drop it
-//! silently while connections stay open, like a partition that loses
-//! packets), delay every chunk, reset every open connection, or stop
-//! accepting new ones. Modelled on etcd's test proxy; it needs no kernel
-//! support (this machine has no netem) and touches no shared server.
+//! It forwards bytes both ways and can, on demand: blackhole traffic (hold
+//! it silently while connections stay open, as a partition does: TCP
+//! retransmits, so the bytes arrive late once it heals, never lost), delay
+//! every chunk (both ways, or responses only), reset every open connection,
+//! stop accepting new ones, or send new connections to another upstream (a
+//! failover behind a virtual IP). Modelled on etcd's test proxy; it needs no
+//! kernel support (this machine has no netem) and touches no shared server.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,16 +16,21 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::BoxError;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Faults {
-    blackhole: AtomicBool,
+    /// `true` while blackholed; writers wait for it to turn `false`.
+    blackhole: watch::Sender<bool>,
     delay_ms: AtomicU64,
+    /// Extra delay on the server-to-client direction only.
+    response_delay_ms: AtomicU64,
     accept_paused: AtomicBool,
+    upstream: Mutex<SocketAddr>,
     /// Bumped by `reset_all`; every connection watches it and dies when it moves.
     resets: Mutex<Option<watch::Sender<u64>>>,
     connections: AtomicU64,
@@ -45,15 +52,16 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let (reset_tx, reset_rx) = watch::channel(0u64);
         let faults = Arc::new(Faults {
+            blackhole: watch::channel(false).0,
+            delay_ms: AtomicU64::new(0),
+            response_delay_ms: AtomicU64::new(0),
+            accept_paused: AtomicBool::new(false),
+            upstream: Mutex::new(upstream),
             resets: Mutex::new(Some(reset_tx)),
-            ..Faults::default()
+            connections: AtomicU64::new(0),
         });
-        let accept_task = tokio::spawn(accept_loop(
-            listener,
-            upstream,
-            Arc::clone(&faults),
-            reset_rx.clone(),
-        ));
+        let accept_task =
+            tokio::spawn(accept_loop(listener, Arc::clone(&faults), reset_rx.clone()));
         Ok(Self {
             addr,
             faults,
@@ -67,15 +75,35 @@ impl FaultProxy {
         self.addr
     }
 
-    /// Drops all traffic in both directions while on; connections stay open.
+    /// Holds all traffic in both directions while on; connections stay
+    /// open. Nothing is dropped: what was held is delivered, in order, once
+    /// it is turned off, as TCP retransmission does after a partition heals.
     pub fn blackhole(&self, on: bool) {
-        self.faults.blackhole.store(on, Ordering::SeqCst);
+        self.faults.blackhole.send_replace(on);
     }
 
-    /// Delays every forwarded chunk by `delay` (zero turns it off).
+    /// Delays every forwarded chunk, both ways, by `delay` (zero turns it
+    /// off). Each chunk is due `delay` after it was read, so chunks in
+    /// flight together are delayed together, not one after the other.
     pub fn set_delay(&self, delay: Duration) {
-        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        self.faults.delay_ms.store(ms, Ordering::SeqCst);
+        self.faults.delay_ms.store(millis(delay), Ordering::SeqCst);
+    }
+
+    /// Delays what the server sends back by `delay`, on top of
+    /// [`FaultProxy::set_delay`] (zero turns it off): a slow reply path.
+    pub fn set_response_delay(&self, delay: Duration) {
+        self.faults
+            .response_delay_ms
+            .store(millis(delay), Ordering::SeqCst);
+    }
+
+    /// Sends connections accepted from now on to `upstream`; open ones keep
+    /// their server until they end (pair it with [`FaultProxy::reset_all`]
+    /// to emulate a failover behind a virtual IP or a sentinel).
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        if let Ok(mut slot) = self.faults.upstream.lock() {
+            *slot = upstream;
+        }
     }
 
     /// Stops (or resumes) accepting new connections. The kernel still
@@ -111,12 +139,11 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    upstream: SocketAddr,
-    faults: Arc<Faults>,
-    resets: watch::Receiver<u64>,
-) {
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn accept_loop(listener: TcpListener, faults: Arc<Faults>, resets: watch::Receiver<u64>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
@@ -127,6 +154,9 @@ async fn accept_loop(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         faults.connections.fetch_add(1, Ordering::SeqCst);
+        let Ok(upstream) = faults.upstream.lock().map(|u| *u) else {
+            continue;
+        };
         let (faults, resets) = (Arc::clone(&faults), resets.clone());
         tokio::spawn(async move {
             if let Ok(server) = TcpStream::connect(upstream).await {
@@ -160,8 +190,8 @@ async fn connection(
     };
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = pump(cr, sw, Arc::clone(&faults));
-    let down = pump(sr, cw, Arc::clone(&faults));
+    let up = pump(cr, sw, Arc::clone(&faults), false);
+    let down = pump(sr, cw, Arc::clone(&faults), true);
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
         _ = resets.changed() => {
@@ -170,21 +200,48 @@ async fn connection(
     }
 }
 
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, faults: Arc<Faults>) {
+/// Forwards `from` to `to`: a reader that stamps every chunk when it
+/// arrives, and a writer that sends it when it is due and no blackhole holds
+/// it. Splitting the two keeps chunks moving in parallel through a delay,
+/// and keeps a blackhole from losing anything.
+async fn pump(from: OwnedReadHalf, to: OwnedWriteHalf, faults: Arc<Faults>, response: bool) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::join!(read_side(from, tx), write_side(rx, to, faults, response));
+}
+
+async fn read_side(mut from: OwnedReadHalf, tx: mpsc::UnboundedSender<(Instant, Vec<u8>)>) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let delay = faults.delay_ms.load(Ordering::SeqCst);
+        if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+}
+
+async fn write_side(
+    mut rx: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    mut to: OwnedWriteHalf,
+    faults: Arc<Faults>,
+    response: bool,
+) {
+    let mut healed = faults.blackhole.subscribe();
+    while let Some((read_at, chunk)) = rx.recv().await {
+        let mut delay = faults.delay_ms.load(Ordering::SeqCst);
+        if response {
+            delay = delay.saturating_add(faults.response_delay_ms.load(Ordering::SeqCst));
+        }
         if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
+            tokio::time::sleep_until(read_at + Duration::from_millis(delay)).await;
         }
-        if faults.blackhole.load(Ordering::SeqCst) {
-            continue;
+        // Held, not dropped, while the blackhole lasts.
+        if healed.wait_for(|on| !*on).await.is_err() {
+            break;
         }
-        if to.write_all(&buf[..n]).await.is_err() {
+        if to.write_all(&chunk).await.is_err() {
             break;
         }
     }
@@ -240,6 +297,17 @@ mod tests {
             "blackholed bytes arrived"
         );
         proxy.blackhole(false);
+        // The held ping arrives after healing: nothing was dropped.
+        let mut held = [0u8; 4];
+        timeout(Duration::from_secs(2), s.read_exact(&mut held))
+            .await
+            .expect("held bytes arrive after healing")
+            .expect("read");
+        assert_eq!(&held, b"ping");
+        assert!(
+            round_trip(&mut s, short).await.is_some(),
+            "the blackholed connection works after healing"
+        );
         let mut fresh = TcpStream::connect(proxy.addr()).await.expect("connect");
         assert!(
             round_trip(&mut fresh, short).await.is_some(),
@@ -282,6 +350,43 @@ mod tests {
                 .await
                 .is_some(),
             "accepted after resume"
+        );
+    }
+
+    #[tokio::test]
+    async fn delays_responses_in_parallel_and_switches_upstream() {
+        let proxy = FaultProxy::start(echo_server().await).await.expect("proxy");
+        let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
+        proxy.set_response_delay(Duration::from_millis(200));
+        // Two pings sent together come back together, one delay later.
+        let start = Instant::now();
+        s.write_all(b"pi").await.expect("write");
+        s.write_all(b"ng").await.expect("write");
+        let mut buf = [0u8; 4];
+        timeout(Duration::from_secs(2), s.read_exact(&mut buf))
+            .await
+            .expect("delayed echo")
+            .expect("read");
+        let rtt = start.elapsed();
+        assert!(
+            rtt >= Duration::from_millis(200) && rtt < Duration::from_millis(390),
+            "response delay of 200 ms gave {rtt:?}"
+        );
+        proxy.set_response_delay(Duration::ZERO);
+
+        // A second server: new connections go there, open ones stay.
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+        let other = listener.local_addr().expect("addr");
+        proxy.set_upstream(other);
+        let _fresh = TcpStream::connect(proxy.addr()).await.expect("connect");
+        let accepted = timeout(Duration::from_secs(2), listener.accept()).await;
+        assert!(
+            accepted.is_ok(),
+            "a new connection reached the new upstream"
+        );
+        assert!(
+            round_trip(&mut s, Duration::from_secs(1)).await.is_some(),
+            "an open connection keeps its server"
         );
     }
 }

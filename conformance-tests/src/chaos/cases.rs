@@ -156,7 +156,8 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
         ..Row::default()
     };
     for i in 0..target.iterations {
-        // A fresh connection each time: a blackhole drops bytes mid-stream.
+        // A fresh connection each time, so iterations do not share a
+        // stream that a partition held back.
         let via = ctx
             .factory()
             .replica_via(proxy.addr())

@@ -44,6 +44,21 @@ impl Resource {
         ok
     }
 
+    /// Every accepted write: when, and under which token.
+    pub(super) fn accepted(&self) -> Vec<(Instant, u64)> {
+        self.accepted.lock().expect("resource lock").clone()
+    }
+
+    /// Accepted writes made at or after some acquisition (`at`, `token`)
+    /// with a newer token: writes a fenced store should have refused, for
+    /// cases with many successive holders of one name.
+    pub(super) fn stale_after_any(&self, acquisitions: &[(Instant, u64)]) -> usize {
+        self.accepted()
+            .iter()
+            .filter(|(at, token)| acquisitions.iter().any(|(a, t)| t > token && a <= at))
+            .count()
+    }
+
     /// Writes accepted under a token older than `newer` at or after `since`:
     /// a stale holder's writes that landed after its successor got the lock.
     pub(super) fn stale_accepted(&self, newer: u64, since: Instant) -> usize {

@@ -9,10 +9,14 @@
 mod cases;
 mod churn;
 mod clock;
+mod failover;
 pub mod figures;
+mod flap;
 mod holder;
+mod latency;
 mod pause;
 mod procs;
+mod restart;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -35,10 +39,12 @@ const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
 
+fn redis_prefix(run_id: &str) -> String {
+    format!("lock-chaos:{run_id}:")
+}
+
 fn redis_factory(run_id: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
-    Ok(Arc::new(redis::private_factory(&format!(
-        "lock-chaos:{run_id}:"
-    ))?))
+    Ok(Arc::new(redis::private_factory(&redis_prefix(run_id))?))
 }
 
 fn etcd_factory(_: &str) -> Result<Arc<dyn BackendFactory>, BoxError> {
@@ -101,6 +107,45 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                 })
             },
         ));
+        let flap_id = run_id.to_owned();
+        out.push(Trial::test(format!("{backend}::chaos_flap"), move || {
+            run(make, &flap_id, "chaos_flap", move |ctx| {
+                flap::flap(ctx, target)
+            })
+        }));
+        let latency_id = run_id.to_owned();
+        let probe = match backend {
+            "redis" => latency::Probe::Redis(redis_prefix(run_id)),
+            _ => latency::Probe::Etcd,
+        };
+        out.push(Trial::test(
+            format!("{backend}::chaos_latency"),
+            move || {
+                run(make, &latency_id, "chaos_latency", move |ctx| {
+                    latency::latency(ctx, target, probe)
+                })
+            },
+        ));
+        if backend == "redis" {
+            let (failover_id, prefix) = (run_id.to_owned(), redis_prefix(run_id));
+            out.push(Trial::test(
+                format!("{backend}::chaos_failover"),
+                move || {
+                    run(make, &failover_id, "chaos_failover", move |ctx| {
+                        failover::failover(ctx, target, prefix)
+                    })
+                },
+            ));
+            let (restart_id, prefix) = (run_id.to_owned(), redis_prefix(run_id));
+            out.push(Trial::test(
+                format!("{backend}::chaos_restart"),
+                move || {
+                    run(make, &restart_id, "chaos_restart", move |ctx| {
+                        restart::restart(ctx, target, prefix)
+                    })
+                },
+            ));
+        }
         let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), bins.holder.clone());
         out.push(Trial::test(
             format!("{backend}::chaos_holder_pause"),

@@ -21,6 +21,45 @@ pub fn start_plain() -> Result<ServerProcess, BoxError> {
     })
 }
 
+/// Starts `redis-server` as a replica of the private server on
+/// `127.0.0.1:primary`, also without persistence. Replication is
+/// asynchronous; wait for [`replica_link_up`] before relying on it.
+pub fn start_replica_of(primary: u16) -> Result<ServerProcess, BoxError> {
+    let program = which("redis-server").ok_or("redis-server is not on PATH")?;
+    let primary = primary.to_string();
+    ServerProcess::start(ServerSpec {
+        program,
+        args: args(&["--port", "{port}", "--replicaof", "127.0.0.1", &primary]),
+        run_as: None,
+        ready_timeout: Duration::from_secs(10),
+    })
+}
+
+/// Waits (at most `within`) until the replica on `127.0.0.1:port` reports
+/// `master_link_status:up`.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
+pub async fn replica_link_up(port: u16, within: Duration) -> Result<(), BoxError> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut c)
+            .await?;
+        if info.contains("master_link_status:up") {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= until {
+            return Err(format!("the replica on {port} did not link up within {within:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Starts a TLS-only `redis-server` with the certificates
 /// [`make_certificates`] wrote into `dir` under `stem`.
 pub fn start_tls(dir: &Path, stem: &str) -> Result<ServerProcess, BoxError> {

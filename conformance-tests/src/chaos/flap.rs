@@ -1,0 +1,298 @@
+//! X4: the proxy resets every connection every 500 ms while holders in
+//! separate replicas acquire, write, renew and release through it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{Error, LockName, LockOptions, LossReason};
+use tokio::task::JoinSet;
+use tokio::time::{sleep, sleep_until, Instant};
+
+use super::figures::{self, Row};
+use super::holder::Resource;
+use super::Target;
+use crate::observe::OverlapObserver;
+use crate::proxy::FaultProxy;
+use crate::{Ctx, Replica};
+
+/// How often the proxy resets every connection.
+const FLAP_EVERY: Duration = Duration::from_millis(500);
+/// Replicas contending through the proxy, and the names they share.
+const REPLICAS: usize = 3;
+const NAMES: usize = 2;
+/// Pause between guarded writes, and between attempts on a busy name.
+const WRITE_EVERY: Duration = Duration::from_millis(10);
+const RETRY_EVERY: Duration = Duration::from_millis(20);
+/// Upper bound on cycles per worker, whatever the duration.
+const MAX_CYCLES: usize = 5_000;
+
+/// One name's shared resource, holders' sections and acquisitions.
+#[derive(Debug, Default)]
+struct Shared {
+    resource: Resource,
+    sections: OverlapObserver,
+    acquisitions: Mutex<Vec<(Instant, u64)>>,
+}
+
+/// What the workers saw.
+#[derive(Debug, Default)]
+struct Seen {
+    cycles: usize,
+    writes: usize,
+    acquire_errors: usize,
+    release_errors: usize,
+    /// Losses while the server was never told to drop anything.
+    losses: Vec<(LossReason, Duration)>,
+    max_blocked: Duration,
+}
+
+/// Tasks alive on this runtime, and file descriptors open in this process.
+fn footprint() -> (usize, usize) {
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+    (tasks, fds)
+}
+
+/// Waits (bounded) for tasks and descriptors to come back to `baseline`;
+/// the footprint at the end.
+pub(super) async fn settle_to(baseline: (usize, usize), within: Duration) -> (usize, usize) {
+    let until = Instant::now() + within;
+    loop {
+        let now = footprint();
+        if (now.0 <= baseline.0 && now.1 <= baseline.1) || Instant::now() >= until {
+            return now;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How long the flapping lasts: about 10 s in smoke, 60 s under `CHAOS_SOAK`.
+pub(super) fn flap_for() -> Duration {
+    let scale = u32::try_from(figures::iterations(1)).unwrap_or(u32::MAX);
+    (Duration::from_secs(10) * scale).min(Duration::from_secs(60))
+}
+
+async fn worker(
+    replica: Replica,
+    names: Arc<Vec<(LockName, Arc<Shared>)>>,
+    opts: LockOptions,
+    seed: usize,
+    until: Instant,
+    last_reset: Arc<Mutex<Instant>>,
+    seen: Arc<Mutex<Seen>>,
+) {
+    for cycle in 0..MAX_CYCLES {
+        if Instant::now() >= until {
+            break;
+        }
+        let (name, shared) = &names[(seed + cycle) % names.len()];
+        let asked = Instant::now();
+        let attempt = replica.locker.try_lock(name, &opts).await;
+        let blocked = asked.elapsed();
+        let guard = match attempt {
+            Ok(g) => g,
+            Err(Error::Contended { .. } | Error::HeldLocally { .. }) => {
+                sleep(RETRY_EVERY).await;
+                continue;
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, Error::Unavailable { .. }),
+                    "acquire failed with {e}"
+                );
+                {
+                    let mut s = seen.lock().expect("seen");
+                    s.acquire_errors += 1;
+                    s.max_blocked = s.max_blocked.max(blocked);
+                }
+                sleep(RETRY_EVERY).await;
+                continue;
+            }
+        };
+        let token = guard.fencing_token().expect("the backend fences");
+        shared
+            .acquisitions
+            .lock()
+            .expect("acquisitions")
+            .push((Instant::now(), token));
+        shared.sections.enter();
+        // Hold across several renewals and resets: 1 to 3 renew intervals.
+        let hold = opts.renew_interval() * (1 + u32::try_from((seed + cycle) % 3).unwrap_or(0));
+        let hold_until = (Instant::now() + hold).min(until);
+        let mut writes = 0;
+        let mut lost = None;
+        while Instant::now() < hold_until {
+            let deadline = guard.remaining_validity().map(|r| Instant::now() + r);
+            if guard.assert_held().is_err() {
+                let reason = guard.loss_reason().expect("a lost lease has a reason");
+                let since_reset = last_reset.lock().map_or(Duration::ZERO, |r| r.elapsed());
+                lost = Some((reason, since_reset));
+                break;
+            }
+            shared.resource.log.record(Instant::now(), deadline);
+            shared.resource.write(token);
+            writes += 1;
+            sleep(WRITE_EVERY).await;
+        }
+        shared.sections.exit();
+        let released_at = Instant::now();
+        let released = guard.release().await;
+        let blocked = released_at.elapsed();
+        let mut s = seen.lock().expect("seen");
+        s.cycles += 1;
+        s.writes += writes;
+        s.max_blocked = s.max_blocked.max(blocked);
+        match (lost, released) {
+            (Some(loss), _) => s.losses.push(loss),
+            (None, Err(Error::LockLost { reason, .. })) => {
+                // Lost between the last write and the release.
+                s.losses.push((reason, Duration::ZERO));
+            }
+            (None, Err(_)) => s.release_errors += 1,
+            (None, Ok(())) => {}
+        }
+    }
+}
+
+/// X4 on the backend behind `ctx`.
+pub(super) async fn flap(ctx: Ctx, target: Target) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let upstream = ctx.factory().server_addr().expect("a loopback server");
+    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let direct = ctx.replica().await;
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        let via = ctx
+            .factory()
+            .replica_via(proxy.addr())
+            .await
+            .expect("connects through the proxy")
+            .expect("the backend can be proxied");
+        replicas.push(ctx.replica_over(via));
+    }
+    let names: Arc<Vec<(LockName, Arc<Shared>)>> = Arc::new(
+        (0..NAMES)
+            .map(|i| (ctx.name(&format!("flap-{i}")), Arc::new(Shared::default())))
+            .collect(),
+    );
+    // Warm up every replica's connections (and the leak probe's), holding
+    // across a renewal so that renewal streams exist, then take the baseline.
+    for r in replicas.iter().chain([&direct]) {
+        let g = r
+            .locker
+            .try_lock(&names[0].0, &opts)
+            .await
+            .expect("healthy acquire through the proxy");
+        sleep(opts.renew_interval() * 3 / 2).await;
+        g.release().await.expect("healthy release");
+    }
+    sleep(opts.renew_interval()).await;
+    let baseline = footprint();
+
+    let duration = flap_for();
+    let started = Instant::now();
+    let until = started + duration;
+    let last_reset = Arc::new(Mutex::new(started));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut workers = JoinSet::new();
+    for (seed, r) in replicas.iter().enumerate() {
+        workers.spawn(worker(
+            r.clone(),
+            Arc::clone(&names),
+            opts.clone(),
+            seed,
+            until,
+            Arc::clone(&last_reset),
+            Arc::clone(&seen),
+        ));
+    }
+    let mut resets = 0;
+    let mut next = started + FLAP_EVERY;
+    while next < until {
+        sleep_until(next).await;
+        proxy.reset_all();
+        *last_reset.lock().expect("last reset") = Instant::now();
+        resets += 1;
+        next += FLAP_EVERY;
+    }
+    let mut panics = Vec::new();
+    let joined_by = until + ttl * 2 + target.op_timeout * 2;
+    while let Ok(Some(done)) = tokio::time::timeout_at(joined_by, workers.join_next()).await {
+        if let Err(e) = done {
+            panics.push(e.to_string());
+        }
+    }
+    assert!(workers.is_empty(), "a worker did not stop in time");
+    let ended = Instant::now();
+
+    // One TTL after the end, nothing may still be held.
+    sleep_until(ended + ttl + tol).await;
+    let mut leaked = 0;
+    for (name, _) in names.iter() {
+        leaked += match direct.locker.try_lock(name, &opts).await {
+            Ok(g) => {
+                g.release().await.expect("release of the leak probe");
+                0
+            }
+            Err(Error::Contended { .. }) => 1,
+            Err(e) => panic!("leak probe failed: {e}"),
+        };
+    }
+    let after = settle_to(baseline, ttl * 2).await;
+
+    let seen = Arc::try_unwrap(seen)
+        .map(|m| m.into_inner().expect("seen"))
+        .unwrap_or_else(|arc| std::mem::take(&mut *arc.lock().expect("seen")));
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: "chaos_flap".to_owned(),
+        iterations: seen.cycles,
+        faults: resets,
+        writes: seen.writes,
+        leaked,
+        max_blocked: Some(seen.max_blocked),
+        ..Row::default()
+    };
+    for (_, shared) in names.iter() {
+        let acquisitions = shared.acquisitions.lock().expect("acquisitions").clone();
+        row.stale_accepts += shared.resource.stale_after_any(&acquisitions);
+        row.after_deadline += shared.resource.log.after_deadline();
+        row.overlaps += usize::try_from(shared.sections.overlaps()).unwrap_or(usize::MAX);
+    }
+    row.abort = seen.losses.iter().map(|(_, since)| *since).collect();
+    let summary = format!(
+        "{row:?}; false aborts {:?}; acquire errors {}, release errors {}; tasks {} -> {}, fds {} -> {}",
+        seen.losses, seen.acquire_errors, seen.release_errors, baseline.0, after.0, baseline.1, after.1
+    );
+    eprintln!("{} chaos_flap: {summary}", row.backend);
+    figures::record(row.clone());
+    assert!(panics.is_empty(), "workers panicked: {panics:?}");
+    assert!(
+        row.iterations > 0,
+        "no lock cycle completed in {duration:?} of flapping: {summary}"
+    );
+    // A false abort is only allowed as "the renewals could not get through
+    // before the local deadline": a backend error at the deadline. Anything
+    // else (expired, stolen) means the server dropped a lease nobody let lapse.
+    for (reason, _) in &seen.losses {
+        assert_eq!(
+            *reason,
+            LossReason::BackendError,
+            "a lease was lost with no fault on the server: {summary}"
+        );
+    }
+    // Raw overlaps are reported, not asserted: a holder notices its
+    // deadline at its next write, a scheduling delay after it.
+    assert!(
+        row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0,
+        "unsafe writes or leaks: {summary}"
+    );
+    assert!(
+        after.0 <= baseline.0 && after.1 <= baseline.1,
+        "tasks or sockets above the baseline after the end: {summary}"
+    );
+}
