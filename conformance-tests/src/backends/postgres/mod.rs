@@ -9,6 +9,7 @@ mod saboteur;
 pub mod server;
 mod specific;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,6 +153,28 @@ impl BackendFactory for PostgresFactory {
         )))
     }
 
+    /// The private server's address (starting it if needed); `None` for
+    /// `DATABASE_URL`, which the suite must not put a proxy in front of.
+    fn server_addr(&self) -> Option<SocketAddr> {
+        match &self.source {
+            Source::Private(p) => p
+                .get()
+                .ok()
+                .map(|s| SocketAddr::from(([127, 0, 0, 1], s.port()))),
+            Source::Env(_) => None,
+        }
+    }
+
+    async fn replica_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Option<Arc<dyn LockBackend>>, BoxError> {
+        let url = format!("postgres://postgres@{addr}/postgres");
+        Ok(Some(Arc::new(
+            PostgresBackend::connect(self.builder_for(&url)?.build()?).await?,
+        )))
+    }
+
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
         let port = free_port().ok()?;
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
@@ -179,6 +202,22 @@ pub fn factory(run: &str) -> Availability<Arc<PostgresFactory>> {
         ))),
         None => Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
     }
+}
+
+/// A factory on a private server of its own, started on first use: the
+/// fault suite freezes, cuts and kills its sessions, so it never uses
+/// `DATABASE_URL`.
+///
+/// # Errors
+///
+/// If there is no Postgres server binary.
+pub fn private_factory(run: &str) -> Result<Arc<PostgresFactory>, BoxError> {
+    server::bindir().ok_or("no Postgres server binary (pg_config --bindir)")?;
+    Ok(Arc::new(PostgresFactory::new(
+        "postgres",
+        Source::Private(Arc::default()),
+        run,
+    )))
 }
 
 /// Adds every conformance case and the Postgres-specific trials, for the
