@@ -2,14 +2,16 @@
 //! servers, each case asserting that a fenced resource accepted no stale
 //! write and that no guarded write happened after the holder's deadline.
 //!
-//! Every trial starts its own server, since it freezes or partitions it,
-//! and the trials run one at a time so that their timing bounds do not
+//! Every trial starts its own server, since it freezes or partitions it
+//! (the Postgres trials share one: each freezes, cuts or kills only its own
+//! sessions), and the trials run one at a time so that their timing bounds do not
 //! compete for the CPU. Figures go to [`figures::table`].
 
 mod cases;
 pub mod figures;
 mod holder;
 mod pause;
+mod pg;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -105,6 +107,7 @@ pub fn trials(run_id: &str, holder: &Path) -> Vec<Trial> {
             },
         ));
     }
+    out.extend(pg::trials(run_id, holder));
     out
 }
 
@@ -114,6 +117,20 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let factory = make(run_id).map_err(|e| Failed::from(format!("no server: {e}")))?;
+    run_on(factory, run_id, case, body)
+}
+
+/// Runs one case on its own runtime against `factory`'s server.
+fn run_on<F, Fut>(
+    factory: Arc<dyn BackendFactory>,
+    run_id: &str,
+    case: &str,
+    body: F,
+) -> Result<(), Failed>
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let ctx = Ctx::new(Arc::clone(&factory), run_id, case);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

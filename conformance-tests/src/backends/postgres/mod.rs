@@ -17,6 +17,8 @@ use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_postgres::{PostgresBackend, PostgresConfig, PostgresConfigBuilder};
 
+pub(crate) use faults::Frozen;
+pub(crate) use partition::{client_port, nft_installed, Blackhole};
 pub use saboteur::{holder_pid, plain_session, terminate, PgSaboteur};
 pub use server::PrivatePostgres;
 
