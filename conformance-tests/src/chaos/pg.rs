@@ -489,9 +489,10 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
 /// the server meanwhile, so the server's TCP hears nothing (the proxy's
 /// kernel would otherwise answer its keepalives). The successor connects
 /// directly and waits from the moment of the cut. The holder aborts by its
-/// local deadline; the server frees the lock only when its keepalive and
-/// `tcp_user_timeout` give up on the silent peer (or, after healing, when
-/// the holder's closed socket is seen), strictly after the abort.
+/// local deadline; the server frees the lock when its keepalive and
+/// `tcp_user_timeout` (set by the library from `max_ttl`: 3 s here) give up
+/// on the silent peer: within that timeout of the cut, strictly after the
+/// abort.
 async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
@@ -503,6 +504,9 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
     let mut row = new_row(&ctx, "chaos_partition");
     let mut freed = Vec::new();
+    // What the library sets on its session (see lock-postgres): the server
+    // gives up on a silent peer this long after it last heard from it.
+    let user_timeout = Duration::from_secs(setup.config.max_ttl().as_secs_f64().ceil() as u64 + 1);
     for i in 0..iterations {
         // A fresh connection each time: a blackhole drops bytes mid-stream.
         let (backend, holder_rep) = replica_at(&f, &ctx, &via).await;
@@ -540,6 +544,12 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             acquired_at - fault_at
         );
         freed.push(acquired_at - fault_at);
+        assert!(
+            acquired_at <= fault_at + user_timeout + tol,
+            "the server freed the silent holder's lock only {:?} after the cut \
+             (tcp_user_timeout {user_timeout:?})",
+            acquired_at - fault_at
+        );
         let token = succ.handle().fencing_token().expect("fenced");
         sleep(opts.renew_interval() * 2).await;
         assert!(
@@ -610,6 +620,7 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let bound = opts.renew_interval() + setup.config.statement_timeout();
     let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
     let mut row = new_row(&ctx, "chaos_session_kill");
+    let mut detection: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     for i in 0..iterations {
         for in_renewal in [false, true] {
             let (_, holder_rep) = replica_at(&f, &ctx, &setup.url).await;
@@ -680,6 +691,7 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
                 .expect("the holder learns of the kill within renew interval + op timeout");
             row.abort.push(lost_at - killed_at);
             row.detection.push(lost_at - killed_at);
+            detection[usize::from(in_renewal)].push(lost_at - killed_at);
             assert!(
                 matches!(reason, LossReason::Expired | LossReason::Stolen),
                 "a killed session is reported as {reason}"
@@ -708,5 +720,10 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         }
     }
     row.iterations = iterations;
+    println!(
+        "postgres::chaos_session_kill: holder aborted {} after an idle kill, {} after a kill during renewal",
+        spread(&detection[0]),
+        spread(&detection[1])
+    );
     finish(row);
 }
