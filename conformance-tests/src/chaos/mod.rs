@@ -29,7 +29,8 @@ pub use cases::Target;
 /// Smoke iterations per case; `CHAOS_SOAK` multiplies them.
 const SMOKE_ITERATIONS: usize = 3;
 
-/// Longest one chaos trial may run before it counts as hung.
+/// Longest one chaos trial may run before it counts as hung, at smoke size
+/// (it grows with `CHAOS_SOAK`).
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
@@ -136,13 +137,17 @@ where
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let limit = u32::try_from(figures::iterations(1))
+        .ok()
+        .and_then(|soak| TRIAL_TIMEOUT.checked_mul(soak))
+        .unwrap_or(Duration::MAX);
     let outcome = rt.block_on(async move {
         let task = tokio::spawn(body(ctx));
-        match tokio::time::timeout(TRIAL_TIMEOUT, task).await {
+        match tokio::time::timeout(limit, task).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(panic)) => Err(Failed::from(panic_message(panic))),
             Err(_) => Err(Failed::from(format!(
-                "case did not finish within {TRIAL_TIMEOUT:?}"
+                "case did not finish within {limit:?}"
             ))),
         }
     });
