@@ -148,6 +148,27 @@ impl Setup {
         }
     }
 
+    /// Whether server process `pid` has left `pg_stat_activity` within
+    /// `within`: its session ended, and with it every lock it held.
+    async fn session_ends(&self, pid: i32, within: Duration) -> bool {
+        let give_up = Instant::now() + within;
+        loop {
+            let alive = self
+                .inspector
+                .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+                .await
+                .expect("pg_stat_activity can be read")
+                .is_some();
+            if !alive {
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The server process holding `key`, from `pg_locks`.
     async fn holder_of(&self, key: AdvisoryKey) -> Option<i32> {
         holder_pid(&self.inspector, key)
@@ -449,6 +470,10 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         );
         after_thaw.push(acquired_at - thaw_sent);
         assert!(
+            setup.session_ends(pid, op_timeout).await,
+            "the frozen session outlived its thaw: the library kept a session it gave up on"
+        );
+        assert!(
             acquired_at <= thaw_sent + op_timeout + tol,
             "the successor acquired {:?} after the thaw",
             acquired_at - thaw_sent
@@ -551,6 +576,10 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             acquired_at - fault_at
         );
         let token = succ.handle().fencing_token().expect("fenced");
+        assert!(
+            setup.session_ends(pid, tol).await,
+            "the partitioned session still exists after its lock was freed"
+        );
         sleep(opts.renew_interval() * 2).await;
         assert!(
             holder.handle.assert_held().is_err(),
