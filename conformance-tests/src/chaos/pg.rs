@@ -16,8 +16,9 @@
 //! TTL backend hands the lock to a successor while its holder is stopped or
 //! cut off, Postgres must not; and once the holder's own deadline has passed
 //! the library must let go of the server lock, not leave it orphaned behind a
-//! session nobody trusts. Each case asserts both, besides the suite's I2
-//! (no stale write accepted) and I5 (no guarded write after the deadline).
+//! session nobody trusts. The pause, stall and partition cases assert
+//! both; every case asserts the suite's I2 (no stale write accepted) and I5
+//! (no guarded write after the deadline), and that no lock is left behind.
 
 use std::future::Future;
 use std::net::SocketAddr;
