@@ -65,6 +65,13 @@ pub trait BackendFactory: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The URL `scheduler::connect` reaches this factory's server by, for
+    /// cases that run the library in another process (`None`: in-process
+    /// only).
+    fn connect_url(&self) -> Option<String> {
+        None
+    }
+
     /// The private server process, when the suite started one (to pause,
     /// kill or restart it).
     fn server_process(&self) -> Option<&crate::harness::ServerProcess> {

@@ -23,7 +23,7 @@ pub struct Target {
     pub scheme: &'static str,
 }
 
-fn check_no_leak(
+pub(super) fn check_no_leak(
     successor: &Replica,
     name: &LockName,
     opts: &LockOptions,
@@ -43,7 +43,7 @@ fn check_no_leak(
 
 /// The successor takes `name` (waiting out the old lease), writes once under
 /// its token, and returns when it acquired and its guard.
-async fn successor_takes(
+pub(super) async fn successor_takes(
     successor: &Replica,
     name: &LockName,
     opts: &LockOptions,

@@ -71,8 +71,10 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
     let lib =
         libfaketime().expect("libfaketime is installed (apt-get install faketime libfaketime)");
     let ttl = ctx.timing().ttl;
-    let addr = ctx.factory().server_addr().expect("a loopback server");
-    let url = format!("{}://{addr}", target.scheme);
+    let url = ctx
+        .factory()
+        .connect_url()
+        .expect("the server has a URL for other processes");
     let faults = target.iterations + 1;
     let run_ms = (LEAD_FOR + ttl * 4) * (u32::try_from(faults).unwrap_or(8) + 2);
     let args = vec![

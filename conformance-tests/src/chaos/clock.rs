@@ -46,8 +46,10 @@ pub(super) async fn holder_clock_step(ctx: Ctx, target: Target, holder: &Path) {
     let opts = lock_core::LockOptions::new(ttl);
     let (interval, drift) = (opts.renew_interval(), opts.drift());
     let max_hold = ttl * 3 + ttl / 2;
-    let addr = ctx.factory().server_addr().expect("a loopback server");
-    let url = format!("{}://{addr}", target.scheme);
+    let url = ctx
+        .factory()
+        .connect_url()
+        .expect("the server has a URL for other processes");
     let mut row = Row {
         backend: ctx.factory().name().to_owned(),
         case: "chaos_clock_step_holder".to_owned(),
@@ -143,12 +145,14 @@ pub(super) async fn holder_clock_step(ctx: Ctx, target: Target, holder: &Path) {
 /// may run twice, and the two replicas with a true clock must keep running
 /// every instant between the first and the last run (a step on one replica
 /// must not stop the others).
-pub(super) async fn scheduler_clock_step(ctx: Ctx, target: Target, replica: &Path) {
+pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
     let lib =
         libfaketime().expect("libfaketime is installed (apt-get install faketime libfaketime)");
     let ttl = ctx.timing().ttl;
-    let addr = ctx.factory().server_addr().expect("a loopback server");
-    let url = format!("{}://{addr}", target.scheme);
+    let url = ctx
+        .factory()
+        .connect_url()
+        .expect("the server has a URL for other processes");
     let phase = Duration::from_secs(3);
     let plan = [-STEP_S, 0, STEP_S, 0];
     let run_for = phase * (u32::try_from(plan.len()).unwrap_or(4) + 2);

@@ -2,8 +2,9 @@
 //! servers, each case asserting that a fenced resource accepted no stale
 //! write and that no guarded write happened after the holder's deadline.
 //!
-//! Every trial starts its own server, since it freezes or partitions it,
-//! and the trials run one at a time so that their timing bounds do not
+//! Every trial starts its own server, since it freezes or partitions it
+//! (the Postgres trials share one: each freezes, cuts or kills only its own
+//! sessions), and the trials run one at a time so that their timing bounds do not
 //! compete for the CPU. Figures go to [`figures::table`].
 
 mod cases;
@@ -15,6 +16,7 @@ mod flap;
 mod holder;
 mod latency;
 mod pause;
+mod pg;
 mod procs;
 mod restart;
 
@@ -34,7 +36,8 @@ pub use cases::Target;
 /// Smoke iterations per case; `CHAOS_SOAK` multiplies them.
 const SMOKE_ITERATIONS: usize = 3;
 
-/// Longest one chaos trial may run before it counts as hung.
+/// Longest one chaos trial may run before it counts as hung, at smoke size
+/// (it grows with `CHAOS_SOAK`).
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
@@ -183,7 +186,7 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                     &sched_id,
                     "chaos_clock_step_scheduler",
                     move |ctx| async move {
-                        clock::scheduler_clock_step(ctx, target, &replica).await;
+                        clock::scheduler_clock_step(ctx, &replica).await;
                     },
                 )
             },
@@ -203,6 +206,7 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
             },
         ));
     }
+    out.extend(pg::trials(run_id, bins));
     out
 }
 
@@ -212,18 +216,36 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let factory = make(run_id).map_err(|e| Failed::from(format!("no server: {e}")))?;
+    run_on(factory, run_id, case, body)
+}
+
+/// Runs one case on its own runtime against `factory`'s server.
+fn run_on<F, Fut>(
+    factory: Arc<dyn BackendFactory>,
+    run_id: &str,
+    case: &str,
+    body: F,
+) -> Result<(), Failed>
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let ctx = Ctx::new(Arc::clone(&factory), run_id, case);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let limit = u32::try_from(figures::iterations(1))
+        .ok()
+        .and_then(|soak| TRIAL_TIMEOUT.checked_mul(soak))
+        .unwrap_or(Duration::MAX);
     let outcome = rt.block_on(async move {
         let task = tokio::spawn(body(ctx));
-        match tokio::time::timeout(TRIAL_TIMEOUT, task).await {
+        match tokio::time::timeout(limit, task).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(panic)) => Err(Failed::from(panic_message(panic))),
             Err(_) => Err(Failed::from(format!(
-                "case did not finish within {TRIAL_TIMEOUT:?}"
+                "case did not finish within {limit:?}"
             ))),
         }
     });

@@ -19,12 +19,29 @@ use super::Target;
 use crate::Ctx;
 
 /// The holder's reports, read line by line with a bound on each wait.
-struct Reports {
+pub(super) struct Reports {
     lines: Lines<BufReader<ChildStdout>>,
 }
 
 impl Reports {
-    async fn next(&mut self, within: Duration) -> Option<String> {
+    /// Reads the reports of a holder from its piped stdout.
+    pub(super) fn new(stdout: ChildStdout) -> Self {
+        Self {
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The next line if one comes `within`; `None` if none does (the
+    /// holder is stopped, or has nothing to say).
+    pub(super) async fn poll(&mut self, within: Duration) -> Option<String> {
+        tokio::time::timeout(within, self.lines.next_line())
+            .await
+            .ok()
+            .and_then(|line| line.expect("the holder's stdout reads"))
+    }
+
+    /// The next line, failing the case if none comes `within`.
+    pub(super) async fn next(&mut self, within: Duration) -> Option<String> {
         tokio::time::timeout(within, self.lines.next_line())
             .await
             .expect("the holder reports in time")
@@ -32,7 +49,7 @@ impl Reports {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
+pub(super) fn signal(child: &Child, sig: &str) {
     let pid = child.id().expect("the holder runs");
     let status = std::process::Command::new("kill")
         .arg(format!("-{sig}"))
@@ -43,7 +60,7 @@ fn signal(child: &Child, sig: &str) {
 }
 
 /// Applies one report; returns whether it was a write, and counts late ones.
-fn apply(line: &str, resource: &Resource, late: &mut usize) -> bool {
+pub(super) fn apply(line: &str, resource: &Resource, late: &mut usize) -> bool {
     let mut parts = line.split(' ');
     if parts.next() != Some("WRITE") {
         return false;
@@ -60,8 +77,10 @@ fn apply(line: &str, resource: &Resource, late: &mut usize) -> bool {
 pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let addr = ctx.factory().server_addr().expect("a loopback server");
-    let url = format!("{}://{addr}", target.scheme);
+    let url = ctx
+        .factory()
+        .connect_url()
+        .expect("the server has a URL for other processes");
     let successor = scheduler::connect(&url)
         .await
         .expect("the successor connects")
@@ -86,9 +105,7 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
             .spawn()
             .expect("the holder starts");
         let stdout = child.stdout.take().expect("piped stdout");
-        let mut reports = Reports {
-            lines: BufReader::new(stdout).lines(),
-        };
+        let mut reports = Reports::new(stdout);
         let first = reports.next(ttl * 5).await.expect("the holder reports");
         let token: u64 = first
             .strip_prefix("ACQUIRED ")

@@ -184,6 +184,11 @@ impl EtcdFactory {
 
 #[async_trait]
 impl BackendFactory for EtcdFactory {
+    fn connect_url(&self) -> Option<String> {
+        let first = self.endpoints().ok()?.into_iter().next()?;
+        Some(first.replacen("http://", "etcd://", 1))
+    }
+
     fn name(&self) -> &str {
         self.name
     }

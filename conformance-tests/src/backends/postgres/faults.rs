@@ -19,10 +19,11 @@ use crate::BoxError;
 
 /// Sends SIGCONT to a stopped process when dropped, so a failing trial never
 /// leaves a server process frozen.
-struct Frozen(i32);
+pub(crate) struct Frozen(i32);
 
 impl Frozen {
-    fn stop(pid: i32) -> Result<Self, BoxError> {
+    /// Stops process `pid` (SIGSTOP) until the guard is dropped.
+    pub(crate) fn stop(pid: i32) -> Result<Self, BoxError> {
         signal("STOP", pid)?;
         Ok(Self(pid))
     }

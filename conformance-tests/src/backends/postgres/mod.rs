@@ -9,6 +9,7 @@ mod saboteur;
 pub mod server;
 mod specific;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,11 +17,16 @@ use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_postgres::{PostgresBackend, PostgresConfig, PostgresConfigBuilder};
 
+pub(crate) use faults::Frozen;
+pub(crate) use partition::{client_port, nft_installed, Blackhole};
 pub use saboteur::{holder_pid, plain_session, terminate, PgSaboteur};
 pub use server::PrivatePostgres;
 
 use crate::harness::{free_port, Availability};
 use crate::{BackendFactory, BoxError, Saboteur, Suite, Timing};
+
+/// The statement timeout the cases configure: the longest a call may block.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The TTL the cases use; renewal runs every 500 ms.
 pub const TTL: Duration = Duration::from_millis(1500);
@@ -107,7 +113,7 @@ impl PostgresFactory {
             .namespace(self.namespace.clone())
             .application_name(self.app.clone())
             .connect_timeout(Duration::from_secs(3))
-            .statement_timeout(Duration::from_secs(1))
+            .statement_timeout(OP_TIMEOUT)
             .max_ttl(Duration::from_secs(2)))
     }
 
@@ -118,6 +124,10 @@ impl PostgresFactory {
 
 #[async_trait]
 impl BackendFactory for PostgresFactory {
+    fn connect_url(&self) -> Option<String> {
+        self.url().ok()
+    }
+
     fn name(&self) -> &str {
         self.name
     }
@@ -152,6 +162,28 @@ impl BackendFactory for PostgresFactory {
         )))
     }
 
+    /// The private server's address (starting it if needed); `None` for
+    /// `DATABASE_URL`, which the suite must not put a proxy in front of.
+    fn server_addr(&self) -> Option<SocketAddr> {
+        match &self.source {
+            Source::Private(p) => p
+                .get()
+                .ok()
+                .map(|s| SocketAddr::from(([127, 0, 0, 1], s.port()))),
+            Source::Env(_) => None,
+        }
+    }
+
+    async fn replica_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Option<Arc<dyn LockBackend>>, BoxError> {
+        let url = format!("postgres://postgres@{addr}/postgres");
+        Ok(Some(Arc::new(
+            PostgresBackend::connect(self.builder_for(&url)?.build()?).await?,
+        )))
+    }
+
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
         let port = free_port().ok()?;
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
@@ -179,6 +211,22 @@ pub fn factory(run: &str) -> Availability<Arc<PostgresFactory>> {
         ))),
         None => Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
     }
+}
+
+/// A factory on a private server of its own, started on first use: the
+/// fault suite freezes, cuts and kills its sessions, so it never uses
+/// `DATABASE_URL`.
+///
+/// # Errors
+///
+/// If there is no Postgres server binary.
+pub fn private_factory(run: &str) -> Result<Arc<PostgresFactory>, BoxError> {
+    server::bindir().ok_or("no Postgres server binary (pg_config --bindir)")?;
+    Ok(Arc::new(PostgresFactory::new(
+        "postgres",
+        Source::Private(Arc::default()),
+        run,
+    )))
 }
 
 /// Adds every conformance case and the Postgres-specific trials, for the

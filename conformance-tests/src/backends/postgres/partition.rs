@@ -15,19 +15,20 @@ use crate::harness::which;
 use crate::BoxError;
 
 /// Whether `nft` is installed.
-pub(super) fn nft_installed() -> bool {
+pub(crate) fn nft_installed() -> bool {
     which("nft").is_some() || std::path::Path::new("/usr/sbin/nft").is_file()
 }
 
 /// An nftables table that drops one TCP connection's packets both ways;
 /// deleted when dropped. Matching both ports keeps it from touching any
 /// other connection.
-struct Blackhole {
+pub(crate) struct Blackhole {
     table: String,
 }
 
 impl Blackhole {
-    fn cut(a: u16, b: u16) -> Result<Self, BoxError> {
+    /// Drops every packet between loopback ports `a` and `b`, both ways.
+    pub(crate) fn cut(a: u16, b: u16) -> Result<Self, BoxError> {
         let table = format!("lock_ct_{a}_{b}");
         let hole = Self { table };
         let t = &hole.table;
@@ -72,7 +73,7 @@ fn nft(args: &[&str]) -> Result<(), BoxError> {
 }
 
 /// The client port of the server process `pid`'s connection, from `ss`.
-fn client_port(server_port: u16, pid: i32) -> Result<u16, BoxError> {
+pub(crate) fn client_port(server_port: u16, pid: i32) -> Result<u16, BoxError> {
     let out = Command::new("ss")
         .args(["-tnHp", "state", "established"])
         .arg(format!("( sport = :{server_port} )"))

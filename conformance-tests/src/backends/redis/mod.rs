@@ -99,6 +99,10 @@ pub fn config_for(url: &str) -> Result<RedisConfig, BoxError> {
 
 #[async_trait]
 impl BackendFactory for RedisFactory {
+    fn connect_url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+
     fn name(&self) -> &str {
         self.name
     }

@@ -1,0 +1,792 @@
+//! Postgres in the fault suite, against one private server shared by its
+//! trials (never `DATABASE_URL`: the cases freeze, cut and kill sessions):
+//!
+//! - X1 `chaos_holder_pause`: a `chaos-holder` process is stopped for
+//!   1.5 × TTL;
+//! - X2 `chaos_server_stall`: the holder's server process (its backend, found
+//!   in `pg_locks`) is stopped for 1.5 × TTL;
+//! - X3 `chaos_partition`: the holder's connection runs through the fault
+//!   proxy, which blackholes it for 2 × TTL while nftables drops the proxy's
+//!   leg to the server, so that the server hears nothing either;
+//! - X8 `chaos_session_kill`: `pg_terminate_backend` of the holder's session
+//!   at a random idle point, and while a renewal is in flight.
+//!
+//! Postgres locks are session-scoped: the server keeps a lock for as long as
+//! the session that took it is open, whatever the client's TTL says. Where a
+//! TTL backend hands the lock to a successor while its holder is stopped or
+//! cut off, Postgres must not; and once the holder's own deadline has passed
+//! the library must let go of the server lock, not leave it orphaned behind a
+//! session nobody trusts. The pause, stall and partition cases assert
+//! both; every case asserts the suite's I2 (no stale write accepted) and I5
+//! (no guarded write after the deadline), and that no lock is left behind.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
+use lock_core::{Error, LockGuard, LockName, LockOptions, LossReason, RenewalOutcome};
+use lock_postgres::{AdvisoryKey, PostgresBackend, PostgresConfig, PostgresConfigBuilder};
+use prometheus::Registry;
+use tokio::process::Command;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, Instant};
+use tokio_postgres::Client;
+
+use super::cases::{check_no_leak, successor_takes};
+use super::figures::{self, Row};
+use super::holder::{Holder, Resource};
+use super::pause::{apply, signal, Reports};
+use crate::backends::postgres::{
+    self as pg, client_port, holder_pid, nft_installed, plain_session, terminate, Blackhole,
+    Frozen, PostgresFactory,
+};
+use crate::harness::in_ci;
+use crate::proxy::FaultProxy;
+use crate::{BackendFactory, Ctx, Replica};
+
+/// Smoke iterations per case (X8 kills twice per iteration).
+const SMOKE_ITERATIONS: usize = 3;
+
+/// The `application_name` of the cases' inspecting session.
+const INSPECTOR: &str = "lock-ct-chaos-inspector";
+
+/// The Postgres chaos trials, sharing one private server that starts with
+/// the first of them and stops when the last is done.
+pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
+    let factory = match pg::private_factory(run_id) {
+        Ok(f) => f,
+        Err(e) => return unavailable(format!("postgres: {e}")),
+    };
+    let iterations = figures::iterations(SMOKE_ITERATIONS);
+    let holder = bins.holder.clone();
+    let mut out = vec![
+        trial("chaos_holder_pause", &factory, run_id, move |f, ctx| {
+            holder_pause(f, ctx, iterations, holder)
+        }),
+        trial("chaos_server_stall", &factory, run_id, move |f, ctx| {
+            server_stall(f, ctx, iterations)
+        }),
+    ];
+    if nft_installed() {
+        out.push(trial("chaos_partition", &factory, run_id, move |f, ctx| {
+            partition(f, ctx, iterations)
+        }));
+    } else {
+        let msg = "postgres::chaos_partition: nft is not installed (apt-get install nftables)";
+        if in_ci() {
+            out.push(Trial::test("postgres::chaos_partition", move || {
+                Err(msg.into())
+            }));
+        } else {
+            eprintln!("!!! SKIPPING {msg}");
+        }
+    }
+    out.push(trial(
+        "chaos_session_kill",
+        &factory,
+        run_id,
+        move |f, ctx| session_kill(f, ctx, iterations),
+    ));
+    let target = super::Target {
+        op_timeout: pg::OP_TIMEOUT,
+        iterations,
+        scheme: "postgres",
+    };
+    let holder = bins.holder.clone();
+    out.push(trial(
+        "chaos_clock_step_holder",
+        &factory,
+        run_id,
+        move |_, ctx| async move {
+            super::clock::holder_clock_step(ctx, target, &holder).await;
+        },
+    ));
+    let replica = bins.replica.clone();
+    out.push(trial(
+        "chaos_clock_step_scheduler",
+        &factory,
+        run_id,
+        move |_, ctx| async move {
+            super::clock::scheduler_clock_step(ctx, &replica).await;
+        },
+    ));
+    let replica = bins.replica.clone();
+    out.push(trial(
+        "chaos_leader_churn",
+        &factory,
+        run_id,
+        move |_, ctx| async move {
+            super::churn::leader_churn(ctx, target, &replica).await;
+        },
+    ));
+    out
+}
+
+fn unavailable(msg: String) -> Vec<Trial> {
+    if in_ci() {
+        vec![Trial::test("postgres::chaos_server_available", move || {
+            Err(msg.into())
+        })]
+    } else {
+        eprintln!("!!! SKIPPING postgres CHAOS CASES: {msg}");
+        Vec::new()
+    }
+}
+
+fn trial<F, Fut>(case: &'static str, factory: &Arc<PostgresFactory>, run_id: &str, body: F) -> Trial
+where
+    F: FnOnce(Arc<PostgresFactory>, Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (f, run_id) = (Arc::clone(factory), run_id.to_owned());
+    Trial::test(format!("postgres::{case}"), move || {
+        // Started here, outside the case's runtime: it blocks for seconds.
+        f.private_started()
+            .map_err(|e| Failed::from(format!("no server: {e}")))?;
+        let as_dyn: Arc<dyn BackendFactory> = f.clone();
+        super::run_on(as_dyn, &run_id, case, move |ctx| body(f, ctx))
+    })
+}
+
+/// What every case sets up: the server's URL, the suite's configuration
+/// (for key mapping and the op timeout) and an inspecting session.
+struct Setup {
+    url: String,
+    config: PostgresConfig,
+    inspector: Client,
+    port: u16,
+}
+
+impl Setup {
+    async fn new(f: &PostgresFactory) -> Self {
+        let url = f.url().expect("the private server runs");
+        let config = f
+            .builder_for(&url)
+            .expect("configuration")
+            .build()
+            .expect("the configuration builds");
+        let inspector = plain_session(&url, INSPECTOR)
+            .await
+            .expect("the inspector connects");
+        let port = f.private_started().expect("started").port();
+        Self {
+            url,
+            config,
+            inspector,
+            port,
+        }
+    }
+
+    /// Whether server process `pid` has left `pg_stat_activity` within
+    /// `within`: its session ended, and with it every lock it held.
+    async fn session_ends(&self, pid: i32, within: Duration) -> bool {
+        let give_up = Instant::now() + within;
+        loop {
+            let alive = self
+                .inspector
+                .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+                .await
+                .expect("pg_stat_activity can be read")
+                .is_some();
+            if !alive {
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The server process holding `key`, from `pg_locks`.
+    async fn holder_of(&self, key: AdvisoryKey) -> Option<i32> {
+        holder_pid(&self.inspector, key)
+            .await
+            .expect("pg_locks can be read")
+    }
+}
+
+/// A replica of its own over the suite's configuration at `url`.
+async fn replica_at(f: &PostgresFactory, ctx: &Ctx, url: &str) -> (Arc<PostgresBackend>, Replica) {
+    let config = f
+        .builder_for(url)
+        .expect("configuration")
+        .build()
+        .expect("the configuration builds");
+    let backend = Arc::new(
+        PostgresBackend::connect(config)
+            .await
+            .expect("the replica connects"),
+    );
+    let replica = ctx.replica_over(backend.clone());
+    (backend, replica)
+}
+
+fn new_row(ctx: &Ctx, case: &str) -> Row {
+    Row {
+        backend: ctx.factory().name().to_owned(),
+        case: case.to_owned(),
+        ..Row::default()
+    }
+}
+
+/// The successor, waiting in the background for `name` (up to `wait`) and
+/// writing once under its token when it gets it.
+fn successor_waits(
+    successor: &Replica,
+    name: &LockName,
+    opts: &LockOptions,
+    wait: Duration,
+    resource: &Arc<Resource>,
+) -> JoinHandle<(Instant, LockGuard)> {
+    let (s, n, o, r) = (
+        successor.clone(),
+        name.clone(),
+        opts.clone(),
+        Arc::clone(resource),
+    );
+    tokio::spawn(async move { successor_takes(&s, &n, &o, wait, &r).await })
+}
+
+/// `min/p50/max` in milliseconds.
+fn spread(samples: &[Duration]) -> String {
+    let mut ms: Vec<u128> = samples.iter().map(Duration::as_millis).collect();
+    ms.sort_unstable();
+    match (ms.first(), ms.get(ms.len() / 2), ms.last()) {
+        (Some(lo), Some(mid), Some(hi)) => format!("{lo}/{mid}/{hi} ms"),
+        _ => "-".to_owned(),
+    }
+}
+
+fn finish(row: Row) {
+    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    let summary = format!("{row:?}");
+    figures::record(row);
+    assert!(ok, "unsafe writes or leaks: {summary}");
+}
+
+/// X1: the holder process is stopped for 1.5 × TTL. Its session stays open
+/// (the kernel keeps its socket), so the server keeps the lock: the
+/// successor is refused for the whole pause. After the thaw the holder's
+/// first guard fails (its local deadline passed while it was stopped), and
+/// its heartbeat releases the server lock even though the job still holds
+/// its guard (it lingers for a TTL before releasing): the successor gets the
+/// lock within the tolerance, before the holder lets go or exits.
+async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, holder: PathBuf) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let setup = Setup::new(&f).await;
+    // The holder and the successor connect as a user of the library would,
+    // with the default configuration; the key follows from it.
+    let default_config = PostgresConfigBuilder::from_url(&setup.url)
+        .and_then(PostgresConfigBuilder::build)
+        .expect("the default configuration builds");
+    let successor = scheduler::connect(&setup.url)
+        .await
+        .expect("the successor connects")
+        .locker(&Registry::new())
+        .expect("locker");
+    let opts = LockOptions::new(ttl);
+    let mut row = new_row(&ctx, "chaos_holder_pause");
+    let mut handed_over = Vec::new();
+    for i in 0..iterations {
+        let name = ctx.name(&format!("pause-{i}"));
+        let key = default_config.key_for(&name);
+        let resource = Arc::new(Resource::default());
+        let mut child = Command::new(&holder)
+            .arg(&setup.url)
+            .arg(name.as_str())
+            .arg(ttl.as_millis().to_string())
+            .arg((ttl * 10).as_millis().to_string())
+            .arg("--linger-ms")
+            .arg(ttl.as_millis().to_string())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the holder starts");
+        let mut reports = Reports::new(child.stdout.take().expect("piped stdout"));
+        let first = reports.next(ttl * 5).await.expect("the holder reports");
+        let token: u64 = first
+            .strip_prefix("ACQUIRED ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("expected ACQUIRED, got {first:?}"));
+        let (mut late, mut writes) = (0, 0);
+        let healthy_until = Instant::now() + ttl / 2;
+        while Instant::now() < healthy_until {
+            let line = reports.next(ttl).await.expect("a write");
+            writes += usize::from(apply(&line, &resource, &mut late));
+        }
+        let pid = setup
+            .holder_of(key)
+            .await
+            .expect("pg_locks shows the holder's session");
+        signal(&child, "STOP");
+        let stopped_at = Instant::now();
+        row.faults += 1;
+        let thaw_at = stopped_at + ttl * 3 / 2;
+        // Writes made before the stop are applied now, so that everything
+        // read after the thaw was done after it.
+        while let Some(line) = reports.poll(Duration::from_millis(100)).await {
+            assert!(
+                apply(&line, &resource, &mut late),
+                "a stopped holder reported {line:?}"
+            );
+            writes += 1;
+        }
+        // Session-scoped: nobody else gets the lock while the holder is stopped.
+        let mut refusals = 0;
+        while Instant::now() + Duration::from_millis(200) < thaw_at {
+            match successor.try_lock(&name, &opts).await {
+                Err(Error::Contended { .. }) => refusals += 1,
+                Ok(_) => panic!("the lock of a stopped (connected) holder was handed out"),
+                Err(e) => panic!("the successor's try failed: {e}"),
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+        assert!(refusals > 0, "the successor never tried during the pause");
+        assert_eq!(
+            setup.holder_of(key).await,
+            Some(pid),
+            "the stopped holder's session keeps the lock"
+        );
+        sleep_until(thaw_at).await;
+        let waiter = {
+            let (s, n, o) = (successor.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move {
+                let guard = s
+                    .lock(&n, &o.with_acquire_timeout(ttl * 4))
+                    .await
+                    .expect("the successor acquires after the thaw");
+                (Instant::now(), guard)
+            })
+        };
+        let resumed_at = Instant::now();
+        signal(&child, "CONT");
+        let lost_line = reports
+            .next(ttl)
+            .await
+            .expect("the holder reports after the thaw");
+        let lost_seen = Instant::now();
+        assert!(
+            lost_line.starts_with("LOST"),
+            "the first guard after the thaw passed: {lost_line:?}"
+        );
+        let abort = lost_seen - resumed_at;
+        row.abort.push(abort);
+        assert!(
+            abort <= tol,
+            "the holder saw its loss {abort:?} after the thaw"
+        );
+        let (acquired_at, guard) = waiter.await.expect("successor task");
+        let still_running = child.try_wait().expect("try_wait").is_none();
+        handed_over.push(acquired_at.saturating_duration_since(resumed_at));
+        assert!(
+            still_running,
+            "the successor got the lock only once the holder process had exited"
+        );
+        assert!(
+            acquired_at <= resumed_at + tol,
+            "the successor acquired {:?} after the thaw",
+            acquired_at - resumed_at
+        );
+        if acquired_at < lost_seen {
+            row.overlaps += 1;
+        }
+        let succ_token = guard.handle().fencing_token().expect("fenced");
+        assert!(succ_token > token, "the successor's token is newer");
+        assert!(resource.write(succ_token), "the successor writes");
+        let status = tokio::time::timeout(ttl * 3, child.wait())
+            .await
+            .expect("the holder exits after its linger")
+            .expect("wait");
+        assert!(status.success(), "the holder exited with {status}");
+        while let Some(line) = reports.poll(Duration::from_millis(50)).await {
+            assert!(
+                !apply(&line, &resource, &mut late),
+                "the holder wrote after its loss"
+            );
+        }
+        guard
+            .handle()
+            .verify()
+            .await
+            .expect("the successor still holds");
+        guard.release().await.expect("successor releases");
+        row.writes += writes;
+        row.stale_accepts += resource.stale_accepted(succ_token, acquired_at);
+        row.after_deadline += late;
+        row.leaked += match successor.try_lock(&name, &opts).await {
+            Ok(g) => {
+                g.release().await.expect("release of the leak probe");
+                0
+            }
+            Err(Error::Contended { .. }) => 1,
+            Err(e) => panic!("leak probe failed: {e}"),
+        };
+    }
+    row.iterations = iterations;
+    println!(
+        "postgres::chaos_holder_pause: successor acquired {} after the thaw",
+        spread(&handed_over)
+    );
+    finish(row);
+}
+
+/// X2: the holder's server process is stopped (SIGSTOP) for 1.5 × TTL. Calls
+/// on that session give up by the op timeout; the holder aborts by its
+/// local deadline with `backend_error`; the frozen session keeps the lock,
+/// so the successor, waiting from the moment of the freeze, gets it only
+/// after the thaw, and then within the op timeout.
+async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let setup = Setup::new(&f).await;
+    let op_timeout = setup.config.statement_timeout();
+    let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
+    let mut row = new_row(&ctx, "chaos_server_stall");
+    let mut after_thaw = Vec::new();
+    for i in 0..iterations {
+        let (backend, holder_rep) = replica_at(&f, &ctx, &setup.url).await;
+        let name = ctx.name(&format!("stall-{i}"));
+        let key = setup.config.key_for(&name);
+        let resource = Arc::new(Resource::default());
+        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
+        sleep(ttl / 2).await;
+        assert!(holder.handle.is_held(), "healthy before the fault");
+        let pid = setup
+            .holder_of(key)
+            .await
+            .expect("pg_locks shows the holder's session");
+        assert_eq!(
+            Some(pid),
+            backend.session_pid().await.ok(),
+            "pg_locks names the holder's own session"
+        );
+        let fault_at = Instant::now();
+        let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
+        let frozen = Frozen::stop(pid).expect("SIGSTOP the holder's server process");
+        row.faults += 1;
+        let thaw_at = fault_at + ttl * 3 / 2;
+        let waiter = successor_waits(&successor, &name, &opts, ttl * 4, &resource);
+        // Another call on the frozen session gives up in time.
+        let probe_name = ctx.name(&format!("stall-probe-{i}"));
+        let call_at = Instant::now();
+        let probe = holder_rep.locker.try_lock(&probe_name, &opts).await;
+        let blocked = call_at.elapsed();
+        assert!(probe.is_err(), "nothing is granted by a frozen session");
+        row.max_blocked = row.max_blocked.max(Some(blocked));
+        let lost = holder.lost_by(thaw_at).await;
+        assert_eq!(
+            setup.holder_of(key).await,
+            Some(pid),
+            "the frozen (not dead) session keeps its lock"
+        );
+        sleep_until(thaw_at).await;
+        let thaw_sent = Instant::now();
+        drop(frozen);
+        let (lost_at, reason) = lost.expect("the holder aborted while its session was frozen");
+        row.abort.push(lost_at - fault_at);
+        assert!(
+            lost_at <= deadline + tol,
+            "abort {:?} after the deadline ({reason})",
+            lost_at - deadline
+        );
+        assert_eq!(reason, LossReason::BackendError, "why the holder aborted");
+        let (acquired_at, succ) = waiter.await.expect("successor task");
+        assert!(
+            acquired_at > thaw_sent,
+            "the lock of a frozen session was handed out"
+        );
+        after_thaw.push(acquired_at - thaw_sent);
+        assert!(
+            setup.session_ends(pid, op_timeout).await,
+            "the frozen session outlived its thaw: the library kept a session it gave up on"
+        );
+        assert!(
+            acquired_at <= thaw_sent + op_timeout + tol,
+            "the successor acquired {:?} after the thaw",
+            acquired_at - thaw_sent
+        );
+        let token = succ.handle().fencing_token().expect("fenced");
+        assert!(token > holder.token, "the successor's token is newer");
+        let (old, writes) = holder.writes(ttl).await;
+        assert!(writes > 0, "the holder wrote before the fault");
+        assert!(
+            old.release().await.is_err(),
+            "the lost holder cannot release"
+        );
+        succ.handle()
+            .verify()
+            .await
+            .expect("the successor still holds");
+        succ.release().await.expect("successor releases");
+        row.writes += writes;
+        row.stale_accepts += resource.stale_accepted(token, acquired_at);
+        row.after_deadline += resource.log.after_deadline();
+        row.leaked += check_no_leak(&successor, &name, &opts).await;
+        row.leaked += usize::from(setup.holder_of(key).await.is_some());
+        assert!(
+            blocked <= op_timeout + tol,
+            "a call blocked {blocked:?} on the frozen session"
+        );
+    }
+    row.iterations = iterations;
+    println!(
+        "postgres::chaos_server_stall: successor acquired {} after the thaw",
+        spread(&after_thaw)
+    );
+    finish(row);
+}
+
+/// X3: the holder reaches the server through the fault proxy, which
+/// blackholes the connection for 2 × TTL; nftables drops the proxy's leg to
+/// the server meanwhile, so the server's TCP hears nothing (the proxy's
+/// kernel would otherwise answer its keepalives). The successor connects
+/// directly and waits from the moment of the cut. The holder aborts by its
+/// local deadline; the server frees the lock when its keepalive and
+/// `tcp_user_timeout` (set by the library from `max_ttl`: 3 s here) give up
+/// on the silent peer: within that timeout of the cut, strictly after the
+/// abort.
+async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let setup = Setup::new(&f).await;
+    let upstream = SocketAddr::from(([127, 0, 0, 1], setup.port));
+    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let via = format!("postgres://postgres@{}/postgres", proxy.addr());
+    let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
+    let mut row = new_row(&ctx, "chaos_partition");
+    let mut freed = Vec::new();
+    // What the library sets on its session (see lock-postgres): the server
+    // gives up on a silent peer this long after it last heard from it.
+    let user_timeout = Duration::from_secs(setup.config.max_ttl().as_secs_f64().ceil() as u64 + 1);
+    for i in 0..iterations {
+        // A fresh connection each time: a blackhole drops bytes mid-stream.
+        let (backend, holder_rep) = replica_at(&f, &ctx, &via).await;
+        let name = ctx.name(&format!("partition-{i}"));
+        let key = setup.config.key_for(&name);
+        let resource = Arc::new(Resource::default());
+        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
+        sleep(ttl / 2).await;
+        assert!(holder.handle.is_held(), "healthy before the fault");
+        let pid = backend.session_pid().await.expect("the session's pid");
+        assert_eq!(setup.holder_of(key).await, Some(pid), "pg_locks");
+        let leg = tokio::task::block_in_place(|| client_port(setup.port, pid))
+            .expect("the proxy's port towards the server");
+        let fault_at = Instant::now();
+        let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
+        proxy.blackhole(true);
+        let hole = Blackhole::cut(leg, setup.port).expect("nft cuts the proxy's leg");
+        row.faults += 1;
+        let waiter = successor_waits(&successor, &name, &opts, ttl * 5, &resource);
+        let (lost_at, reason) = holder
+            .lost_by(deadline + tol)
+            .await
+            .expect("the holder aborts by its local deadline");
+        row.abort.push(lost_at - fault_at);
+        let renewed = holder_rep
+            .metrics
+            .renewals(name.as_str(), RenewalOutcome::Renewed);
+        sleep_until(fault_at + ttl * 2).await;
+        proxy.blackhole(false);
+        drop(hole);
+        let (acquired_at, succ) = waiter.await.expect("successor task");
+        assert!(
+            lost_at < acquired_at,
+            "the successor acquired {:?} after the cut, before the holder aborted ({reason})",
+            acquired_at - fault_at
+        );
+        freed.push(acquired_at - fault_at);
+        assert!(
+            acquired_at <= fault_at + user_timeout + tol,
+            "the server freed the silent holder's lock only {:?} after the cut \
+             (tcp_user_timeout {user_timeout:?})",
+            acquired_at - fault_at
+        );
+        let token = succ.handle().fencing_token().expect("fenced");
+        assert!(
+            setup.session_ends(pid, tol).await,
+            "the partitioned session still exists after its lock was freed"
+        );
+        sleep(opts.renew_interval() * 2).await;
+        assert!(
+            holder.handle.assert_held().is_err(),
+            "the old lease stays lost after healing"
+        );
+        assert_eq!(
+            holder_rep
+                .metrics
+                .renewals(name.as_str(), RenewalOutcome::Renewed),
+            renewed,
+            "the old holder renewed after its loss"
+        );
+        let (old, writes) = holder.writes(ttl).await;
+        let release_at = Instant::now();
+        assert!(
+            old.release().await.is_err(),
+            "the lost holder cannot release"
+        );
+        row.max_blocked = row.max_blocked.max(Some(release_at.elapsed()));
+        succ.handle()
+            .verify()
+            .await
+            .expect("the successor still holds after healing");
+        succ.release().await.expect("successor releases");
+        row.writes += writes;
+        row.stale_accepts += resource.stale_accepted(token, acquired_at);
+        row.after_deadline += resource.log.after_deadline();
+        row.leaked += check_no_leak(&successor, &name, &opts).await;
+        row.leaked += usize::from(setup.holder_of(key).await.is_some());
+    }
+    row.iterations = iterations;
+    println!(
+        "postgres::chaos_partition: server freed the partitioned holder's lock {} after the cut",
+        spread(&freed)
+    );
+    finish(row);
+}
+
+/// Bytes waiting in the receive queue of server process `pid`'s socket.
+async fn recv_queue(port: u16, pid: i32) -> usize {
+    let out = Command::new("ss")
+        .args(["-tnHp", "state", "established"])
+        .arg(format!("( sport = :{port} )"))
+        .output()
+        .await
+        .expect("ss runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains(&format!("pid={pid},")))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|q| q.parse().ok())
+        .unwrap_or_else(|| panic!("ss shows no socket of pid {pid}:\n{text}"))
+}
+
+/// X8: the holder's session is killed with `pg_terminate_backend`, at a
+/// random idle point or while a renewal is in flight (the server process is
+/// stopped until the renewal is in its socket, then terminated and resumed).
+/// The successor starts at the kill, so it usually gets the lock before the
+/// holder knows (a raw overlap, reported); the fenced store must reject the
+/// holder's writes from the successor's first write on. The holder aborts
+/// within renew interval + op timeout of the kill.
+async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let setup = Setup::new(&f).await;
+    let bound = opts.renew_interval() + setup.config.statement_timeout();
+    let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
+    let mut row = new_row(&ctx, "chaos_session_kill");
+    let mut detection: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..iterations {
+        for in_renewal in [false, true] {
+            let (_, holder_rep) = replica_at(&f, &ctx, &setup.url).await;
+            let name = ctx.name(&format!("kill-{i}-{}", u8::from(in_renewal)));
+            let key = setup.config.key_for(&name);
+            let resource = Arc::new(Resource::default());
+            let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
+            // A random point within the first renewal intervals.
+            let span = u64::try_from(ttl.as_millis() / 2).unwrap_or(1).max(1);
+            sleep(ttl / 10 + Duration::from_millis(getrandom::u64().unwrap_or(0) % span)).await;
+            assert!(holder.handle.is_held(), "healthy before the kill");
+            let pid = setup
+                .holder_of(key)
+                .await
+                .expect("pg_locks shows the holder's session");
+            let killed_at = if in_renewal {
+                let frozen = Frozen::stop(pid).expect("SIGSTOP the session's process");
+                let give_up = Instant::now() + opts.renew_interval() + tol;
+                while recv_queue(setup.port, pid).await == 0 {
+                    assert!(
+                        Instant::now() < give_up,
+                        "no renewal reached the stopped session"
+                    );
+                    sleep(Duration::from_millis(5)).await;
+                }
+                // Without a wait: the process acts on it once resumed.
+                let sent: bool = setup
+                    .inspector
+                    .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+                    .await
+                    .expect("pg_terminate_backend")
+                    .get(0);
+                assert!(sent, "pg_terminate_backend({pid})");
+                let at = Instant::now();
+                drop(frozen);
+                at
+            } else {
+                let at = Instant::now();
+                terminate(&setup.inspector, pid)
+                    .await
+                    .expect("pg_terminate_backend");
+                at
+            };
+            row.faults += 1;
+            let waiter = {
+                let (s, n, o, r) = (
+                    successor.clone(),
+                    name.clone(),
+                    opts.clone(),
+                    Arc::clone(&resource),
+                );
+                tokio::spawn(async move {
+                    let guard = s
+                        .locker
+                        .lock(&n, &o.with_acquire_timeout(ttl * 2))
+                        .await
+                        .expect("the successor acquires after the kill");
+                    let acquired_at = Instant::now();
+                    let token = guard.handle().fencing_token().expect("fenced");
+                    assert!(r.write(token), "the successor's first write is accepted");
+                    // From here on the store knows the newer token.
+                    (acquired_at, Instant::now(), guard)
+                })
+            };
+            let (lost_at, reason) = holder
+                .lost_by(killed_at + bound + tol)
+                .await
+                .expect("the holder learns of the kill within renew interval + op timeout");
+            row.abort.push(lost_at - killed_at);
+            row.detection.push(lost_at - killed_at);
+            detection[usize::from(in_renewal)].push(lost_at - killed_at);
+            assert!(
+                matches!(reason, LossReason::Expired | LossReason::Stolen),
+                "a killed session is reported as {reason}"
+            );
+            let (acquired_at, fenced_from, succ) = waiter.await.expect("successor task");
+            if acquired_at < lost_at {
+                row.overlaps += 1;
+            }
+            let token = succ.handle().fencing_token().expect("fenced");
+            assert!(token > holder.token, "the successor's token is newer");
+            let (old, writes) = holder.writes(ttl).await;
+            assert!(
+                old.release().await.is_err(),
+                "the killed holder cannot release"
+            );
+            succ.handle()
+                .verify()
+                .await
+                .expect("the successor still holds");
+            succ.release().await.expect("successor releases");
+            row.writes += writes;
+            row.stale_accepts += resource.stale_accepted(token, fenced_from);
+            row.after_deadline += resource.log.after_deadline();
+            row.leaked += check_no_leak(&successor, &name, &opts).await;
+            row.leaked += usize::from(setup.holder_of(key).await.is_some());
+        }
+    }
+    row.iterations = iterations;
+    println!(
+        "postgres::chaos_session_kill: holder aborted {} after an idle kill, {} after a kill during renewal",
+        spread(&detection[0]),
+        spread(&detection[1])
+    );
+    finish(row);
+}
