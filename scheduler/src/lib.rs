@@ -4,8 +4,8 @@
 //! expression with optional seconds, a time zone, lock TTL and maximum hold,
 //! a missed-tick policy, and an async handler that receives a
 //! [`JobContext`]), starts it, and runs the same binary on N replicas. Every
-//! scheduled tick of a job then runs on one replica, whatever the replicas'
-//! clocks and crashes, within the limits below.
+//! scheduled tick of a job then runs to completion on one replica, whatever
+//! the replicas' clocks and crashes, within the limits below.
 //!
 //! # Two modes
 //!
@@ -38,6 +38,15 @@
 //!    only the latest tick, so within the tolerance the completion mark of
 //!    2. decides; a later tick finished by a replica whose clock is ahead does
 //!    not cancel an earlier one that nobody has run yet.)
+//!
+//! A run that is cut short is not finished: if its replica crashes, or loses
+//! the tick's lock (or the leadership) mid-run, its handler stops at once,
+//! nothing is recorded, and a replica that fires the tick later (its clock
+//! behind, or a new leader) may run it again. The first run has stopped by
+//! then: its guard failed at its local deadline, before the lock could be
+//! taken again. Handlers that must not repeat a partial effect should write
+//! under the run's fencing token ([`JobContext::fencing_token`]). A tick whose
+//! run finished, successfully or with an error, never runs again.
 //!
 //! # Clock skew
 //!
