@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::figures::{self, Row};
 use super::holder::Resource;
 use super::Target;
+use crate::mono::now_ns;
 use crate::Ctx;
 
 /// The holder's reports, read line by line with a bound on each wait.
@@ -100,6 +101,8 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
             .arg(name.as_str())
             .arg(ttl.as_millis().to_string())
             .arg((ttl * 10).as_millis().to_string())
+            // Lines end in CLOCK_MONOTONIC, for the overlap count (I1).
+            .env("CHAOS_HOLDER_TIMES", "1")
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -109,6 +112,7 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
         let first = reports.next(ttl * 5).await.expect("the holder reports");
         let token: u64 = first
             .strip_prefix("ACQUIRED ")
+            .and_then(|t| t.split(' ').next())
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("expected ACQUIRED, got {first:?}"));
         let (mut late, mut writes) = (0, 0);
@@ -126,6 +130,7 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
             .await
             .expect("the successor acquires while the holder is stopped");
         let acquired_at = Instant::now();
+        let acquired_mono = now_ns();
         let succ_token = guard.handle().fencing_token().expect("fenced");
         assert!(succ_token > token, "the successor's token is newer");
         assert!(resource.write(succ_token), "the successor writes");
@@ -150,6 +155,15 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
             lost_line.starts_with("LOST"),
             "the first failed guard: {lost_line:?}"
         );
+        // I1: the holder believed itself inside its section until it saw
+        // the loss; the successor entered before that. Expected of a paused
+        // holder; its writes are what must not land.
+        let lost_mono: u64 = lost_line
+            .rsplit(' ')
+            .next()
+            .and_then(|t| t.parse().ok())
+            .expect("a timed LOST line");
+        row.overlaps += usize::from(acquired_mono < lost_mono);
         assert!(
             abort <= tol,
             "the holder saw its loss {abort:?} after the thaw"
