@@ -114,6 +114,14 @@ pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
             super::clock::scheduler_clock_step(ctx, &replica).await;
         },
     ));
+    out.push(trial(
+        "chaos_flap",
+        &factory,
+        run_id,
+        move |_, ctx| async move {
+            super::flap::flap(ctx, target).await;
+        },
+    ));
     let replica = bins.replica.clone();
     out.push(trial(
         "chaos_leader_churn",
