@@ -36,6 +36,9 @@ pub const TTL: Duration = Duration::from_millis(1500);
 enum Source {
     Env(String),
     Private(Arc<PrivatePostgres>),
+    /// A container (the `docker` feature), removed with the factory.
+    #[cfg(feature = "docker")]
+    Container(Arc<crate::harness::docker::DockerServer>),
 }
 
 /// Makes Postgres replicas: each a backend with its own lock session.
@@ -79,6 +82,8 @@ impl PostgresFactory {
         match &self.source {
             Source::Env(url) => Ok(url.clone()),
             Source::Private(p) => Ok(p.get()?.url("postgres")),
+            #[cfg(feature = "docker")]
+            Source::Container(c) => Ok(c.url()),
         }
     }
 
@@ -86,13 +91,15 @@ impl PostgresFactory {
     pub fn private_started(&self) -> Result<&server::Started, BoxError> {
         match &self.source {
             Source::Private(p) => p.get(),
-            Source::Env(_) => Err("this factory uses DATABASE_URL, not a private server".into()),
+            _ => Err("this factory uses DATABASE_URL or a container, not a private server".into()),
         }
     }
 
     async fn url_async(&self) -> Result<String, BoxError> {
         match &self.source {
             Source::Env(url) => Ok(url.clone()),
+            #[cfg(feature = "docker")]
+            Source::Container(c) => Ok(c.url()),
             // Starting the server blocks for a few seconds, once per run.
             Source::Private(_) => {
                 use tokio::runtime::{Handle, RuntimeFlavor};
@@ -170,6 +177,8 @@ impl BackendFactory for PostgresFactory {
                 .get()
                 .ok()
                 .map(|s| SocketAddr::from(([127, 0, 0, 1], s.port()))),
+            #[cfg(feature = "docker")]
+            Source::Container(c) => Some(SocketAddr::from(([127, 0, 0, 1], c.port()))),
             Source::Env(_) => None,
         }
     }
@@ -209,8 +218,28 @@ pub fn factory(run: &str) -> Availability<Arc<PostgresFactory>> {
             Source::Private(Arc::default()),
             run,
         ))),
-        None => Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
+        None => docker_or("no Postgres server binary (pg_config --bindir)", run),
     }
+}
+
+#[cfg(feature = "docker")]
+fn docker_or(why: &str, run: &str) -> Availability<Arc<PostgresFactory>> {
+    use crate::harness::docker::{DockerServer, Kind};
+    match DockerServer::start(Kind::Postgres) {
+        Ok(c) => Availability::Ready(Arc::new(PostgresFactory::new(
+            "postgres",
+            Source::Container(Arc::new(c)),
+            run,
+        ))),
+        Err(e) => Availability::Missing(format!("{why}; {e}")),
+    }
+}
+
+#[cfg(not(feature = "docker"))]
+fn docker_or(why: &str, _run: &str) -> Availability<Arc<PostgresFactory>> {
+    Availability::Missing(format!(
+        "{why}; build with --features docker to start a container"
+    ))
 }
 
 /// A factory on a private server of its own, started on first use: the
@@ -244,13 +273,17 @@ pub fn register(suite: &mut Suite) {
             suite.add_server_backend("postgres", Availability::Ready(as_dyn));
             Some(factory)
         }
-        None => {
-            suite.add_server_backend(
-                "postgres",
-                Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
-            );
-            None
-        }
+        None => match docker_or("no Postgres server binary (pg_config --bindir)", &run) {
+            Availability::Ready(factory) => {
+                let as_dyn: Arc<dyn BackendFactory> = factory.clone();
+                suite.add_server_backend("postgres", Availability::Ready(as_dyn));
+                Some(factory)
+            }
+            Availability::Missing(why) => {
+                suite.add_server_backend("postgres", Availability::Missing(why));
+                None
+            }
+        },
     };
     let env = match std::env::var(lock_postgres::DATABASE_URL) {
         Ok(url) => {
