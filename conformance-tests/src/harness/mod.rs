@@ -6,6 +6,7 @@
 //! "none of these worked" into a failure under `CI=true` and a loud skip
 //! elsewhere, so a missing server is never silently passed over in CI.
 
+pub mod certs;
 #[cfg(feature = "docker")]
 pub mod docker;
 mod process;

@@ -1,6 +1,6 @@
 //! Private etcd servers for the tests: own data dir, own client and peer ports.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lock_etcd::{EtcdBackend, EtcdBuilder};
@@ -106,96 +106,4 @@ pub async fn connect_when_ready(builder: EtcdBuilder) -> Result<EtcdBackend, Box
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-}
-
-/// Test TLS material written by [`test_certs`].
-#[derive(Debug)]
-pub struct TestCerts {
-    /// The CA that signed the server certificate.
-    pub ca: PathBuf,
-    /// The server certificate (for 127.0.0.1 and localhost).
-    pub cert: PathBuf,
-    /// The server key.
-    pub key: PathBuf,
-    /// A second CA that signed nothing the server presents.
-    pub other_ca: PathBuf,
-}
-
-/// Writes a test CA, a server certificate for 127.0.0.1 and localhost signed
-/// by it, and an unrelated CA, into `dir`. (rustls refuses a self-signed CA
-/// certificate as a server certificate, so the server needs its own.)
-pub fn test_certs(dir: &Path) -> Result<TestCerts, BoxError> {
-    let p = |name: &str| dir.join(name);
-    let openssl = |args: &[&str]| -> Result<(), BoxError> {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .map_err(|e| format!("cannot run openssl: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "openssl {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-            .into())
-        }
-    };
-    for ca in ["ca", "other-ca"] {
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            &format!("/CN=lock-test {ca}"),
-            "-keyout",
-            &format!("{ca}-key.pem"),
-            "-out",
-            &format!("{ca}.pem"),
-        ])?;
-    }
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        "server-key.pem",
-        "-out",
-        "server.csr",
-    ])?;
-    std::fs::write(
-        p("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
-    )?;
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca-key.pem",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "server.ext",
-        "-out",
-        "server.pem",
-    ])?;
-    Ok(TestCerts {
-        ca: p("ca.pem"),
-        cert: p("server.pem"),
-        key: p("server-key.pem"),
-        other_ca: p("other-ca.pem"),
-    })
 }

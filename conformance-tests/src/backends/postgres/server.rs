@@ -170,33 +170,19 @@ impl UidGid for Command {
     }
 }
 
-/// A self-signed certificate for 127.0.0.1/localhost, installed as the
-/// server's; returns a copy for clients to trust.
+/// A CA-signed certificate for 127.0.0.1/localhost, installed as the
+/// server's; returns the CA for clients to trust.
 fn make_certificate(dir: &Path, data: &Path, uid: u32, gid: u32) -> Result<PathBuf, BoxError> {
+    let certs = crate::harness::certs::test_certs(dir, "server")?;
     let (crt, key) = (data.join("server.crt"), data.join("server.key"));
-    let out = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&crt)
-        .args(["-subj", "/CN=localhost"])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("openssl failed: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
+    std::fs::copy(&certs.cert, &crt)?;
+    std::fs::copy(&certs.key, &key)?;
     for f in [&crt, &key] {
         std::os::unix::fs::chown(f, Some(uid), Some(gid))?;
     }
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
-    let ca = dir.join("ca.pem");
-    std::fs::copy(&crt, &ca)?;
-    Ok(ca)
+    Ok(certs.ca)
 }
 
 fn wait_ready(bin: &Path, port: u16) -> Result<(), BoxError> {

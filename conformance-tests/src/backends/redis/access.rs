@@ -62,8 +62,9 @@ fn expect_kind(
 
 pub(super) async fn tls_self_signed(f: Arc<RedisFactory>) -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
-    let ca = server::make_certificates(dir.path(), "server")?;
-    let wrong_ca = server::make_certificates(dir.path(), "wrong")?;
+    let certs = crate::harness::certs::test_certs(dir.path(), "server")?;
+    let ca = certs.ca_pem()?;
+    let wrong_ca = std::fs::read(&certs.other_ca)?;
     let srv = server::start_tls(dir.path(), "server")?;
     let port = srv.port();
     for host in ["127.0.0.1", "localhost"] {

@@ -3,7 +3,6 @@
 //! [`crate::harness::docker`].)
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::harness::{which, ServerProcess, ServerSpec};
@@ -61,7 +60,7 @@ pub async fn replica_link_up(port: u16, within: Duration) -> Result<(), BoxError
 }
 
 /// Starts a TLS-only `redis-server` with the certificates
-/// [`make_certificates`] wrote into `dir` under `stem`.
+/// [`test_certs`](crate::harness::certs::test_certs) wrote into `dir` under `stem`.
 pub fn start_tls(dir: &Path, stem: &str) -> Result<ServerProcess, BoxError> {
     let program = which("redis-server").ok_or("redis-server is not on PATH")?;
     let cert = dir
@@ -114,85 +113,4 @@ fn args(extra: &[&str]) -> Vec<String> {
         .map(String::from),
     );
     a
-}
-
-/// Makes a self-signed CA `<stem>-ca.pem` and a server certificate
-/// `<stem>.pem` (key `<stem>-key.pem`) for `127.0.0.1`/`localhost` signed by
-/// it, and returns the CA's PEM. rustls refuses a CA certificate used as the
-/// server's own (`CaUsedAsEndEntity`), which is what a lone
-/// `openssl req -x509` makes, hence the two steps.
-pub fn make_certificates(dir: &Path, stem: &str) -> Result<Vec<u8>, BoxError> {
-    let p = |suffix: &str| {
-        dir.join(format!("{stem}{suffix}"))
-            .to_string_lossy()
-            .into_owned()
-    };
-    let ext = p(".ext");
-    std::fs::write(
-        &ext,
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
-    )?;
-    let ca_subject = format!("/CN=lock-test-ca-{stem}");
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        &p("-ca.key"),
-        "-out",
-        &p("-ca.pem"),
-        "-days",
-        "1",
-        "-subj",
-        &ca_subject,
-    ])?;
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        &p("-key.pem"),
-        "-out",
-        &p(".csr"),
-        "-subj",
-        "/CN=localhost",
-    ])?;
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &p(".csr"),
-        "-CA",
-        &p("-ca.pem"),
-        "-CAkey",
-        &p("-ca.key"),
-        "-CAcreateserial",
-        "-out",
-        &p(".pem"),
-        "-days",
-        "1",
-        "-extfile",
-        &ext,
-    ])?;
-    Ok(std::fs::read(p("-ca.pem"))?)
-}
-
-fn openssl(args: &[&str]) -> Result<(), BoxError> {
-    let out = Command::new("openssl")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run openssl: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "openssl {} failed: {}",
-            args.first().unwrap_or(&""),
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into())
-    }
 }

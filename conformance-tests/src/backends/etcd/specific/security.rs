@@ -228,7 +228,7 @@ pub(super) async fn tls_with_test_certificate(
     ctx: Ctx,
 ) -> Result<(), Failed> {
     let certs = tempfile::tempdir()?;
-    let c = server::test_certs(certs.path())?;
+    let c = crate::harness::certs::test_certs(certs.path(), "server")?;
     let srv = server::start(server::ServerTls {
         cert_and_key: Some((&c.cert, &c.key)),
     })?;
