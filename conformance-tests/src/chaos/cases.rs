@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{Error, LockName, LockOptions};
+use lock_core::{Error, LockGuard, LockName, LockOptions, Locker};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::figures::{self, Row};
@@ -23,22 +23,51 @@ pub struct Target {
     pub scheme: &'static str,
 }
 
-pub(super) fn check_no_leak(
-    successor: &Replica,
-    name: &LockName,
-    opts: &LockOptions,
-) -> impl std::future::Future<Output = usize> {
-    let (locker, name, opts) = (successor.locker.clone(), name.clone(), opts.clone());
-    async move {
-        match locker.try_lock(&name, &opts).await {
-            Ok(guard) => {
-                guard.release().await.expect("release of the leak probe");
-                0
-            }
-            Err(Error::Contended { .. }) => 1,
-            Err(e) => panic!("leak probe failed: {e}"),
+/// 1 if `name` is still held (by anyone) when `locker` tries it, else 0.
+pub(super) async fn leak_probe(locker: &Locker, name: &LockName, opts: &LockOptions) -> usize {
+    match locker.try_lock(name, opts).await {
+        Ok(guard) => {
+            guard.release().await.expect("release of the leak probe");
+            0
         }
+        Err(Error::Contended { .. }) => 1,
+        Err(e) => panic!("leak probe failed: {e}"),
     }
+}
+
+/// Where an iteration's lock went: the successor's locker and the name.
+pub(super) struct Handover<'a> {
+    /// The successor's locker (it also probes for a leak at the end).
+    pub locker: &'a Locker,
+    /// The lock.
+    pub name: &'a LockName,
+    /// Options for the leak probe.
+    pub opts: &'a LockOptions,
+}
+
+/// Ends an iteration in which `succ` took over from a holder that made
+/// `writes` guarded writes, `late` of them at or after its deadline: the
+/// successor must still hold and let go, and `row` counts the writes, the
+/// stale writes `resource` accepted after `since` (the successor's first
+/// fenced write or its acquire), the late ones, and a lock left behind.
+pub(super) async fn wind_down(
+    row: &mut Row,
+    h: Handover<'_>,
+    succ: LockGuard,
+    resource: &Resource,
+    since: Instant,
+    (writes, late): (usize, usize),
+) {
+    let token = succ.handle().fencing_token().expect("the backend fences");
+    succ.handle()
+        .verify()
+        .await
+        .expect("the successor still holds");
+    succ.release().await.expect("successor releases");
+    row.writes += writes;
+    row.stale_accepts += resource.stale_accepted(token, since);
+    row.after_deadline += late;
+    row.leaked += leak_probe(h.locker, h.name, h.opts).await;
 }
 
 /// The successor takes `name` (waiting out the old lease), writes once under
@@ -119,15 +148,13 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
             old.release().await.is_err(),
             "the lost holder cannot release"
         );
-        succ.handle()
-            .verify()
-            .await
-            .expect("the successor still holds");
-        succ.release().await.expect("successor releases");
-        row.writes += writes;
-        row.stale_accepts += resource.stale_accepted(token, acquired_at);
-        row.after_deadline += resource.log.after_deadline();
-        row.leaked += check_no_leak(&successor, &name, &opts).await;
+        let late = resource.log.after_deadline();
+        let h = Handover {
+            locker: &successor.locker,
+            name: &name,
+            opts: &opts,
+        };
+        wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
         assert!(
             blocked <= target.op_timeout + tol,
             "a call blocked {blocked:?} on the frozen server"
@@ -185,7 +212,6 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
             lost_at < acquired_at,
             "aborted ({reason:?}) before the successor acquired"
         );
-        let token = succ.handle().fencing_token().expect("fenced");
         sleep_until(fault_at + ttl * 2).await;
         proxy.blackhole(false);
         sleep(opts.renew_interval() * 2).await;
@@ -200,15 +226,13 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
             "the lost holder cannot release"
         );
         row.max_blocked = row.max_blocked.max(Some(release_at.elapsed()));
-        succ.handle()
-            .verify()
-            .await
-            .expect("the successor still holds after healing");
-        succ.release().await.expect("successor releases");
-        row.writes += writes;
-        row.stale_accepts += resource.stale_accepted(token, acquired_at);
-        row.after_deadline += resource.log.after_deadline();
-        row.leaked += check_no_leak(&successor, &name, &opts).await;
+        let late = resource.log.after_deadline();
+        let h = Handover {
+            locker: &successor.locker,
+            name: &name,
+            opts: &opts,
+        };
+        wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
     }
     row.iterations = target.iterations;
     let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;

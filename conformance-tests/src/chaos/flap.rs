@@ -233,14 +233,7 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
     sleep_until(ended + ttl + tol).await;
     let mut leaked = 0;
     for (name, _) in names.iter() {
-        leaked += match direct.locker.try_lock(name, &opts).await {
-            Ok(g) => {
-                g.release().await.expect("release of the leak probe");
-                0
-            }
-            Err(Error::Contended { .. }) => 1,
-            Err(e) => panic!("leak probe failed: {e}"),
-        };
+        leaked += super::cases::leak_probe(&direct.locker, name, &opts).await;
     }
     let after = settle_to(baseline, ttl * 2).await;
 

@@ -22,6 +22,7 @@ mod restart;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,9 @@ const SMOKE_ITERATIONS: usize = 3;
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
+
+/// A case's body, boxed so that the registration loop can hold any of them.
+type Body = Box<dyn FnOnce(Ctx) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 fn redis_prefix(run_id: &str) -> String {
     format!("lock-chaos:{run_id}:")
@@ -92,119 +96,72 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
             }
             continue;
         }
-        let stall_id = run_id.to_owned();
-        out.push(Trial::test(
-            format!("{backend}::chaos_server_stall"),
-            move || {
-                run(make, &stall_id, "chaos_server_stall", move |ctx| {
-                    cases::server_stall(ctx, target)
-                })
-            },
-        ));
-        let part_id = run_id.to_owned();
-        out.push(Trial::test(
-            format!("{backend}::chaos_partition"),
-            move || {
-                run(make, &part_id, "chaos_partition", move |ctx| {
-                    cases::partition(ctx, target)
-                })
-            },
-        ));
-        let flap_id = run_id.to_owned();
-        out.push(Trial::test(format!("{backend}::chaos_flap"), move || {
-            run(make, &flap_id, "chaos_flap", move |ctx| {
-                flap::flap(ctx, target)
-            })
-        }));
-        let latency_id = run_id.to_owned();
+        let mut add = |case: &'static str, body: Body| {
+            let run_id = run_id.to_owned();
+            out.push(Trial::test(format!("{backend}::{case}"), move || {
+                run(make, &run_id, case, body)
+            }));
+        };
+        add(
+            "chaos_server_stall",
+            Box::new(move |ctx| Box::pin(cases::server_stall(ctx, target))),
+        );
+        add(
+            "chaos_partition",
+            Box::new(move |ctx| Box::pin(cases::partition(ctx, target))),
+        );
+        add(
+            "chaos_flap",
+            Box::new(move |ctx| Box::pin(flap::flap(ctx, target))),
+        );
         let probe = match backend {
             "redis" => latency::Probe::Redis(redis_prefix(run_id)),
             _ => latency::Probe::Etcd,
         };
-        out.push(Trial::test(
-            format!("{backend}::chaos_latency"),
-            move || {
-                run(make, &latency_id, "chaos_latency", move |ctx| {
-                    latency::latency(ctx, target, probe)
-                })
-            },
-        ));
+        add(
+            "chaos_latency",
+            Box::new(move |ctx| Box::pin(latency::latency(ctx, target, probe))),
+        );
         if backend == "redis" {
-            let (failover_id, prefix) = (run_id.to_owned(), redis_prefix(run_id));
-            out.push(Trial::test(
-                format!("{backend}::chaos_failover"),
-                move || {
-                    run(make, &failover_id, "chaos_failover", move |ctx| {
-                        failover::failover(ctx, target, prefix)
-                    })
-                },
-            ));
-            let (restart_id, prefix) = (run_id.to_owned(), redis_prefix(run_id));
-            out.push(Trial::test(
-                format!("{backend}::chaos_restart"),
-                move || {
-                    run(make, &restart_id, "chaos_restart", move |ctx| {
-                        restart::restart(ctx, target, prefix)
-                    })
-                },
-            ));
+            let prefix = redis_prefix(run_id);
+            add(
+                "chaos_failover",
+                Box::new(move |ctx| Box::pin(failover::failover(ctx, target, prefix))),
+            );
+            let prefix = redis_prefix(run_id);
+            add(
+                "chaos_restart",
+                Box::new(move |ctx| Box::pin(restart::restart(ctx, target, prefix))),
+            );
         }
-        let (pause_id, holder): (String, PathBuf) = (run_id.to_owned(), bins.holder.clone());
-        out.push(Trial::test(
-            format!("{backend}::chaos_holder_pause"),
-            move || {
-                run(
-                    make,
-                    &pause_id,
-                    "chaos_holder_pause",
-                    move |ctx| async move {
-                        pause::holder_pause(ctx, target, &holder).await;
-                    },
-                )
-            },
-        ));
-        let (clock_id, holder) = (run_id.to_owned(), bins.holder.clone());
-        out.push(Trial::test(
-            format!("{backend}::chaos_clock_step_holder"),
-            move || {
-                run(
-                    make,
-                    &clock_id,
-                    "chaos_clock_step_holder",
-                    move |ctx| async move {
-                        clock::holder_clock_step(ctx, target, &holder).await;
-                    },
-                )
-            },
-        ));
-        let (sched_id, replica) = (run_id.to_owned(), bins.replica.clone());
-        out.push(Trial::test(
-            format!("{backend}::chaos_clock_step_scheduler"),
-            move || {
-                run(
-                    make,
-                    &sched_id,
-                    "chaos_clock_step_scheduler",
-                    move |ctx| async move {
-                        clock::scheduler_clock_step(ctx, &replica).await;
-                    },
-                )
-            },
-        ));
-        let (churn_id, replica) = (run_id.to_owned(), bins.replica.clone());
-        out.push(Trial::test(
-            format!("{backend}::chaos_leader_churn"),
-            move || {
-                run(
-                    make,
-                    &churn_id,
-                    "chaos_leader_churn",
-                    move |ctx| async move {
-                        churn::leader_churn(ctx, target, &replica).await;
-                    },
-                )
-            },
-        ));
+        let holder = bins.holder.clone();
+        add(
+            "chaos_holder_pause",
+            Box::new(move |ctx| {
+                Box::pin(async move { pause::holder_pause(ctx, target, &holder).await })
+            }),
+        );
+        let holder = bins.holder.clone();
+        add(
+            "chaos_clock_step_holder",
+            Box::new(move |ctx| {
+                Box::pin(async move { clock::holder_clock_step(ctx, target, &holder).await })
+            }),
+        );
+        let replica = bins.replica.clone();
+        add(
+            "chaos_clock_step_scheduler",
+            Box::new(move |ctx| {
+                Box::pin(async move { clock::scheduler_clock_step(ctx, &replica).await })
+            }),
+        );
+        let replica = bins.replica.clone();
+        add(
+            "chaos_leader_churn",
+            Box::new(move |ctx| {
+                Box::pin(async move { churn::leader_churn(ctx, target, &replica).await })
+            }),
+        );
     }
     out.extend(pg::trials(run_id, bins));
     out

@@ -7,14 +7,16 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{Error, LockOptions};
+use lock_core::LockOptions;
 use prometheus::Registry;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{ChildStdout, Command};
 use tokio::time::Instant;
 
+use super::cases::{wind_down, Handover};
 use super::figures::{self, Row};
 use super::holder::Resource;
+use super::procs::signal;
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -48,16 +50,6 @@ impl Reports {
             .expect("the holder reports in time")
             .expect("the holder's stdout reads")
     }
-}
-
-pub(super) fn signal(child: &Child, sig: &str) {
-    let pid = child.id().expect("the holder runs");
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill -{sig} {pid}");
 }
 
 /// Applies one report; returns whether it was a write, and counts late ones.
@@ -173,23 +165,12 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
             .expect("the holder exits after its loss")
             .expect("wait");
         assert!(status.success(), "the holder exited with {status}");
-        guard
-            .handle()
-            .verify()
-            .await
-            .expect("the successor still holds");
-        guard.release().await.expect("successor releases");
-        row.writes += writes;
-        row.stale_accepts += resource.stale_accepted(succ_token, acquired_at);
-        row.after_deadline += late;
-        row.leaked += match successor.try_lock(&name, &opts).await {
-            Ok(g) => {
-                g.release().await.expect("release of the leak probe");
-                0
-            }
-            Err(Error::Contended { .. }) => 1,
-            Err(e) => panic!("leak probe failed: {e}"),
+        let h = Handover {
+            locker: &successor,
+            name: &name,
+            opts: &opts,
         };
+        wind_down(&mut row, h, guard, &resource, acquired_at, (writes, late)).await;
     }
     row.iterations = target.iterations;
     let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;

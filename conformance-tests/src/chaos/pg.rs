@@ -36,10 +36,11 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_postgres::Client;
 
-use super::cases::{check_no_leak, successor_takes};
+use super::cases::{successor_takes, wind_down, Handover};
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
-use super::pause::{apply, signal, Reports};
+use super::pause::{apply, Reports};
+use super::procs::signal;
 use crate::backends::postgres::{
     self as pg, client_port, holder_pid, nft_installed, plain_session, terminate, Blackhole,
     Frozen, PostgresFactory,
@@ -418,23 +419,12 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
                 "the holder wrote after its loss"
             );
         }
-        guard
-            .handle()
-            .verify()
-            .await
-            .expect("the successor still holds");
-        guard.release().await.expect("successor releases");
-        row.writes += writes;
-        row.stale_accepts += resource.stale_accepted(succ_token, acquired_at);
-        row.after_deadline += late;
-        row.leaked += match successor.try_lock(&name, &opts).await {
-            Ok(g) => {
-                g.release().await.expect("release of the leak probe");
-                0
-            }
-            Err(Error::Contended { .. }) => 1,
-            Err(e) => panic!("leak probe failed: {e}"),
+        let h = Handover {
+            locker: &successor,
+            name: &name,
+            opts: &opts,
         };
+        wind_down(&mut row, h, guard, &resource, acquired_at, (writes, late)).await;
     }
     row.iterations = iterations;
     println!(
@@ -528,15 +518,13 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             old.release().await.is_err(),
             "the lost holder cannot release"
         );
-        succ.handle()
-            .verify()
-            .await
-            .expect("the successor still holds");
-        succ.release().await.expect("successor releases");
-        row.writes += writes;
-        row.stale_accepts += resource.stale_accepted(token, acquired_at);
-        row.after_deadline += resource.log.after_deadline();
-        row.leaked += check_no_leak(&successor, &name, &opts).await;
+        let late = resource.log.after_deadline();
+        let h = Handover {
+            locker: &successor.locker,
+            name: &name,
+            opts: &opts,
+        };
+        wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
         row.leaked += usize::from(setup.holder_of(key).await.is_some());
         assert!(
             blocked <= op_timeout + tol,
@@ -617,7 +605,6 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
              (tcp_user_timeout {user_timeout:?})",
             acquired_at - fault_at
         );
-        let token = succ.handle().fencing_token().expect("fenced");
         assert!(
             setup.session_ends(pid, tol).await,
             "the partitioned session still exists after its lock was freed"
@@ -641,15 +628,13 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             "the lost holder cannot release"
         );
         row.max_blocked = row.max_blocked.max(Some(release_at.elapsed()));
-        succ.handle()
-            .verify()
-            .await
-            .expect("the successor still holds after healing");
-        succ.release().await.expect("successor releases");
-        row.writes += writes;
-        row.stale_accepts += resource.stale_accepted(token, acquired_at);
-        row.after_deadline += resource.log.after_deadline();
-        row.leaked += check_no_leak(&successor, &name, &opts).await;
+        let late = resource.log.after_deadline();
+        let h = Handover {
+            locker: &successor.locker,
+            name: &name,
+            opts: &opts,
+        };
+        wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
         row.leaked += usize::from(setup.holder_of(key).await.is_some());
     }
     row.iterations = iterations;
@@ -778,15 +763,13 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
                 old.release().await.is_err(),
                 "the killed holder cannot release"
             );
-            succ.handle()
-                .verify()
-                .await
-                .expect("the successor still holds");
-            succ.release().await.expect("successor releases");
-            row.writes += writes;
-            row.stale_accepts += resource.stale_accepted(token, fenced_from);
-            row.after_deadline += resource.log.after_deadline();
-            row.leaked += check_no_leak(&successor, &name, &opts).await;
+            let late = resource.log.after_deadline();
+            let h = Handover {
+                locker: &successor.locker,
+                name: &name,
+                opts: &opts,
+            };
+            wind_down(&mut row, h, succ, &resource, fenced_from, (writes, late)).await;
             row.leaked += usize::from(setup.holder_of(key).await.is_some());
         }
     }
