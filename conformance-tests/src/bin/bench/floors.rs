@@ -68,11 +68,10 @@ impl Floor for TraitFloor {
     }
 }
 
-/// The floor for `factory`'s backend, ready for up to `tasks` concurrent tasks.
+/// The floor for `factory`'s backend.
 pub(crate) async fn floor_for(
     factory: &Arc<dyn BackendFactory>,
     source: &FloorSource,
-    tasks: usize,
 ) -> Result<Arc<dyn Floor>, BoxError> {
     let ttl = factory.timing().ttl;
     Ok(match source {
@@ -83,7 +82,7 @@ pub(crate) async fn floor_for(
         FloorSource::Redis { url, prefix } => {
             Arc::new(redis::RedisFloor::connect(url, prefix, ttl).await?)
         }
-        FloorSource::Postgres { url } => Arc::new(postgres::PgFloor::connect(url, tasks).await?),
+        FloorSource::Postgres { url } => Arc::new(postgres::PgFloor::connect(url).await?),
         FloorSource::Etcd { endpoints } => {
             Arc::new(etcd::EtcdFloor::connect(endpoints, ttl).await?)
         }
