@@ -238,7 +238,7 @@ impl PostgresBackend {
         let text = payload(key);
         let rows = if announce {
             session
-                .query(
+                .query_prepared(
                     "releasing an advisory lock",
                     UNLOCK_NOTIFY,
                     &[
@@ -252,7 +252,7 @@ impl PostgresBackend {
                 .await?
         } else {
             session
-                .query(
+                .query_prepared(
                     "releasing an advisory lock",
                     UNLOCK,
                     &[
@@ -284,7 +284,7 @@ impl PostgresBackend {
         let seq = cfg.qualified(&cfg.fence_sequence);
         let pid = session.pid();
         let rows = session
-            .query(
+            .query_prepared(
                 "pg_try_advisory_lock with a fencing token",
                 TRY_LOCK_FENCED,
                 &[
@@ -405,7 +405,7 @@ impl LockBackend for PostgresBackend {
         }
         let pid = session.pid();
         let rows = session
-            .query(
+            .query_prepared(
                 "pg_try_advisory_lock",
                 TRY_LOCK,
                 &[
