@@ -153,14 +153,24 @@ async fn bench_backend(
     };
     for concurrency in [1, 16] {
         rows.push(done(
-            measures::uncontended(&ctx, &floor, concurrency, mode).await?,
+            measures::uncontended(&ctx, &floor, "floor", concurrency, mode).await?,
         ));
+    }
+    if let Some(peer) = floors::peer_for(&factory, &source) {
+        for concurrency in [1, 16] {
+            rows.push(done(
+                measures::uncontended(&ctx, &peer, "rslock", concurrency, mode).await?,
+            ));
+        }
     }
     if acquire_only {
         return Ok(rows);
     }
     for &leases in mode.scales() {
-        let leases = source.max_leases().map_or(leases, |max| leases.min(max));
+        let leases = source
+            .max_leases()
+            .await?
+            .map_or(leases, |max| leases.min(max));
         rows.push(done(measures::renewal_at_scale(&ctx, leases, mode).await?));
     }
     rows.push(done(measures::handoff(&ctx, mode).await?));

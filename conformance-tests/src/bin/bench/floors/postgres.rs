@@ -43,6 +43,24 @@ impl PgFloor {
     }
 }
 
+/// The size of the server's shared lock table:
+/// `max_locks_per_transaction × (max_connections + max_prepared_transactions)`.
+pub(crate) async fn lock_table_slots(url: &str) -> Result<usize, BoxError> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    let driver = tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_locks_per_transaction')::int8 * \
+             (current_setting('max_connections')::int8 \
+              + current_setting('max_prepared_transactions')::int8)",
+            &[],
+        )
+        .await?;
+    drop(client);
+    let _ = driver.await;
+    Ok(usize::try_from(row.get::<_, i64>(0))?)
+}
+
 /// Two int4 keys from the name (the library derives its own the same size).
 fn keys(name: &LockName) -> (i32, i32) {
     let mut h = std::collections::hash_map::DefaultHasher::new();
