@@ -7,7 +7,8 @@
 //! schedules stay aligned.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -31,9 +32,54 @@ enum Command {
 }
 
 /// Sends leases to the heartbeat task. Cloned into every guard.
+///
+/// Commands queue in a shared list; the task is woken only when one cannot
+/// wait for its next scheduled wake (a lease due earlier, a release to run,
+/// a long queue). An uncontended acquire + release then costs no task switch.
 #[derive(Clone, Debug)]
 pub(crate) struct HeartbeatHandle {
-    tx: mpsc::UnboundedSender<Command>,
+    tx: mpsc::UnboundedSender<()>,
+    shared: Arc<Shared>,
+}
+
+/// Queued commands, drained by the task before every sweep.
+const MAX_QUEUED: usize = 1024;
+
+struct Shared {
+    pending: Mutex<Vec<Command>>,
+    /// When the task will next wake by itself, in nanoseconds after
+    /// `epoch`; 0 while it is awake (it drains the queue before sleeping).
+    wake_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("queued", &self.pending().len())
+            .field("wake_at", &self.wake_at.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Shared {
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Vec<Command>> {
+        // One push or take per critical section: poison carries no half-state.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `cmd`; returns how many commands are queued now.
+    fn push(&self, cmd: Command) -> usize {
+        let mut pending = self.pending();
+        pending.push(cmd);
+        pending.len()
+    }
 }
 
 impl HeartbeatHandle {
@@ -41,32 +87,53 @@ impl HeartbeatHandle {
     pub(crate) fn spawn(backend: Arc<dyn LockBackend>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let batch = backend.capabilities().batch_renew;
-        tokio::spawn(Heartbeat::new(backend, batch).run(rx));
-        Self { tx }
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Vec::new()),
+            wake_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        tokio::spawn(Heartbeat::new(backend, batch, Arc::clone(&shared)).run(rx));
+        Self { tx, shared }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
 
-    /// Starts renewing and watching `lease`. Returns false if the task is gone.
-    pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
-        self.tx.send(Command::Track(lease)).is_ok()
+    fn wake(&self) -> bool {
+        self.tx.send(()).is_ok()
     }
 
-    /// Stops renewing lease `id`; the caller releases it.
+    /// Starts renewing and watching `lease`. Returns false if the task is gone.
+    pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
+        let due = lease.first_attention();
+        let queued = self.shared.push(Command::Track(lease));
+        // Read after the push: either the task saw the command before it
+        // went to sleep, or this reads the wake it went to sleep with.
+        let wake_at = self.shared.wake_at.load(Ordering::SeqCst);
+        if wake_at == 0 || self.shared.nanos(due) < wake_at || queued >= MAX_QUEUED {
+            return self.wake();
+        }
+        !self.is_closed()
+    }
+
+    /// Stops renewing lease `id`; the caller releases it. The task learns
+    /// it before its next sweep, so the lease is never renewed again.
     pub(crate) fn forget(&self, id: u64) {
-        let _ = self.tx.send(Command::Forget { id, release: None });
+        if self.shared.push(Command::Forget { id, release: None }) >= MAX_QUEUED {
+            self.wake();
+        }
     }
 
     /// Stops renewing `lease` and releases it in the background. Never blocks,
     /// so it is safe from `Drop`, even outside a runtime.
     pub(crate) fn forget_and_release(&self, lease: Arc<LeaseState>) {
         let id = lease.id;
-        let _ = self.tx.send(Command::Forget {
+        self.shared.push(Command::Forget {
             id,
             release: Some(lease),
         });
+        self.wake();
     }
 }
 
@@ -87,42 +154,67 @@ struct Heartbeat {
     batch: bool,
     entries: HashMap<u64, Entry>,
     in_flight: JoinSet<Vec<RenewResult>>,
+    shared: Arc<Shared>,
 }
 
 impl Heartbeat {
-    fn new(backend: Arc<dyn LockBackend>, batch: bool) -> Self {
+    fn new(backend: Arc<dyn LockBackend>, batch: bool, shared: Arc<Shared>) -> Self {
         Self {
             backend,
             batch,
             entries: HashMap::new(),
             in_flight: JoinSet::new(),
+            shared,
         }
     }
 
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+    /// Applies every queued command. Returns false if there was none.
+    fn drain(&mut self) -> bool {
+        let commands = std::mem::take(&mut *self.shared.pending());
+        let any = !commands.is_empty();
+        commands.into_iter().for_each(|c| self.apply_command(c));
+        any
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<()>) {
         loop {
             let wake = self
                 .next_wake()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            self.shared
+                .wake_at
+                .store(self.shared.nanos(wake), Ordering::SeqCst);
+            // A command queued before the store above may have seen the task
+            // awake and not woken it: look once more before sleeping.
+            if self.drain() {
+                continue;
+            }
             tokio::select! {
                 biased;
-                cmd = rx.recv() => match cmd {
-                    Some(cmd) => {
-                        // Tracking or forgetting a lease makes nothing due now;
-                        // skipping the sweep keeps bulk acquires linear.
-                        self.apply_command(cmd);
-                        continue;
+                woken = rx.recv() => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    while rx.try_recv().is_ok() {}
+                    // Tracking or forgetting a lease makes nothing due now;
+                    // skipping the sweep keeps bulk acquires linear.
+                    self.drain();
+                    if woken.is_none() {
+                        break;
                     }
-                    None => break,
-                },
+                    continue;
+                }
                 Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
                     match done {
                         Ok(results) => results.into_iter().for_each(|r| self.apply_result(r)),
                         Err(e) => warn!(error = %e, "a renewal task failed"),
                     }
                 }
-                _ = sleep_until(wake) => {}
+                _ = sleep_until(wake) => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                }
             }
+            // Forgotten leases must not be renewed: apply the queue first.
+            self.drain();
             self.sweep(Instant::now());
         }
         debug!("heartbeat stopped: no Locker or guard is left");

@@ -83,6 +83,17 @@ impl LeaseState {
         }
     }
 
+    /// The first instant the heartbeat must look at this lease: its first
+    /// renewal, its local deadline or its `max_hold`, whichever comes first.
+    pub(crate) fn first_attention(&self) -> Instant {
+        let renew = self.auto_renew.then_some(self.acquired_at + self.interval);
+        [renew, self.valid_until(), self.hold_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(self.acquired_at + self.interval)
+    }
+
     pub(crate) fn metrics(&self) -> &LockMetrics {
         &self.metrics
     }

@@ -1,5 +1,6 @@
 //! The [`LockBackend`] implementation.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -35,14 +36,14 @@ impl Inner {
     ) -> Result<AcquireAttempt, BackendError> {
         let key = self.key(name);
         let mut kv = self.client.kv_client();
-        // A read first: under contention most attempts end here, sparing
-        // the cluster a lease grant and revoke (two raft writes) each.
-        let existing = kv
-            .get(key.as_str(), Some(GetOptions::new().with_count_only()))
-            .await
-            .map_err(|e| convert(&format!("acquire {key}"), e))?;
-        if existing.count() > 0 {
-            return Ok(AcquireAttempt::Held);
+        if self.read_first(name) {
+            let existing = kv
+                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
+                .await
+                .map_err(|e| convert(&format!("acquire {key}"), e))?;
+            if existing.count() > 0 {
+                return Ok(AcquireAttempt::Held);
+            }
         }
         let seconds = lease_seconds(ttl);
         let (lease, granted) = self.leases.grant(seconds).await?;
@@ -68,8 +69,10 @@ impl Inner {
         };
         if !resp.succeeded() {
             self.revoke_in_background(lease);
+            self.note_contended(name, true);
             return Ok(AcquireAttempt::Held);
         }
+        self.note_contended(name, false);
         // The put is the only write of the transaction, so the revision it
         // created is the key's create revision: cluster-wide monotonic.
         let revision = resp
@@ -254,6 +257,16 @@ impl LockBackend for EtcdBackend {
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
         let inner = &self.inner;
-        bounded(inner.timeout, "watch", inner.subscribe(name)).await
+        let signal = bounded(inner.timeout, "watch", inner.subscribe(name)).await?;
+        Ok(signal.map(|released| {
+            // A waiter woken by a release goes straight to the lease grant:
+            // the name is most likely free now, so a read first would only
+            // delay the handoff by a round trip.
+            let (inner, name) = (Arc::clone(&self.inner), name.clone());
+            ReleaseSignal::new(async move {
+                released.await;
+                inner.note_contended(&name, false);
+            })
+        }))
     }
 }

@@ -1,6 +1,6 @@
 //! [`EtcdBackend`]: connecting, the key layout, and the leases this instance holds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -47,7 +47,14 @@ pub(crate) struct Inner {
     pub(crate) timeout: Duration,
     pub(crate) min_ttl: Duration,
     held: Mutex<HashMap<LockName, Held>>,
+    /// Names whose last attempt here found them taken: the next attempt
+    /// reads before it grants a lease (see [`Inner::read_first`]).
+    contended: Mutex<HashSet<LockName>>,
 }
+
+/// Most names remembered as contended; past it the set starts over (a
+/// forgotten name costs one lease grant and revoke at its next denial).
+const MAX_CONTENDED: usize = 4096;
 
 /// A lease this instance granted for a lock it acquired.
 #[derive(Debug, Clone, Copy)]
@@ -127,6 +134,7 @@ impl EtcdBackend {
                 timeout: b.request_timeout,
                 min_ttl,
                 held: Mutex::new(HashMap::new()),
+                contended: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -151,6 +159,35 @@ impl Inner {
     fn held(&self) -> MutexGuard<'_, HashMap<LockName, Held>> {
         // Each critical section is one map operation: a poisoned map is consistent.
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether an attempt on `name` should read the key before granting a
+    /// lease. Under contention most attempts end at that read, sparing the
+    /// cluster a lease grant and revoke (two raft writes) each; uncontended,
+    /// it would be one more round trip for nothing. So it is done only for
+    /// names whose last attempt here was denied.
+    pub(crate) fn read_first(&self, name: &LockName) -> bool {
+        self.contended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(name)
+    }
+
+    /// Records whether the last attempt on `name` found it taken.
+    pub(crate) fn note_contended(&self, name: &LockName, taken: bool) {
+        // One set operation per critical section: a poisoned set is consistent.
+        let mut set = self
+            .contended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if taken {
+            if set.len() >= MAX_CONTENDED {
+                set.clear();
+            }
+            set.insert(name.clone());
+        } else {
+            set.remove(name);
+        }
     }
 
     pub(crate) fn remember(&self, name: &LockName, held: Held) {

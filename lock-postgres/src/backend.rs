@@ -1,6 +1,7 @@
 //! [`PostgresBackend`]: the `LockBackend` implementation.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -19,8 +20,23 @@ use crate::{AdvisoryKey, PostgresConfig};
 const TRY_LOCK: &str = "SELECT pg_backend_pid(), \
      CASE WHEN pg_backend_pid() = $3 THEN pg_try_advisory_lock($1, $2) END";
 
+/// The lock attempt and, only when it succeeded, the fencing token, in one
+/// round trip. The subquery holds a volatile call, so the planner keeps it
+/// apart and `pg_try_advisory_lock` runs once per execution.
+const TRY_LOCK_FENCED: &str = "SELECT s.pid, s.got, \
+     CASE WHEN s.got THEN nextval($4::text::regclass) END \
+     FROM (SELECT pg_backend_pid() AS pid, \
+       CASE WHEN pg_backend_pid() = $3 THEN pg_try_advisory_lock($1, $2) END AS got) s";
+
 const UNLOCK: &str = "SELECT pg_backend_pid(), \
      CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END";
+
+/// The unlock and, only when it freed the lock, the release announcement, in
+/// one round trip (the notification leaves when the statement commits).
+const UNLOCK_NOTIFY: &str = "SELECT s.pid, s.freed, \
+     CASE WHEN s.freed THEN pg_notify($4, $5)::text END \
+     FROM (SELECT pg_backend_pid() AS pid, \
+       CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END AS freed) s";
 
 /// For each key (as unsigned `oid`s): whether this session holds it, and
 /// whether any other session does. `objsubid = 2` is the two-`int4` key space.
@@ -55,6 +71,9 @@ pub(crate) struct Inner {
     session: tokio::sync::Mutex<Option<Arc<LockSession>>>,
     held: Mutex<HashMap<AdvisoryKey, Holding>>,
     listener: ReleaseListener,
+    /// Set once the fencing sequence is known to exist: acquisitions then
+    /// draw the token in the lock statement itself.
+    fence_ready: AtomicBool,
 }
 
 /// A lock this backend holds, or is acquiring, on one session.
@@ -80,6 +99,7 @@ impl PostgresBackend {
                 session: tokio::sync::Mutex::new(None),
                 held: Mutex::new(HashMap::new()),
                 listener: ReleaseListener::default(),
+                fence_ready: AtomicBool::new(false),
             }),
         }
     }
@@ -205,18 +225,44 @@ impl PostgresBackend {
         }
     }
 
-    async fn unlock(&self, session: &LockSession, key: AdvisoryKey) -> Result<bool, BackendError> {
-        let rows = session
-            .query(
-                "releasing an advisory lock",
-                UNLOCK,
-                &[
-                    (&key.key1, Type::INT4),
-                    (&key.key2, Type::INT4),
-                    (&session.pid(), Type::INT4),
-                ],
-            )
-            .await?;
+    /// Unlocks `key` on `session`; with `announce`, the same statement tells
+    /// waiters (best effort: a waiter that misses it finds the lock free at
+    /// its next poll).
+    async fn unlock(
+        &self,
+        session: &LockSession,
+        key: AdvisoryKey,
+        announce: bool,
+    ) -> Result<bool, BackendError> {
+        let pid = session.pid();
+        let text = payload(key);
+        let rows = if announce {
+            session
+                .query_prepared(
+                    "releasing an advisory lock",
+                    UNLOCK_NOTIFY,
+                    &[
+                        (&key.key1, Type::INT4),
+                        (&key.key2, Type::INT4),
+                        (&pid, Type::INT4),
+                        (&CHANNEL, Type::TEXT),
+                        (&text.as_str(), Type::TEXT),
+                    ],
+                )
+                .await?
+        } else {
+            session
+                .query_prepared(
+                    "releasing an advisory lock",
+                    UNLOCK,
+                    &[
+                        (&key.key1, Type::INT4),
+                        (&key.key2, Type::INT4),
+                        (&pid, Type::INT4),
+                    ],
+                )
+                .await?
+        };
         let row = rows
             .first()
             .ok_or_else(|| protocol("pg_advisory_unlock returned no row"))?;
@@ -226,19 +272,58 @@ impl PostgresBackend {
             .map(|v| v.unwrap_or(false))
     }
 
-    /// Tells waiters that `key` is free. Best effort: a waiter that misses
-    /// it finds the lock free at its next poll.
-    async fn announce(&self, session: &LockSession, key: AdvisoryKey) {
-        let text = payload(key);
-        let sent = session
-            .query(
-                "announcing a release",
-                "SELECT pg_notify($1, $2)::text",
-                &[(&CHANNEL, Type::TEXT), (&text.as_str(), Type::TEXT)],
+    /// One round trip: the lock attempt and, if it succeeded, the fencing
+    /// token. The caller has recorded the holding for `owner`.
+    async fn try_lock_fenced(
+        &self,
+        session: &LockSession,
+        key: AdvisoryKey,
+        owner: &OwnerToken,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let cfg = &self.inner.config;
+        let seq = cfg.qualified(&cfg.fence_sequence);
+        let pid = session.pid();
+        let rows = session
+            .query_prepared(
+                "pg_try_advisory_lock with a fencing token",
+                TRY_LOCK_FENCED,
+                &[
+                    (&key.key1, Type::INT4),
+                    (&key.key2, Type::INT4),
+                    (&pid, Type::INT4),
+                    (&seq.as_str(), Type::TEXT),
+                ],
             )
-            .await;
-        if let Err(e) = sent {
-            warn!(error = %e, "could not announce a release; waiters will poll");
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
+        if let Err(e) = session.check_pid(row) {
+            // The guard in the statement kept the lock from being taken.
+            self.take_holding(key, owner);
+            return Err(e);
+        }
+        let got: Option<bool> = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
+        if got != Some(true) {
+            self.take_holding(key, owner);
+            return Ok(AcquireAttempt::Held);
+        }
+        let token: Option<i64> = row.try_get(2).map_err(|e| protocol(e.to_string()))?;
+        let token = token
+            .and_then(|t| u64::try_from(t).ok())
+            .ok_or_else(|| protocol(format!("the fencing sequence returned {token:?}")));
+        match token {
+            Ok(t) => Ok(AcquireAttempt::Acquired(Lease::new(Some(t)))),
+            Err(e) => {
+                // Without its token the lease is unusable: give the lock back.
+                if self.take_holding(key, owner).is_some() {
+                    if let Err(unlock) = self.unlock(session, key, false).await {
+                        warn!(error = %unlock, "could not unlock after a fencing failure; ending the session");
+                        session.terminate();
+                    }
+                }
+                Err(e)
+            }
         }
     }
 
@@ -300,9 +385,27 @@ impl LockBackend for PostgresBackend {
                 },
             );
         }
+        if cfg.fencing && self.inner.fence_ready.load(Ordering::Relaxed) {
+            match self.try_lock_fenced(&session, key, owner).await {
+                Err(e) if e.message().contains("42P01") => {
+                    // The sequence was dropped since: the lock may have been
+                    // taken before nextval failed (session locks ignore the
+                    // statement's failure). Give it back and take the path
+                    // that creates the sequence.
+                    self.inner.fence_ready.store(false, Ordering::Relaxed);
+                    if let Err(unlock) = self.unlock(&session, key, false).await {
+                        warn!(error = %unlock, "could not unlock after a missing fencing sequence; ending the session");
+                        session.terminate();
+                        self.take_holding(key, owner);
+                        return Err(unlock);
+                    }
+                }
+                other => return other,
+            }
+        }
         let pid = session.pid();
         let rows = session
-            .query(
+            .query_prepared(
                 "pg_try_advisory_lock",
                 TRY_LOCK,
                 &[
@@ -329,11 +432,14 @@ impl LockBackend for PostgresBackend {
             return Ok(AcquireAttempt::Acquired(Lease::new(None)));
         }
         match self.fencing_token(&session).await {
-            Ok(token) => Ok(AcquireAttempt::Acquired(Lease::new(Some(token)))),
+            Ok(token) => {
+                self.inner.fence_ready.store(true, Ordering::Relaxed);
+                Ok(AcquireAttempt::Acquired(Lease::new(Some(token))))
+            }
             Err(e) => {
                 // Without its token the lease is unusable: give the lock back.
                 if self.take_holding(key, owner).is_some() {
-                    if let Err(unlock) = self.unlock(&session, key).await {
+                    if let Err(unlock) = self.unlock(&session, key, false).await {
                         warn!(error = %unlock, "could not unlock after a fencing failure; ending the session");
                         session.terminate();
                     }
@@ -383,13 +489,9 @@ impl LockBackend for PostgresBackend {
             // The lock ended with its session.
             return Ok(ReleaseOutcome::NotHeld);
         }
-        match self.unlock(&holding.session, key).await {
-            Ok(true) => {
-                if self.inner.config.release_notify {
-                    self.announce(&holding.session, key).await;
-                }
-                Ok(ReleaseOutcome::Released)
-            }
+        let announce = self.inner.config.release_notify;
+        match self.unlock(&holding.session, key, announce).await {
+            Ok(true) => Ok(ReleaseOutcome::Released),
             Ok(false) => {
                 warn!(lock = %name, "pg_advisory_unlock found nothing to unlock on this session");
                 Ok(ReleaseOutcome::NotHeld)

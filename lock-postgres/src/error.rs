@@ -12,6 +12,11 @@ use tokio_postgres::error::SqlState;
 /// `statement_timeout` is `Timeout`; refused credentials or privileges are
 /// `Auth`; a database that does not exist or a bad TLS setup is `Config`.
 pub(crate) fn convert(context: &str, err: tokio_postgres::Error) -> BackendError {
+    if let Some(db) = err.as_db_error() {
+        if *db.code() == SqlState::OUT_OF_MEMORY && db.message().contains("shared memory") {
+            return lock_table_full(context, db.message()).with_source(err);
+        }
+    }
     let kind = kind_of(&err);
     let detail = match err.as_db_error() {
         // The db error's own text names the problem ("permission denied for
@@ -69,6 +74,25 @@ fn kind_of_state(code: &SqlState) -> BackendErrorKind {
     }
 }
 
+/// The server's shared lock table is full (`53200 out of shared memory`).
+///
+/// Every session's advisory locks share one table of about
+/// `max_locks_per_transaction × (max_connections + max_prepared_transactions)`
+/// slots (6,400 with the defaults). It is a server setting that is too low
+/// for the number of locks held, so the kind is `Config`; the session itself
+/// is unharmed and keeps the locks it holds.
+pub(crate) fn lock_table_full(context: &str, server_message: &str) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Config,
+        format!(
+            "{context}: the server's shared lock table is full ({server_message}, 53200): all \
+             sessions' locks share max_locks_per_transaction × (max_connections + \
+             max_prepared_transactions) slots; raise max_locks_per_transaction on the server \
+             (takes a restart) or hold fewer locks at once"
+        ),
+    )
+}
+
 /// The error for a call that did not finish within `limit`.
 pub(crate) fn timed_out(context: &str, limit: Duration) -> BackendError {
     BackendError::timeout(format!("{context}: no answer within {limit:?}"))
@@ -116,6 +140,13 @@ mod tests {
         for (code, kind) in cases {
             assert_eq!(kind_of_state(&SqlState::from_code(code)), kind, "{code}");
         }
+    }
+
+    #[test]
+    fn a_full_lock_table_names_the_setting() {
+        let e = lock_table_full("pg_try_advisory_lock", "out of shared memory");
+        assert_eq!(e.kind(), BackendErrorKind::Config);
+        assert!(e.message().contains("max_locks_per_transaction"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The dedicated lock session: one connection, kept open, that holds locks.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_core::BackendError;
@@ -10,8 +11,9 @@ use postgres_native_tls::MakeTlsConnector;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row, Statement};
 use tracing::{debug, warn};
 
 use crate::config::{PostgresConfig, RootCert, SslMode};
@@ -26,6 +28,9 @@ pub(crate) struct LockSession {
     statement_timeout: Duration,
     dead: AtomicBool,
     driver: JoinHandle<()>,
+    /// The hot statements (lock, unlock), prepared once per session: their
+    /// executions then skip parsing and planning on the server.
+    prepared: Mutex<HashMap<&'static str, Statement>>,
 }
 
 impl std::fmt::Debug for LockSession {
@@ -75,6 +80,7 @@ impl LockSession {
             statement_timeout: cfg.statement_timeout,
             dead: AtomicBool::new(false),
             driver,
+            prepared: Mutex::new(HashMap::new()),
         };
         session.batch("setting up the lock session", &setup).await?;
         let rows = session
@@ -115,6 +121,59 @@ impl LockSession {
     ) -> Result<Vec<Row>, BackendError> {
         match timeout(self.statement_timeout, self.client.query_typed(sql, params)).await {
             Err(_) => Err(timed_out(what, self.statement_timeout)),
+            Ok(Err(e)) => {
+                self.note_failure(&e);
+                Err(convert(what, e))
+            }
+            Ok(Ok(rows)) => Ok(rows),
+        }
+    }
+
+    /// Runs one of the hot statements as a prepared statement of this
+    /// session (prepared on first use), bounded by the statement timeout.
+    ///
+    /// A session whose prepared statement vanished (`26000`) was moved to
+    /// another server process under us: a transaction-mode pooler, refused
+    /// like a changed `pg_backend_pid()`.
+    pub(crate) async fn query_prepared(
+        &self,
+        what: &str,
+        sql: &'static str,
+        params: &Params<'_>,
+    ) -> Result<Vec<Row>, BackendError> {
+        let cached = self
+            .prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sql)
+            .cloned();
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        let run = async {
+            let statement = match cached {
+                Some(s) => s,
+                None => {
+                    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                    let s = self.client.prepare_typed(sql, &types).await?;
+                    self.prepared
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(sql, s.clone());
+                    s
+                }
+            };
+            self.client.query(&statement, &values).await
+        };
+        match timeout(self.statement_timeout, run).await {
+            Err(_) => Err(timed_out(what, self.statement_timeout)),
+            Ok(Err(e)) if e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => {
+                self.dead.store(true, Ordering::SeqCst);
+                Err(config(format!(
+                    "{what}: a statement prepared on this session is gone: a transaction-mode \
+                     pooler (such as PgBouncer with pool_mode=transaction) sits in front of the \
+                     server; session advisory locks need a direct connection or a session-mode pool"
+                ))
+                .with_source(e))
+            }
             Ok(Err(e)) => {
                 self.note_failure(&e);
                 Err(convert(what, e))

@@ -135,6 +135,12 @@ impl PrivatePostgres {
                 "max_connections=300",
                 "-c",
                 "shared_buffers=32MB",
+                // The shared lock table holds max_locks_per_transaction ×
+                // (max_connections + max_prepared_transactions) locks of all
+                // sessions: 76,800 here, so one session can hold the bench's
+                // 10,000 leases (and their floor's 10,000) at once.
+                "-c",
+                "max_locks_per_transaction=256",
             ]
             .map(str::to_owned)
             .to_vec(),

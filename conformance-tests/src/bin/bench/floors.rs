@@ -4,6 +4,7 @@
 mod etcd;
 mod postgres;
 mod redis;
+mod rslock;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,15 +36,34 @@ pub(crate) enum FloorSource {
 }
 
 impl FloorSource {
-    /// How many leases the renewal measurement can hold at once. Postgres:
-    /// with 10,000 the session closed ("connection closed" drawing a fencing
-    /// token) after roughly 7,000 were held on one session; the cause is not
-    /// yet found, so the measurement stays at 2,500 (lib and floor together).
-    pub(crate) fn max_leases(&self) -> Option<usize> {
+    /// How many leases the renewal measurement can hold at once. Postgres
+    /// keeps every session's advisory locks in one shared table of
+    /// `max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions)` slots (6,400 with the defaults; past it,
+    /// `53200 out of shared memory`). The library's leases and the batched
+    /// floor's are held at the same time, so each gets under half of what
+    /// the server reports, leaving room for other sessions.
+    pub(crate) async fn max_leases(&self) -> Result<Option<usize>, BoxError> {
         match self {
-            Self::Postgres { .. } => Some(2_500),
-            _ => None,
+            Self::Postgres { url } => Ok(Some(postgres::lock_table_slots(url).await? * 2 / 5)),
+            _ => Ok(None),
         }
+    }
+}
+
+/// Another library doing the same cycle on `factory`'s server, if there is
+/// one to compare with (Redis: `rslock`).
+pub(crate) fn peer_for(
+    factory: &Arc<dyn BackendFactory>,
+    source: &FloorSource,
+) -> Option<Arc<dyn Floor>> {
+    match source {
+        FloorSource::Redis { url, prefix } => Some(Arc::new(rslock::RslockPeer::new(
+            url,
+            prefix,
+            factory.timing().ttl,
+        ))),
+        _ => None,
     }
 }
 
@@ -68,11 +88,10 @@ impl Floor for TraitFloor {
     }
 }
 
-/// The floor for `factory`'s backend, ready for up to `tasks` concurrent tasks.
+/// The floor for `factory`'s backend.
 pub(crate) async fn floor_for(
     factory: &Arc<dyn BackendFactory>,
     source: &FloorSource,
-    tasks: usize,
 ) -> Result<Arc<dyn Floor>, BoxError> {
     let ttl = factory.timing().ttl;
     Ok(match source {
@@ -83,7 +102,7 @@ pub(crate) async fn floor_for(
         FloorSource::Redis { url, prefix } => {
             Arc::new(redis::RedisFloor::connect(url, prefix, ttl).await?)
         }
-        FloorSource::Postgres { url } => Arc::new(postgres::PgFloor::connect(url, tasks).await?),
+        FloorSource::Postgres { url } => Arc::new(postgres::PgFloor::connect(url).await?),
         FloorSource::Etcd { endpoints } => {
             Arc::new(etcd::EtcdFloor::connect(endpoints, ttl).await?)
         }

@@ -3,7 +3,8 @@
 //! `target/bench.json`).
 //!
 //! `cargo run --release -p conformance-tests --bin bench` (add `-- --short`
-//! for a seconds-long smoke run, `-- --only memory` for one backend).
+//! for a seconds-long smoke run, `-- --only memory` for one backend,
+//! `-- --acquire-only` for the acquire+release rows alone).
 //! Backends whose server cannot be had are listed as SKIPPED; one whose
 //! measurement fails is listed as FAILED and makes the exit status non-zero.
 //! Servers come from the same places as in the conformance suite.
@@ -139,10 +140,11 @@ async fn bench_backend(
     factory: Arc<dyn BackendFactory>,
     source: FloorSource,
     mode: Mode,
+    acquire_only: bool,
     run_id: &str,
 ) -> Result<Vec<Row>, BoxError> {
     let ctx = Ctx::new(Arc::clone(&factory), run_id, "bench");
-    let floor = floors::floor_for(&factory, &source, 16).await?;
+    let floor = floors::floor_for(&factory, &source).await?;
     eprintln!("{}: floor = {}", factory.name(), floor.describe());
     let mut rows = Vec::new();
     let done = |row: Row| {
@@ -151,11 +153,24 @@ async fn bench_backend(
     };
     for concurrency in [1, 16] {
         rows.push(done(
-            measures::uncontended(&ctx, &floor, concurrency, mode).await?,
+            measures::uncontended(&ctx, &floor, "floor", concurrency, mode).await?,
         ));
     }
+    if let Some(peer) = floors::peer_for(&factory, &source) {
+        for concurrency in [1, 16] {
+            rows.push(done(
+                measures::uncontended(&ctx, &peer, "rslock", concurrency, mode).await?,
+            ));
+        }
+    }
+    if acquire_only {
+        return Ok(rows);
+    }
     for &leases in mode.scales() {
-        let leases = source.max_leases().map_or(leases, |max| leases.min(max));
+        let leases = source
+            .max_leases()
+            .await?
+            .map_or(leases, |max| leases.min(max));
         rows.push(done(measures::renewal_at_scale(&ctx, leases, mode).await?));
     }
     rows.push(done(measures::handoff(&ctx, mode).await?));
@@ -170,6 +185,8 @@ fn main() -> Result<(), BoxError> {
     } else {
         Mode::Full
     };
+    // Only the acquire+release rows, at full length: for iterating on them.
+    let acquire_only = args.iter().any(|a| a == "--acquire-only");
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -186,7 +203,8 @@ fn main() -> Result<(), BoxError> {
         match found {
             Availability::Ready((factory, source)) => {
                 eprintln!("{backend}: measuring");
-                match runtime.block_on(bench_backend(factory, source, mode, &run_id)) {
+                match runtime.block_on(bench_backend(factory, source, mode, acquire_only, &run_id))
+                {
                     Ok(r) => rows.extend(r),
                     Err(e) => {
                         failed = true;
