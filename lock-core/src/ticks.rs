@@ -2,6 +2,7 @@
 //! `LockBackend` so the lock trait stays lean.
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -20,15 +21,35 @@ use crate::{BackendError, LockName};
 /// - `record_completed` MUST keep the maximum: recording an older tick than
 ///   the stored one leaves the stored one in place (atomically, so two
 ///   replicas recording at once cannot move it backwards).
+/// - `record_completed` also marks `tick` itself as done, and the mark MUST
+///   last at least `keep` (it may be dropped once a tick more than `keep`
+///   later is recorded, or `keep` after it was recorded): within that window
+///   `is_completed` answers for that one tick, which the latest tick alone
+///   cannot (a later tick may have finished while an earlier one never ran).
 /// - Values MUST persist as long as the backend's locks do (a server restart
-///   without persistence may lose them, like the locks).
+///   without persistence may lose them, like the locks). In particular they
+///   MUST outlive the process that recorded them, which a session-scoped
+///   lock does not.
 #[async_trait]
 pub trait TickStore: fmt::Debug + Send + Sync {
     /// The latest completed tick recorded for `job`, if any.
     async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError>;
 
-    /// Records `tick` (Unix ms) as completed for `job`, keeping the maximum.
-    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError>;
+    /// Records `tick` (Unix ms) as completed for `job`: raises the latest
+    /// completed tick to it if it is later, and marks `tick` itself as done
+    /// for at least `keep`. Not cancel safe in the sense that a cancelled
+    /// call may or may not have recorded the tick.
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError>;
+
+    /// Whether `tick` itself is marked as completed for `job` (see
+    /// [`TickStore::record_completed`] for how long marks last). Cancel safe
+    /// (a read).
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError>;
 
     /// The server's wall clock in Unix milliseconds, where the backend has
     /// one to read (`None` otherwise, the default).

@@ -1,6 +1,8 @@
 //! [`TickStore`] on etcd: one key per job, raised only, in one transaction.
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use lock_core::{async_trait, BackendError, LockName, TickStore};
 
 use crate::connection::EtcdBackend;
@@ -26,9 +28,23 @@ fn decode(raw: &[u8]) -> Option<i64> {
     Some((biased ^ (1 << 63)) as i64)
 }
 
+/// Marks of single completed ticks: `#marks/<job>#<encoded tick>`. `#`
+/// sorts below every character a name may hold, so one job's marks form a
+/// contiguous key range that no other job's marks fall into.
+const MARKS: &str = "#marks/";
+
 impl EtcdBackend {
     fn tick_key(&self, job: &LockName) -> String {
         format!("{}{TICKS}{}", self.inner.prefix, job.as_str())
+    }
+
+    fn mark_key(&self, job: &LockName, tick: i64) -> String {
+        format!(
+            "{}{MARKS}{}#{}",
+            self.inner.prefix,
+            job.as_str(),
+            encode(tick)
+        )
     }
 }
 
@@ -54,7 +70,12 @@ impl TickStore for EtcdBackend {
         .await
     }
 
-    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
         let key = self.tick_key(job);
         let value = encode(tick);
         // Raise an existing value, or create a missing key; a compare on the
@@ -62,14 +83,29 @@ impl TickStore for EtcdBackend {
         let create = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.as_str(), value.as_str(), None)]);
+        // The mark, and the deletion of this job's marks more than `keep`
+        // older than it, go in the same transaction whatever the compare.
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        let (first, cut) = (
+            self.mark_key(job, i64::MIN),
+            self.mark_key(job, tick.saturating_sub(keep_ms)),
+        );
+        let mark = [
+            TxnOp::put(self.mark_key(job, tick), "", None),
+            TxnOp::delete(first, Some(DeleteOptions::new().with_range(cut))),
+        ];
         let txn = Txn::new()
             .when([Compare::value(
                 key.as_str(),
                 CompareOp::Less,
                 value.as_str(),
             )])
-            .and_then([TxnOp::put(key.as_str(), value.as_str(), None)])
-            .or_else([TxnOp::txn(create)]);
+            .and_then([
+                TxnOp::put(key.as_str(), value.as_str(), None),
+                mark[0].clone(),
+                mark[1].clone(),
+            ])
+            .or_else([TxnOp::txn(create), mark[0].clone(), mark[1].clone()]);
         bounded(self.inner.timeout, "record tick", async {
             self.inner
                 .client
@@ -78,6 +114,21 @@ impl TickStore for EtcdBackend {
                 .await
                 .map_err(|e| convert(&format!("record {key}"), e))?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        let key = self.mark_key(job, tick);
+        bounded(self.inner.timeout, "read tick mark", async {
+            let resp = self
+                .inner
+                .client
+                .kv_client()
+                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
+                .await
+                .map_err(|e| convert(&format!("read {key}"), e))?;
+            Ok(resp.count() > 0)
         })
         .await
     }

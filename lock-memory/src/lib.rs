@@ -64,6 +64,8 @@ struct Shared {
 struct State {
     locks: HashMap<LockName, Entry>,
     ticks: HashMap<LockName, i64>,
+    /// Per job, the ticks marked done, pruned as later ones are recorded.
+    marks: HashMap<LockName, std::collections::BTreeSet<i64>>,
     waiters: HashMap<LockName, Arc<Notify>>,
 }
 
@@ -291,11 +293,30 @@ impl TickStore for MemoryBackend {
         Ok(self.state().ticks.get(job).copied())
     }
 
-    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
         let mut st = self.state();
         let slot = st.ticks.entry(job.clone()).or_insert(tick);
         *slot = (*slot).max(tick);
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        let marks = st.marks.entry(job.clone()).or_default();
+        marks.insert(tick);
+        let cut = tick.saturating_sub(keep_ms);
+        // Only marks more than `keep` older than this tick go.
+        *marks = marks.split_off(&cut);
         Ok(())
+    }
+
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        Ok(self
+            .state()
+            .marks
+            .get(job)
+            .is_some_and(|m| m.contains(&tick)))
     }
 }
 
@@ -338,9 +359,24 @@ mod tests {
         let b = MemoryBackend::new();
         let job = name("job");
         assert_eq!(b.last_completed(&job).await?, None);
-        b.record_completed(&job, 2_000).await?;
-        b.record_completed(&job, 1_000).await?;
+        b.record_completed(&job, 2_000, std::time::Duration::from_secs(60))
+            .await?;
+        b.record_completed(&job, 1_000, std::time::Duration::from_secs(60))
+            .await?;
         assert_eq!(b.last_completed(&job).await?, Some(2_000));
+        assert!(
+            b.is_completed(&job, 1_000).await?,
+            "an earlier tick keeps its mark"
+        );
+        assert!(
+            !b.is_completed(&job, 1_500).await?,
+            "no mark for a tick never recorded"
+        );
+        // A tick more than `keep` later prunes the older marks.
+        b.record_completed(&job, 70_000, std::time::Duration::from_secs(60))
+            .await?;
+        assert!(!b.is_completed(&job, 1_000).await?, "pruned");
+        assert!(b.is_completed(&job, 70_000).await?);
         Ok(())
     }
 

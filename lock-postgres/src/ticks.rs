@@ -1,5 +1,7 @@
 //! [`TickStore`] for [`PostgresBackend`]: a small table next to the locks.
 
+use std::time::Duration;
+
 use lock_core::{async_trait, BackendError, LockName, TickStore};
 use tokio_postgres::types::Type;
 
@@ -12,23 +14,45 @@ impl PostgresBackend {
         cfg.qualified(&cfg.tick_table)
     }
 
-    /// The DDL the tick store runs once, on its first write.
+    /// Marks of single completed ticks live beside the latest ones.
+    fn mark_table(&self) -> String {
+        let cfg = &self.inner.config;
+        cfg.qualified(&format!("{}_marks", cfg.tick_table))
+    }
+
+    /// The DDL the tick store runs once, on its first write: the latest
+    /// completed tick per job, and the marks of single completed ticks.
     pub fn tick_table_ddl(&self) -> String {
         format!(
             "CREATE TABLE IF NOT EXISTS {} (namespace text NOT NULL, job text NOT NULL, \
-             tick bigint NOT NULL, PRIMARY KEY (namespace, job))",
-            self.tick_table()
+             tick bigint NOT NULL, PRIMARY KEY (namespace, job)); \
+             CREATE TABLE IF NOT EXISTS {} (namespace text NOT NULL, job text NOT NULL, \
+             tick bigint NOT NULL, PRIMARY KEY (namespace, job, tick))",
+            self.tick_table(),
+            self.mark_table()
         )
     }
 
-    async fn upsert_tick(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+    /// One statement: prune the job's marks more than `keep_ms` older than
+    /// `tick`, mark `tick`, and raise the latest completed tick.
+    async fn upsert_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep_ms: i64,
+    ) -> Result<(), BackendError> {
         let session = self.session().await?;
         let sql = format!(
-            "INSERT INTO {t} AS t (namespace, job, tick) VALUES ($1, $2, $3) \
+            "WITH pruned AS (DELETE FROM {m} WHERE namespace = $1 AND job = $2 AND tick < $4), \
+             marked AS (INSERT INTO {m} (namespace, job, tick) VALUES ($1, $2, $3) \
+             ON CONFLICT DO NOTHING) \
+             INSERT INTO {t} AS t (namespace, job, tick) VALUES ($1, $2, $3) \
              ON CONFLICT (namespace, job) DO UPDATE SET tick = GREATEST(t.tick, EXCLUDED.tick)",
-            t = self.tick_table()
+            t = self.tick_table(),
+            m = self.mark_table()
         );
         let ns = self.inner.config.namespace.as_str();
+        let cut = tick.saturating_sub(keep_ms);
         session
             .query(
                 "recording a completed tick",
@@ -37,6 +61,7 @@ impl PostgresBackend {
                     (&ns, Type::TEXT),
                     (&job.as_str(), Type::TEXT),
                     (&tick, Type::INT8),
+                    (&cut, Type::INT8),
                 ],
             )
             .await
@@ -97,8 +122,14 @@ impl TickStore for PostgresBackend {
         }
     }
 
-    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
-        match self.upsert_tick(job, tick).await {
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        match self.upsert_tick(job, tick, keep_ms).await {
             Err(e) if missing_table(&e) => {
                 let session = self.session().await?;
                 match session
@@ -111,9 +142,41 @@ impl TickStore for PostgresBackend {
                     }
                     _ => {}
                 }
-                self.upsert_tick(job, tick).await
+                self.upsert_tick(job, tick, keep_ms).await
             }
             other => other,
+        }
+    }
+
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        let session = self.session().await?;
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE namespace = $1 AND job = $2 AND tick = $3)",
+            self.mark_table()
+        );
+        let ns = self.inner.config.namespace.as_str();
+        let rows = match session
+            .query(
+                "reading a tick mark",
+                &sql,
+                &[
+                    (&ns, Type::TEXT),
+                    (&job.as_str(), Type::TEXT),
+                    (&tick, Type::INT8),
+                ],
+            )
+            .await
+        {
+            Ok(rows) => rows,
+            // Nothing was ever recorded: the tables are created on first write.
+            Err(e) if missing_table(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match rows.first() {
+            Some(row) => row
+                .try_get::<_, bool>(0)
+                .map_err(|e| protocol(e.to_string())),
+            None => Err(protocol("SELECT EXISTS returned no row")),
         }
     }
 }

@@ -129,6 +129,7 @@ local cur = redis.call('get', KEYS[1])
 if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then
   redis.call('set', KEYS[1], ARGV[1])
 end
+redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
 return 0
 ",
     )
@@ -173,6 +174,11 @@ impl KeySpace {
     /// The last completed tick of `job`.
     pub(crate) fn tick(&self, job: &LockName) -> String {
         format!("{}#tick:{}", self.prefix, job.as_str())
+    }
+
+    /// The mark of one completed tick; it expires on its own.
+    pub(crate) fn tick_mark(&self, job: &LockName, tick: i64) -> String {
+        format!("{}#tick:{}#{tick}", self.prefix, job.as_str())
     }
 }
 

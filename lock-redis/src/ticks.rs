@@ -1,5 +1,7 @@
 //! [`TickStore`] on the same Redis as the locks.
 
+use std::time::Duration;
+
 use lock_core::{async_trait, BackendError, LockName, TickStore};
 
 use crate::error::protocol;
@@ -41,17 +43,34 @@ impl TickStore for RedisBackend {
         ))
     }
 
-    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
         let shared = self.shared();
-        let key = shared.keys.tick(job);
+        let (key, mark) = (shared.keys.tick(job), shared.keys.tick_mark(job, tick));
+        let keep_ms = keep.as_millis().max(1).to_string();
         shared
             .conn
             .run("record tick", |mut c| async move {
                 RECORD_TICK
-                    .run::<i64>(&mut c, &[key], &[tick.to_string()])
+                    .run::<i64>(&mut c, &[key, mark], &[tick.to_string(), keep_ms])
                     .await
             })
             .await
             .map(|_| ())
+    }
+
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        let shared = self.shared();
+        let mark = shared.keys.tick_mark(job, tick);
+        shared
+            .conn
+            .run("read tick mark", |mut c| async move {
+                redis::cmd("EXISTS").arg(mark).query_async(&mut c).await
+            })
+            .await
     }
 }

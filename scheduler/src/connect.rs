@@ -297,7 +297,7 @@ mod tests {
         let c = connect("memory://").await?;
         let job = lock_core::LockName::new("job")?;
         a.tick_store()
-            .record_completed(&job, 42)
+            .record_completed(&job, 42, std::time::Duration::from_secs(60))
             .await
             .map_err(lock_core::Error::from)?;
         assert_eq!(

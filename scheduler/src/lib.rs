@@ -32,12 +32,14 @@
 //!    behind finds the tick taken, even if the job took a millisecond.
 //! 3. A finished tick is recorded in the [`TickStore`](lock_core::TickStore),
 //!    on the same server as the locks, and a replica checks that record
-//!    *after* taking the tick's lock, before running: a tick recorded as the
-//!    last completed one is never run again, and a tick older than the
-//!    tolerance is not run once a later one has completed. (The store keeps
-//!    only the latest tick, so within the tolerance the completion mark of
-//!    2. decides; a later tick finished by a replica whose clock is ahead does
-//!    not cancel an earlier one that nobody has run yet.)
+//!    *after* taking the tick's lock, before running: a tick marked as
+//!    completed is never run again (marks are kept for twice the tolerance,
+//!    at least a minute), and a tick older than the tolerance is not run
+//!    once a later one has completed. A later tick finished by a replica
+//!    whose clock is ahead does not cancel an earlier one that nobody has run
+//!    yet. The store's mark, unlike the lock of 2., outlives the replica: on
+//!    Postgres a crashed replica's locks, completion marks included, vanish
+//!    with its session.
 //!
 //! A run that is cut short is not finished: if its replica crashes, or loses
 //! the tick's lock (or the leadership) mid-run, its handler stops at once,

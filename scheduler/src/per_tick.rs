@@ -3,6 +3,7 @@
 //! again.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use lock_core::{Error as LockError, LeaseHandle, LockGuard, LockName};
@@ -89,7 +90,26 @@ async fn attempt(
         return outcome;
     }
     // Checked while holding the lock, so a replica that finished this tick
-    // either still holds its completion mark or has recorded it.
+    // either still holds its completion mark or has recorded it. The
+    // recorded mark is what counts when that replica has since died on a
+    // session backend (Postgres), whose locks die with their session.
+    match rt
+        .ticks
+        .is_completed(&job.name, tick.at.timestamp_millis())
+        .await
+    {
+        Ok(true) => {
+            debug!(job = label, tick = %tick.at, "tick marked completed by a replica");
+            let _ = guard.release().await;
+            return TickOutcome::Skipped;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            warn!(job = label, error = %e, "cannot read the tick's completion mark; not running (fail closed)");
+            let _ = guard.release().await;
+            return TickOutcome::Skipped;
+        }
+    }
     match rt.ticks.last_completed(&job.name).await {
         Ok(Some(last)) if already_done(rt, tick.at, last) => {
             debug!(job = label, tick = %tick.at, "tick already completed by a replica");
@@ -245,10 +265,17 @@ async fn execute(
     outcome
 }
 
+/// How long a tick's completion mark is kept in the store: past every
+/// replica's firing of the tick (the skew tolerance, twice for margin), and
+/// at least a minute. Older ticks are covered by the latest completed one.
+fn mark_keep(rt: &Runtime) -> Duration {
+    rt.tolerance.saturating_mul(2).max(Duration::from_secs(60))
+}
+
 async fn record(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick) -> bool {
     match rt
         .ticks
-        .record_completed(&job.name, tick.at.timestamp_millis())
+        .record_completed(&job.name, tick.at.timestamp_millis(), mark_keep(rt))
         .await
     {
         Ok(()) => true,

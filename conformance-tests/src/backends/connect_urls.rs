@@ -50,12 +50,26 @@ fn round_trip(url: &str, name: &str) -> Result<(), Failed> {
         guard.assert_held()?;
         guard.release().await?;
         let ticks = backend.tick_store();
-        ticks.record_completed(&name, 2_000).await?;
-        ticks.record_completed(&name, 1_000).await?;
+        ticks
+            .record_completed(&name, 2_000, std::time::Duration::from_secs(60))
+            .await?;
+        ticks
+            .record_completed(&name, 1_000, std::time::Duration::from_secs(60))
+            .await?;
         let last = ticks.last_completed(&name).await?;
         if last != Some(2_000) {
             return Err(Failed::from(format!(
                 "tick store kept {last:?}, expected Some(2000)"
+            )));
+        }
+        // The earlier tick is marked on its own, though it is not the latest.
+        let marks = (
+            ticks.is_completed(&name, 1_000).await?,
+            ticks.is_completed(&name, 1_500).await?,
+        );
+        if marks != (true, false) {
+            return Err(Failed::from(format!(
+                "tick marks for 1000 and 1500: {marks:?}, expected (true, false)"
             )));
         }
         Ok(())

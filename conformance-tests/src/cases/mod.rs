@@ -120,6 +120,10 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_far_ahead_replica_does_not_starve_others,
         Requires::Nothing
     ),
+    case!(
+        scheduler::scheduler_finished_tick_outlives_its_replica,
+        Requires::Nothing
+    ),
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.

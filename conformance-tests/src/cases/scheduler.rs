@@ -19,7 +19,7 @@ pub(super) use missed::scheduler_missed_tick_policies_after_outage;
 pub(super) use skew::{
     scheduler_busy_fast_replica_does_not_cancel_a_tick,
     scheduler_far_ahead_replica_does_not_starve_others,
-    scheduler_skew_beyond_tolerance_still_runs_once,
+    scheduler_finished_tick_outlives_its_replica, scheduler_skew_beyond_tolerance_still_runs_once,
 };
 
 use scheduler::Mode;

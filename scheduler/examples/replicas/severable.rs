@@ -108,8 +108,18 @@ impl TickStore for Severable {
         self.ticks.last_completed(job).await
     }
 
-    async fn record_completed(&self, job: &LockName, tick: i64) -> Result<(), BackendError> {
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: std::time::Duration,
+    ) -> Result<(), BackendError> {
         self.gate()?;
-        self.ticks.record_completed(job, tick).await
+        self.ticks.record_completed(job, tick, keep).await
+    }
+
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        self.gate()?;
+        self.ticks.is_completed(job, tick).await
     }
 }

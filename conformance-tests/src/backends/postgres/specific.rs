@@ -503,12 +503,15 @@ async fn tick_store_keeps_the_maximum(f: Arc<PostgresFactory>) -> Result<(), Box
     if a.last_completed(&job).await?.is_some() {
         return Err("a fresh job has a tick".into());
     }
-    a.record_completed(&job, 2_000).await?;
-    b.record_completed(&job, 1_000).await?;
+    a.record_completed(&job, 2_000, std::time::Duration::from_secs(60))
+        .await?;
+    b.record_completed(&job, 1_000, std::time::Duration::from_secs(60))
+        .await?;
     if b.last_completed(&job).await? != Some(2_000) {
         return Err("an older tick moved the maximum backwards".into());
     }
-    b.record_completed(&job, 3_000).await?;
+    b.record_completed(&job, 3_000, std::time::Duration::from_secs(60))
+        .await?;
     if a.last_completed(&job).await? != Some(3_000) {
         return Err("a newer tick was not recorded".into());
     }

@@ -186,7 +186,9 @@ async fn acl_body(f: &RedisFactory, user: &str, allowed: &str) -> Result<(), Box
         format!("the waiter took {:?} after the release", at - released),
     )?;
     g.release().await?;
-    backend.record_completed(&name, 42).await?;
+    backend
+        .record_completed(&name, 42, std::time::Duration::from_secs(60))
+        .await?;
     ensure(backend.last_completed(&name).await? == Some(42), "ticks")?;
     ensure(
         backend.server_time().await?.is_some(),

@@ -322,13 +322,16 @@ async fn tick_store_keeps_the_maximum(f: Arc<RedisFactory>) -> Result<(), BoxErr
         a.last_completed(&job).await?.is_none(),
         "a fresh job has a tick",
     )?;
-    a.record_completed(&job, 1_700_000_002_000).await?;
-    b.record_completed(&job, 1_700_000_001_000).await?;
+    a.record_completed(&job, 1_700_000_002_000, std::time::Duration::from_secs(60))
+        .await?;
+    b.record_completed(&job, 1_700_000_001_000, std::time::Duration::from_secs(60))
+        .await?;
     ensure(
         b.last_completed(&job).await? == Some(1_700_000_002_000),
         "the tick moved backwards",
     )?;
-    b.record_completed(&job, 1_700_000_003_000).await?;
+    b.record_completed(&job, 1_700_000_003_000, std::time::Duration::from_secs(60))
+        .await?;
     ensure(
         a.last_completed(&job).await? == Some(1_700_000_003_000),
         "a later tick was not kept",

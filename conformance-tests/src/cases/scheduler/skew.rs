@@ -108,3 +108,59 @@ pub(crate) async fn scheduler_far_ahead_replica_does_not_starve_others(ctx: Ctx)
         assert_eq!(ticks.len(), total, "a tick ran twice: {runs:?}");
     }
 }
+
+/// Replica 0's clock is 2 s ahead. Once it has finished two ticks it goes
+/// away without a shutdown, and its locks (the finished ticks' completion
+/// marks among them) go with it, as a crashed replica's do on Postgres (the
+/// saboteur removes them here, on every backend).
+/// Replica 1, on the true clock, then fires those ticks 2 s later. For the
+/// first, the latest completed tick is the second, a later one, which alone
+/// does not prove the first ran: the first's own mark in the tick store must
+/// stop replica 1 from running it again.
+pub(crate) async fn scheduler_finished_tick_outlives_its_replica(ctx: Ctx) {
+    let plan = Plan::of(&ctx);
+    let fleet = Fleet::new(&ctx, &[2_000, 0]).await;
+    let name = ctx.name("outlives");
+    let job = |replica| fleet.recording_job(name.as_str(), plan.cron, replica, plan.work);
+    let ahead = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job(0)]);
+    ahead.start().expect("starts");
+    let mut waited = 0;
+    while fleet.log.completed().len() < 2 {
+        assert!(waited < 60, "replica 0 finished no two ticks in 6 periods");
+        sleep(plan.period / 10).await;
+        waited += 1;
+    }
+    drop(ahead);
+    // The crash: the finished ticks' locks, kept as completion marks, go.
+    let saboteur = ctx.saboteur().await;
+    for run in fleet.log.completed() {
+        let lock =
+            lock_core::LockName::new(format!("{}/{}", name.as_str(), run.tick.timestamp_millis()))
+                .expect("a tick's lock name");
+        // On Postgres the dropped scheduler's locks may be gone already.
+        let _ = saboteur.expire(&lock).await;
+    }
+    let late = fleet.scheduler(&ctx, 1, Mode::PerTick, vec![job(1)]);
+    late.start().expect("starts");
+    sleep(plan.period * 4).await;
+    fleet.shutdown_all(vec![late]).await;
+    let runs = fleet.log.completed();
+    let done: Vec<_> = runs
+        .iter()
+        .filter(|r| r.replica == 0)
+        .map(|r| r.tick)
+        .collect();
+    let again: Vec<_> = runs
+        .iter()
+        .filter(|r| r.replica == 1 && done.contains(&r.tick))
+        .collect();
+    assert!(
+        again.is_empty(),
+        "replica 1 ran ticks replica 0 had finished: {again:?} (all runs: {runs:?})"
+    );
+    let first = done[0];
+    assert!(
+        runs.iter().any(|r| r.replica == 1 && r.tick > first),
+        "replica 1 ran nothing after {first}: {runs:?}"
+    );
+}

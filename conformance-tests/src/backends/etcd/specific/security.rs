@@ -181,7 +181,9 @@ pub(super) async fn rbac_user_limited_to_prefix(
         "no watch".into()
     })?;
     guard.release().await?;
-    backend.record_completed(&name, 42).await?;
+    backend
+        .record_completed(&name, 42, std::time::Duration::from_secs(60))
+        .await?;
     ensure(backend.last_completed(&name).await? == Some(42), || {
         "tick not stored".into()
     })?;

@@ -21,7 +21,8 @@ pub(super) async fn tick_store_keeps_the_maximum(
     ensure(a.last_completed(&job).await?.is_none(), || {
         "a fresh job has a tick".into()
     })?;
-    a.record_completed(&job, -5).await?;
+    a.record_completed(&job, -5, std::time::Duration::from_secs(60))
+        .await?;
     ensure(a.last_completed(&job).await? == Some(-5), || {
         "negative tick lost".into()
     })?;
@@ -33,7 +34,9 @@ pub(super) async fn tick_store_keeps_the_maximum(
                 // Each writer goes down as well as up, so a lost race would show.
                 for i in 0..40i64 {
                     let tick = 1_000 * (2 * i + parity) * if i % 3 == 0 { -1 } else { 1 };
-                    store.record_completed(&job, tick).await?;
+                    store
+                        .record_completed(&job, tick, std::time::Duration::from_secs(60))
+                        .await?;
                 }
                 Ok::<_, lock_core::BackendError>(())
             })
@@ -50,7 +53,8 @@ pub(super) async fn tick_store_keeps_the_maximum(
     ensure(stored == Some(max), || {
         format!("stored {stored:?}, largest recorded {max}")
     })?;
-    a.record_completed(&job, max - 1).await?;
+    a.record_completed(&job, max - 1, std::time::Duration::from_secs(60))
+        .await?;
     ensure(a.last_completed(&job).await? == Some(max), || {
         "an older tick lowered it".into()
     })?;
