@@ -43,12 +43,13 @@ impl Probe {
         }
     }
 
-    /// Sequential round trips in one acquire: Redis runs one script; etcd
-    /// reads the key, grants a lease, then puts the key on it.
+    /// Sequential round trips in one acquire of a free name: Redis runs one
+    /// script; etcd grants a lease, then puts the key on it (a name is read
+    /// first only once an attempt on it was denied).
     fn acquire_round_trips(&self) -> u32 {
         match self {
             Self::Redis(_) => 1,
-            Self::Etcd => 3,
+            Self::Etcd => 2,
         }
     }
 }
