@@ -1,6 +1,6 @@
 //! Private `redis-server`s for the suite: plain and TLS. (With the `docker`
 //! feature, a container stands in when no binary is installed: see
-//! [`crate::harness::docker`].)
+//! `harness::docker`.)
 
 use std::path::Path;
 use std::time::Duration;
