@@ -272,6 +272,39 @@ impl PostgresBackend {
             .map(|v| v.unwrap_or(false))
     }
 
+    /// Reads a lock attempt's row: whether the lock was granted. When it was
+    /// not (or the session is not the one the statement was meant for, whose
+    /// guard then kept the lock from being taken), the holding recorded for
+    /// `owner` is dropped.
+    fn granted(
+        &self,
+        session: &LockSession,
+        row: &tokio_postgres::Row,
+        key: AdvisoryKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        if let Err(e) = session.check_pid(row) {
+            self.take_holding(key, owner);
+            return Err(e);
+        }
+        let got: Option<bool> = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
+        if got != Some(true) {
+            self.take_holding(key, owner);
+        }
+        Ok(got == Some(true))
+    }
+
+    /// Gives back a lock taken without its fencing token (the lease is
+    /// unusable); ends the session if even that fails.
+    async fn give_back(&self, session: &LockSession, key: AdvisoryKey, owner: &OwnerToken) {
+        if self.take_holding(key, owner).is_some() {
+            if let Err(unlock) = self.unlock(session, key, false).await {
+                warn!(error = %unlock, "could not unlock after a fencing failure; ending the session");
+                session.terminate();
+            }
+        }
+    }
+
     /// One round trip: the lock attempt and, if it succeeded, the fencing
     /// token. The caller has recorded the holding for `owner`.
     async fn try_lock_fenced(
@@ -298,14 +331,7 @@ impl PostgresBackend {
         let row = rows
             .first()
             .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
-        if let Err(e) = session.check_pid(row) {
-            // The guard in the statement kept the lock from being taken.
-            self.take_holding(key, owner);
-            return Err(e);
-        }
-        let got: Option<bool> = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
-        if got != Some(true) {
-            self.take_holding(key, owner);
+        if !self.granted(session, row, key, owner)? {
             return Ok(AcquireAttempt::Held);
         }
         let token: Option<i64> = row.try_get(2).map_err(|e| protocol(e.to_string()))?;
@@ -315,13 +341,7 @@ impl PostgresBackend {
         match token {
             Ok(t) => Ok(AcquireAttempt::Acquired(Lease::new(Some(t)))),
             Err(e) => {
-                // Without its token the lease is unusable: give the lock back.
-                if self.take_holding(key, owner).is_some() {
-                    if let Err(unlock) = self.unlock(session, key, false).await {
-                        warn!(error = %unlock, "could not unlock after a fencing failure; ending the session");
-                        session.terminate();
-                    }
-                }
+                self.give_back(session, key, owner).await;
                 Err(e)
             }
         }
@@ -418,14 +438,7 @@ impl LockBackend for PostgresBackend {
         let row = rows
             .first()
             .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
-        if let Err(e) = session.check_pid(row) {
-            // The guard in the statement kept the lock from being taken.
-            self.take_holding(key, owner);
-            return Err(e);
-        }
-        let got: Option<bool> = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
-        if got != Some(true) {
-            self.take_holding(key, owner);
+        if !self.granted(&session, row, key, owner)? {
             return Ok(AcquireAttempt::Held);
         }
         if !cfg.fencing {
@@ -437,13 +450,7 @@ impl LockBackend for PostgresBackend {
                 Ok(AcquireAttempt::Acquired(Lease::new(Some(token))))
             }
             Err(e) => {
-                // Without its token the lease is unusable: give the lock back.
-                if self.take_holding(key, owner).is_some() {
-                    if let Err(unlock) = self.unlock(&session, key, false).await {
-                        warn!(error = %unlock, "could not unlock after a fencing failure; ending the session");
-                        session.terminate();
-                    }
-                }
+                self.give_back(&session, key, owner).await;
                 Err(e)
             }
         }

@@ -26,7 +26,7 @@ use tokio::process::Child;
 use tokio::time::{sleep, Instant};
 
 use super::figures::{self, Row};
-use super::procs::{libfaketime, signal, Journal, Line, WallClock};
+use super::procs::{libfaketime, process_url, signal, Journal, Line, WallClock};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -73,13 +73,9 @@ fn is_leader(line: &Line, who: Option<usize>) -> bool {
 
 /// X10 on the backend at `target`, with the replica binary at `replica`.
 pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
-    let lib =
-        libfaketime().expect("libfaketime is installed (apt-get install faketime libfaketime)");
+    let lib = libfaketime();
     let ttl = ctx.timing().ttl;
-    let url = ctx
-        .factory()
-        .connect_url()
-        .expect("the server has a URL for other processes");
+    let url = process_url(&ctx);
     let faults = target.iterations + 1;
     let run_ms = (LEAD_FOR + ttl * 4) * (u32::try_from(faults).unwrap_or(8) + 2);
     let args = vec![
@@ -160,12 +156,22 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
         row.detection.push(failover);
         leader = next.who;
     }
-    // Let the last run finish, then stop everyone.
-    sleep(Duration::from_millis(1_500)).await;
+    // Let the run under way finish (the leader reports its next outcome),
+    // then stop everyone and read their output to the end.
+    let last = leader;
+    wait_for(
+        &journal,
+        now_ns(),
+        elect_within,
+        "the leader's next outcome",
+        |l| l.who == last && l.kind() == "OUTCOME",
+    )
+    .await;
     for slot in &mut slots {
         let _ = slot.child.start_kill();
+        let _ = slot.child.wait().await;
     }
-    sleep(Duration::from_millis(200)).await;
+    journal.drained(Duration::from_secs(5)).await;
     let lines = journal.lines();
     let verdict = judge(&lines, &failovers, &mut row);
     if !verdict.is_empty() {

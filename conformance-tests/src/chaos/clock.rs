@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{sleep, timeout};
 
 use super::figures::{self, Row};
-use super::procs::{libfaketime, Journal, Line, WallClock};
+use super::procs::{libfaketime, process_url, Journal, Line, WallClock};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -40,16 +40,12 @@ fn ns(d: Duration) -> u64 {
 /// previous one (within the heartbeat's batching slack and 50 ms), and the
 /// watchdog must fire at `max_hold` after the acquire was sent, within 50 ms.
 pub(super) async fn holder_clock_step(ctx: Ctx, target: Target, holder: &Path) {
-    let lib =
-        libfaketime().expect("libfaketime is installed (apt-get install faketime libfaketime)");
+    let lib = libfaketime();
     let ttl = ctx.timing().ttl;
     let opts = lock_core::LockOptions::new(ttl);
     let (interval, drift) = (opts.renew_interval(), opts.drift());
     let max_hold = ttl * 3 + ttl / 2;
-    let url = ctx
-        .factory()
-        .connect_url()
-        .expect("the server has a URL for other processes");
+    let url = process_url(&ctx);
     let mut row = Row {
         backend: ctx.factory().name().to_owned(),
         case: "chaos_clock_step_holder".to_owned(),
@@ -94,6 +90,8 @@ pub(super) async fn holder_clock_step(ctx: Ctx, target: Target, holder: &Path) {
             Some("max_hold_exceeded")
         );
         let _ = timeout(ttl * 2, child.wait()).await;
+        let _ = child.start_kill();
+        journal.drained(Duration::from_secs(5)).await;
         // Each write carries the lease's remaining validity: write time plus
         // remaining is the local deadline, which is the renewal's send time
         // plus `ttl - drift`. A change of deadline is a renewal.
@@ -146,13 +144,9 @@ pub(super) async fn holder_clock_step(ctx: Ctx, target: Target, holder: &Path) {
 /// every instant between the first and the last run (a step on one replica
 /// must not stop the others).
 pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
-    let lib =
-        libfaketime().expect("libfaketime is installed (apt-get install faketime libfaketime)");
+    let lib = libfaketime();
     let ttl = ctx.timing().ttl;
-    let url = ctx
-        .factory()
-        .connect_url()
-        .expect("the server has a URL for other processes");
+    let url = process_url(&ctx);
     let phase = Duration::from_secs(3);
     let plan = [-STEP_S, 0, STEP_S, 0];
     let run_for = phase * (u32::try_from(plan.len()).unwrap_or(4) + 2);
@@ -186,6 +180,7 @@ pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
         let _ = timeout(phase * 2, child.wait()).await;
         let _ = child.start_kill();
     }
+    journal.drained(Duration::from_secs(5)).await;
     let lines = journal.lines();
     let mut runs: BTreeMap<i64, Vec<&Line>> = BTreeMap::new();
     for l in lines.iter().filter(|l| l.kind() == "RUN") {

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::cases::{wind_down, Handover};
 use super::figures::{self, Row};
 use super::holder::Resource;
-use super::procs::signal;
+use super::procs::{process_url, signal};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -70,10 +70,7 @@ pub(super) fn apply(line: &str, resource: &Resource, late: &mut usize) -> bool {
 pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let url = ctx
-        .factory()
-        .connect_url()
-        .expect("the server has a URL for other processes");
+    let url = process_url(&ctx);
     let successor = scheduler::connect(&url)
         .await
         .expect("the successor connects")

@@ -10,8 +10,13 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-/// The libfaketime preload library (the thread-safe build), if installed.
-pub(super) fn libfaketime() -> Option<PathBuf> {
+/// The libfaketime preload library (the thread-safe build); the cases that
+/// step clocks fail without it.
+pub(super) fn libfaketime() -> PathBuf {
+    find_libfaketime().expect("libfaketime is installed (apt-get install faketime libfaketime)")
+}
+
+fn find_libfaketime() -> Option<PathBuf> {
     [
         "/usr/lib/x86_64-linux-gnu/faketime",
         "/usr/lib/aarch64-linux-gnu/faketime",
@@ -83,11 +88,19 @@ impl Line {
     }
 }
 
+/// The URL the case's server is reached by from a child process.
+pub(super) fn process_url(ctx: &crate::Ctx) -> String {
+    ctx.factory()
+        .connect_url()
+        .expect("the server has a URL for other processes")
+}
+
 /// Every line of every child, in arrival order, plus a feed of the same.
 #[derive(Debug)]
 pub(super) struct Journal {
     lines: Arc<Mutex<Vec<Line>>>,
     tx: mpsc::UnboundedSender<Line>,
+    readers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Journal {
@@ -95,7 +108,8 @@ impl Journal {
     pub(super) fn new() -> (Self, mpsc::UnboundedReceiver<Line>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let lines = Arc::new(Mutex::new(Vec::new()));
-        (Self { lines, tx }, rx)
+        let readers = Mutex::default();
+        (Self { lines, tx, readers }, rx)
     }
 
     /// A copy of every line so far.
@@ -126,7 +140,7 @@ impl Journal {
         let mut child = cmd.spawn().expect("the child starts");
         let stdout = child.stdout.take().expect("piped stdout");
         let (lines, tx) = (Arc::clone(&self.lines), self.tx.clone());
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut reader = BufReader::new(stdout).lines();
             while let Ok(Some(text)) = reader.next_line().await {
                 let mut words: Vec<String> = text.split(' ').map(str::to_owned).collect();
@@ -138,7 +152,23 @@ impl Journal {
                 let _ = tx.send(line);
             }
         });
+        self.readers.lock().expect("journal lock").push(reader);
         child
+    }
+
+    /// Waits (up to `within`) until every child's output has been read to
+    /// its end: call it once the children have exited.
+    pub(super) async fn drained(&self, within: std::time::Duration) {
+        let readers = std::mem::take(&mut *self.readers.lock().expect("journal lock"));
+        tokio::time::timeout(within, futures_all(readers))
+            .await
+            .expect("the children's output ends after they exit");
+    }
+}
+
+async fn futures_all(readers: Vec<tokio::task::JoinHandle<()>>) {
+    for r in readers {
+        r.await.expect("a report reader panicked");
     }
 }
 
