@@ -12,7 +12,8 @@
 //! - `RUN <tick-ms> <token> <mono>` when a run starts;
 //! - `WRITE <tick-ms> <token> <late> <mono>` for each write whose guard
 //!   passed, `late` 1 if it passed at or after the local deadline;
-//! - `END <tick-ms> <mono>` when a run finished its writes;
+//! - `END <tick-ms> <mono>` when a run finished its writes and still held
+//!   the lock at the end;
 //! - `OUTCOME <tick-ms> <outcome> <catch-up> <mono>` for every tick this
 //!   replica fired (the scheduler's own report);
 //! - `EXIT <mono>` after the shutdown.
@@ -97,6 +98,8 @@ async fn replica(url: &str, mode: Mode, job_ttl: Duration, run: Duration) -> Res
             say(format_args!("WRITE {tick} {token} {}", u8::from(late)));
             tokio::time::sleep(WRITE_EVERY).await;
         }
+        // The commit point: a run counts as finished only under the lock.
+        ctx.assert_held()?;
         say(format_args!("END {tick}"));
         Ok(())
     })
