@@ -181,4 +181,8 @@ impl LockBackend for FaultyBackend {
         self.gate(false).await?;
         self.inner.subscribe_release(name).await
     }
+
+    fn loss_feed(&self) -> Option<lock_core::LossFeed> {
+        self.inner.loss_feed()
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{BackendError, LockName, OwnerToken};
+use crate::{BackendError, LockName, LossFeed, OwnerToken};
 
 /// How a backend's leases end when their holder disappears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,6 +44,10 @@ pub struct Capabilities {
     /// The longest TTL the backend can keep safe, if it has a limit (a session
     /// backend whose server-side dead-peer detection is configured for it).
     pub max_ttl: Option<Duration>,
+    /// Whether [`LockBackend::loss_feed`] reports leases that ended on the
+    /// server as soon as the backend learns of it, rather than at their next
+    /// renewal.
+    pub loss_push: bool,
 }
 
 impl Capabilities {
@@ -56,7 +60,14 @@ impl Capabilities {
             release_notify: false,
             min_ttl: Duration::from_millis(1),
             max_ttl: None,
+            loss_push: false,
         }
+    }
+
+    /// Declares that the backend pushes losses through its [`LossFeed`].
+    pub const fn with_loss_push(mut self, yes: bool) -> Self {
+        self.loss_push = yes;
+        self
     }
 
     /// Declares fencing-token support.
@@ -259,11 +270,23 @@ pub trait LockBackend: fmt::Debug + Send + Sync {
         let _ = name;
         Ok(None)
     }
+
+    /// The feed through which this backend reports leases that ended on the
+    /// server (a closed session, a revoked lease) the moment it learns of it.
+    ///
+    /// Backends that return one MUST declare [`Capabilities::loss_push`] and
+    /// MUST call [`LossFeed::leases_ended`] before they themselves free the
+    /// locks (closing a session on purpose), and as soon as they notice
+    /// otherwise. The default is `None`: losses are found by renewal.
+    fn loss_feed(&self) -> Option<LossFeed> {
+        None
+    }
 }
 
 macro_rules! forward_backend {
     ($ptr:ident) => {
         #[async_trait]
+        #[deny(clippy::missing_trait_methods)]
         impl<T: LockBackend + ?Sized> LockBackend for $ptr<T> {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
@@ -309,6 +332,9 @@ macro_rules! forward_backend {
                 name: &LockName,
             ) -> Result<Option<ReleaseSignal>, BackendError> {
                 (**self).subscribe_release(name).await
+            }
+            fn loss_feed(&self) -> Option<LossFeed> {
+                (**self).loss_feed()
             }
         }
     };

@@ -26,17 +26,29 @@ pub enum LossReason {
     /// The lease was held for its configured maximum hold time; the watchdog
     /// cancelled the job and released the lock.
     MaxHoldExceeded,
+    /// The holder released the lease, dropped its guard, or its retained hold
+    /// ended. Not a loss: it is not counted in `distributed_lock_lost_total`,
+    /// but handles stop reporting the lease held.
+    Released,
 }
 
 impl LossReason {
-    /// The metric label value: `stolen`, `expired`, `backend_error` or `max_hold_exceeded`.
+    /// The metric label value: `stolen`, `expired`, `backend_error` or
+    /// `max_hold_exceeded` (and `released`, which is never counted).
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Stolen => "stolen",
             Self::Expired => "expired",
             Self::BackendError => "backend_error",
             Self::MaxHoldExceeded => "max_hold_exceeded",
+            Self::Released => "released",
         }
+    }
+
+    /// Whether the lease ended against its holder's will (everything but
+    /// [`LossReason::Released`]); only these are counted as losses.
+    pub const fn is_loss(self) -> bool {
+        !matches!(self, Self::Released)
     }
 }
 
@@ -98,8 +110,9 @@ pub enum Error {
         /// The lock that was requested.
         name: LockName,
     },
-    /// The lease is no longer valid; stop writing to the protected resource.
-    #[error("lock {name} was lost ({reason}); stop before the next write")]
+    /// The lease is no longer valid (lost, or released by its holder); stop
+    /// writing to the protected resource.
+    #[error("lock {name} is no longer held ({reason}); stop before the next write")]
     LockLost {
         /// The lost lock.
         name: LockName,

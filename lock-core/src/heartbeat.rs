@@ -223,7 +223,9 @@ impl Heartbeat {
     fn apply_command(&mut self, cmd: Command) {
         match cmd {
             Command::Track(lease) => {
-                let next_renew = lease.acquired_at + lease.interval;
+                let next_renew = lease
+                    .renew_due_after(lease.acquired_at)
+                    .unwrap_or(lease.acquired_at);
                 self.entries.insert(
                     lease.id,
                     Entry {
@@ -261,9 +263,7 @@ impl Heartbeat {
         let mut due = Vec::new();
         for (id, e) in &self.entries {
             let lease = &e.lease;
-            if lease.loss_reason().is_none() && lease.hold_deadline.is_some_and(|h| now >= h) {
-                lease.mark_lost(LossReason::MaxHoldExceeded);
-            }
+            // Ends the lease at its local deadline or its max_hold (the watchdog).
             if lease.check_valid(now).is_err() {
                 ended.push(*id);
                 continue;
@@ -282,7 +282,12 @@ impl Heartbeat {
         }
         for id in ended {
             if let Some(e) = self.entries.remove(&id) {
-                if e.lease.loss_reason() != Some(LossReason::Stolen) {
+                // A stolen lock is someone else's now; a released one is
+                // being released by its holder.
+                if !matches!(
+                    e.lease.loss_reason(),
+                    Some(LossReason::Stolen | LossReason::Released)
+                ) {
                     self.release_in_background(e.lease);
                 }
             }
@@ -335,7 +340,7 @@ impl Heartbeat {
             Ok(LeaseStatus::Held) => {
                 metrics.renewal(&lease.label, RenewalOutcome::Renewed);
                 lease.extend(sent_at);
-                entry.next_renew = sent_at + lease.interval;
+                entry.next_renew = lease.renew_due_after(sent_at).unwrap_or(sent_at);
             }
             Ok(status) => {
                 let (outcome, reason) = match status {

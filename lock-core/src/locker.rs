@@ -10,8 +10,9 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tracing::warn;
 
 use crate::heartbeat::HeartbeatHandle;
-use crate::lease::{LeaseParts, LeaseState};
+use crate::lease::{deadline_after, LeaseParts, LeaseState};
 use crate::local::{LocalClaim, LocalClaims};
+use crate::loss_feed::LeaseRegistry;
 use crate::metrics::AcquireOutcome;
 use crate::wait::Backoff;
 use crate::{
@@ -59,6 +60,8 @@ struct Inner {
     claims: Arc<LocalClaims>,
     heartbeat: Mutex<Option<HeartbeatHandle>>,
     next_id: AtomicU64,
+    /// This `Locker`'s leases by owner, when the backend pushes losses.
+    registry: Option<Arc<LeaseRegistry>>,
 }
 
 impl fmt::Debug for Locker {
@@ -132,6 +135,15 @@ impl LockerBuilder {
             (None, None) => LockMetrics::default_registry()?,
         };
         let capabilities = self.backend.as_ref().map(|b| b.capabilities());
+        let registry = self
+            .backend
+            .as_ref()
+            .and_then(|b| b.loss_feed())
+            .map(|feed| {
+                let registry = Arc::new(LeaseRegistry::default());
+                feed.subscribe(&registry);
+                registry
+            });
         Ok(Locker {
             inner: Arc::new(Inner {
                 backend: self.backend,
@@ -141,6 +153,7 @@ impl LockerBuilder {
                 claims: Arc::default(),
                 heartbeat: Mutex::new(None),
                 next_id: AtomicU64::new(1),
+                registry,
             }),
         })
     }
@@ -229,7 +242,10 @@ impl Locker {
     pub async fn lock(&self, name: &LockName, opts: &LockOptions) -> Result<LockGuard> {
         self.validate(opts)?;
         let started = Instant::now();
-        let deadline = opts.acquire_timeout().map(|t| started + t);
+        // A timeout too large for the clock is no timeout.
+        let deadline = opts
+            .acquire_timeout()
+            .and_then(|t| deadline_after(started, t));
         let notify = self
             .inner
             .capabilities
@@ -392,7 +408,8 @@ impl Locker {
                 });
             }
         };
-        if Instant::now() >= sent_at + opts.ttl() - opts.drift() {
+        let usable_until = deadline_after(sent_at, opts.ttl().saturating_sub(opts.drift()));
+        if usable_until.is_none_or(|until| Instant::now() >= until) {
             // The grant arrived after its own validity ran out (X5): unusable.
             metrics.acquisition(&label, AcquireOutcome::Unavailable);
             return Err(Error::Unavailable {
@@ -405,7 +422,7 @@ impl Locker {
         }
         cleanup.disarm();
         metrics.acquisition(&label, AcquireOutcome::Acquired);
-        let state = Arc::new(LeaseState::new(LeaseParts {
+        let state = LeaseState::new(LeaseParts {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             name: name.clone(),
             owner,
@@ -415,7 +432,8 @@ impl Locker {
             sent_at,
             backend: Some(Arc::clone(&backend)),
             metrics: metrics.clone(),
-        }));
+            registry: self.inner.registry.clone(),
+        });
         let heartbeat = self.heartbeat(&backend);
         heartbeat.track(Arc::clone(&state));
         Ok(LockGuard::new(state, Some(heartbeat), claim))
@@ -435,7 +453,7 @@ impl Locker {
         }
         warn!(lock = %name, "running without a distributed lock: no backend is configured; this is only safe with a single replica");
         metrics.acquisition(&label, AcquireOutcome::Unlocked);
-        let state = Arc::new(LeaseState::new(LeaseParts {
+        let state = LeaseState::new(LeaseParts {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             name: name.clone(),
             owner: OwnerToken::generate()?,
@@ -445,7 +463,8 @@ impl Locker {
             sent_at: Instant::now(),
             backend: None,
             metrics: metrics.clone(),
-        }));
+            registry: None,
+        });
         Ok(LockGuard::new(state, None, claim))
     }
 

@@ -4,6 +4,18 @@ use std::time::Duration;
 
 use crate::{Error, Result};
 
+/// The longest TTL (and retained hold) a lease may have: a year. Longer
+/// values are refused rather than passed to a server or added to a clock.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The shortest renewal interval accepted.
+const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(1);
+
+/// The clock-drift margin for a lease of `ttl`: 1 % plus 2 ms.
+pub(crate) fn drift_for(ttl: Duration) -> Duration {
+    (ttl / 100).saturating_add(Duration::from_millis(2))
+}
+
 /// How a lock is held: TTL, watchdog, renewal and waiting.
 ///
 /// The TTL answers "how long may a crashed holder block everyone else"; keep it
@@ -53,19 +65,22 @@ impl LockOptions {
 
     /// Caps how long renewal keeps the lock alive; at that instant the job is
     /// cancelled and the lock released (`max_hold_exceeded`). Must be ≥ the TTL.
+    /// A value too large for the clock (such as `Duration::MAX`) means no cap.
     pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
     }
 
-    /// Overrides the renewal interval (default `ttl / 3`). Must be below the TTL.
+    /// Overrides the renewal interval (default `ttl / 3`). Must be below the
+    /// TTL and at least 1 ms.
     pub fn with_renew_interval(mut self, interval: Duration) -> Self {
         self.renew_interval = Some(interval);
         self
     }
 
     /// Bounds how long [`Locker::lock`](crate::Locker::lock) waits. Without it, it
-    /// waits until the lock is free or the future is dropped.
+    /// waits until the lock is free or the future is dropped; a value too
+    /// large for the clock (such as `Duration::MAX`) means the same.
     pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = Some(timeout);
         self
@@ -121,7 +136,7 @@ impl LockOptions {
     /// 1 % of the TTL plus 2 ms, the allowance Redlock's analysis uses for
     /// clocks that run at slightly different rates.
     pub fn drift(&self) -> Duration {
-        self.ttl / 100 + Duration::from_millis(2)
+        drift_for(self.ttl)
     }
 
     /// Checks the options against each other and against a backend's TTL
@@ -151,6 +166,12 @@ impl LockOptions {
         if self.ttl.is_zero() {
             return Err(Error::Config("the TTL must be greater than zero".into()));
         }
+        if self.ttl > MAX_TTL {
+            return Err(Error::Config(format!(
+                "a TTL of {:?} is above the longest supported ({MAX_TTL:?}); the TTL bounds how long a crashed holder blocks others, so keep it short and use max_hold for long runs",
+                self.ttl
+            )));
+        }
         if self.ttl < min_ttl {
             return Err(Error::Config(format!(
                 "a TTL of {:?} is below this backend's minimum of {min_ttl:?}",
@@ -165,10 +186,10 @@ impl LockOptions {
             )));
         }
         let interval = self.renew_interval();
-        if interval.is_zero() {
-            return Err(Error::Config(
-                "the renewal interval must be greater than zero".into(),
-            ));
+        if interval < MIN_RENEW_INTERVAL {
+            return Err(Error::Config(format!(
+                "a renewal interval of {interval:?} is below the shortest supported ({MIN_RENEW_INTERVAL:?}); a shorter one would only busy the backend"
+            )));
         }
         if interval >= self.ttl {
             return Err(Error::Config(format!(

@@ -2,7 +2,9 @@
 //! whose capabilities it needs.
 
 mod blocking;
+mod ended;
 mod exclusion;
+mod extreme;
 mod fencing;
 mod input;
 mod local;
@@ -50,6 +52,21 @@ pub static ALL: &[Case] = &[
     case!(loss::release_after_loss_reports_lost, Requires::Nothing),
     case!(loss::retained_lock_ends_after_hold, Requires::Nothing),
     case!(watchdog::max_hold_aborts_and_frees, Requires::Nothing),
+    case!(ended::released_lease_ends_every_clone, Requires::Nothing),
+    case!(ended::dropped_guard_ends_every_clone, Requires::Nothing),
+    case!(
+        ended::retained_lease_ends_every_clone_after_hold,
+        Requires::Nothing
+    ),
+    Case {
+        name: "max_hold_fails_assert_held_while_starved",
+        requires: Requires::Nothing,
+        run: CaseFn::Blocking(ended::max_hold_fails_assert_held_while_starved),
+    },
+    case!(
+        extreme::extreme_durations_never_panic_or_leak,
+        Requires::Nothing
+    ),
     case!(local::in_process_guard, Requires::Nothing),
     case!(local::unlocked_mode, Requires::Nothing),
     case!(local::fail_closed_when_backend_down, Requires::Nothing),

@@ -1,0 +1,159 @@
+//! A lease ends once, for every clone of its handle at the same instant:
+//! released, dropped, retained hold over, or `max_hold` reached. A normal end
+//! is not counted as a loss.
+
+use std::time::Duration;
+
+use lock_core::{Error, LeaseHandle, LockMetrics, LockOptions, LossReason};
+use tokio::time::{timeout, Instant};
+
+use crate::Ctx;
+
+const LOSSES: [LossReason; 4] = [
+    LossReason::Stolen,
+    LossReason::Expired,
+    LossReason::BackendError,
+    LossReason::MaxHoldExceeded,
+];
+
+/// Asserts that `handle` (a clone kept by the work) reports the lease over,
+/// at once and by every means: `assert_held`, `lost()`, the token.
+async fn assert_over(what: &str, handle: &LeaseHandle, bound: Duration) -> LossReason {
+    let token = handle.cancellation_token();
+    assert!(
+        matches!(handle.assert_held(), Err(Error::LockLost { .. })),
+        "{what}: a clone still says held"
+    );
+    assert!(!handle.is_held(), "{what}: is_held is still true");
+    assert!(
+        token.is_cancelled(),
+        "{what}: the cancellation token did not fire"
+    );
+    let reason = timeout(bound, handle.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: lost() did not complete within {bound:?}"));
+    assert_eq!(handle.loss_reason(), Some(reason));
+    assert_eq!(handle.remaining_validity(), Some(Duration::ZERO));
+    reason
+}
+
+fn assert_no_loss_counted(what: &str, metrics: &LockMetrics, label: &str) {
+    for reason in LOSSES {
+        assert_eq!(
+            metrics.losses(label, reason),
+            0,
+            "{what}: a normal end was counted as a loss ({reason})"
+        );
+    }
+}
+
+/// `release()` ends the lease for every clone of its handle before it returns.
+pub(super) async fn released_lease_ends_every_clone(ctx: Ctx) {
+    let a = ctx.replica().await;
+    let name = ctx.name("released-clones");
+    let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
+    let (h1, h2) = (guard.handle(), guard.handle());
+    let token = h1.cancellation_token();
+    assert!(h1.is_held() && h2.is_held() && !token.is_cancelled());
+    guard.release().await.expect("release");
+    let bound = ctx.timing().tolerance;
+    assert_eq!(
+        assert_over("after release", &h1, bound).await,
+        LossReason::Released
+    );
+    assert_over("after release (second clone)", &h2, bound).await;
+    assert!(
+        token.is_cancelled(),
+        "a token taken before release did not fire"
+    );
+    assert_no_loss_counted("release", &a.metrics, name.as_str());
+}
+
+/// Dropping the guard ends the lease for every clone at once, and the lock
+/// is released in the background.
+pub(super) async fn dropped_guard_ends_every_clone(ctx: Ctx) {
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let name = ctx.name("dropped-clones");
+    let timing = ctx.timing();
+    let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
+    let handle = guard.handle();
+    drop(guard);
+    assert_eq!(
+        assert_over("after drop", &handle, timing.tolerance).await,
+        LossReason::Released
+    );
+    assert_no_loss_counted("drop", &a.metrics, name.as_str());
+    let opts = ctx
+        .opts()
+        .with_acquire_timeout(timing.ttl / 2 + timing.tolerance);
+    let g = b
+        .locker
+        .lock(&name, &opts)
+        .await
+        .expect("released in the background");
+    g.release().await.expect("release");
+}
+
+/// A lease kept with `retain_for` reports held during the hold, then ends
+/// for every clone when the hold is over (released, not lost).
+pub(super) async fn retained_lease_ends_every_clone_after_hold(ctx: Ctx) {
+    let a = ctx.replica().await;
+    let name = ctx.name("retained-clones");
+    let timing = ctx.timing();
+    let hold = timing.ttl / 2;
+    let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
+    let handle = guard.handle();
+    let retained_at = Instant::now();
+    guard.retain_for(hold).await.expect("retain");
+    let reason = timeout(hold + timing.tolerance, handle.lost())
+        .await
+        .expect("the retained lease did not end after its hold");
+    assert_eq!(reason, LossReason::Released);
+    assert!(
+        retained_at.elapsed() + timing.tolerance >= hold / 2,
+        "the retained lease ended long before its hold"
+    );
+    assert_over("after the hold", &handle, timing.tolerance).await;
+    assert_no_loss_counted("retain", &a.metrics, name.as_str());
+}
+
+/// `assert_held` fails once `max_hold` has passed even while the heartbeat
+/// (the watchdog) cannot run, however far the last renewal moved the
+/// validity deadline.
+pub(super) fn max_hold_fails_assert_held_while_starved(ctx: Ctx) {
+    // A real clock on one thread: blocking it starves the heartbeat task.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let a = ctx.replica().await;
+        let name = ctx.name("starved-watchdog");
+        let caps = a.backend.capabilities();
+        let ttl = caps.min_ttl.max(Duration::from_millis(600));
+        let opts = LockOptions::new(ttl)
+            .with_max_hold(ttl)
+            .with_auto_renew(false);
+        let guard = a.locker.try_lock(&name, &opts).await.expect("free");
+        tokio::time::sleep(ttl / 2).await;
+        guard.renew().await.expect("renew");
+        // Past max_hold, still inside the renewed validity.
+        let started = Instant::now();
+        std::thread::sleep(ttl / 2 + ttl / 5);
+        let past_hold = started.elapsed();
+        let still_valid = guard.remaining_validity();
+        let result = guard.assert_held();
+        assert!(
+            matches!(
+                result,
+                Err(Error::LockLost {
+                    reason: LossReason::MaxHoldExceeded,
+                    ..
+                })
+            ),
+            "assert_held after max_hold with a starved heartbeat: {result:?} \
+             (blocked {past_hold:?}, validity left {still_valid:?})"
+        );
+        drop(guard);
+    });
+}

@@ -1,0 +1,99 @@
+//! Extreme durations: "forever" and "nothing" never panic, never overflow a
+//! clock, and never leave a lock held.
+
+use std::time::Duration;
+
+use lock_core::{Error, LockName, LockOptions, RunOutcome};
+use tokio::time::timeout;
+
+use crate::{Ctx, Replica};
+
+const HUGE: [Duration; 3] = [
+    Duration::MAX,
+    Duration::from_millis(u64::MAX),
+    Duration::from_secs(u64::MAX / 2),
+];
+
+/// Asserts that `name` is free: another replica takes it within `bound`
+/// (background releases included), then gives it back.
+async fn assert_free(what: &str, other: &Replica, name: &LockName, ctx: &Ctx, bound: Duration) {
+    let opts = ctx.opts().with_acquire_timeout(bound);
+    match other.locker.lock(name, &opts).await {
+        Ok(g) => g.release().await.expect("release"),
+        Err(e) => panic!("{what}: the lock was left held ({e})"),
+    }
+}
+
+/// `Duration::MAX` and friends as TTL, max hold, acquire timeout, renewal
+/// interval and retained hold: refused with a clear error or taken as "no
+/// limit"; no panic, and nothing is left held.
+pub(super) async fn extreme_durations_never_panic_or_leak(ctx: Ctx) {
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let timing = ctx.timing();
+    let bound = timing.ttl + timing.tolerance;
+    let name = ctx.name("extreme");
+    for huge in HUGE {
+        // A TTL that long is refused before anything reaches the server.
+        let r = a.locker.try_lock(&name, &LockOptions::new(huge)).await;
+        assert!(matches!(r, Err(Error::Config(_))), "TTL {huge:?}: {r:?}");
+        let r = a.locker.lock(&name, &LockOptions::new(huge)).await;
+        assert!(matches!(r, Err(Error::Config(_))), "TTL {huge:?}: {r:?}");
+        let opts = ctx.opts().with_renew_interval(huge);
+        let r = a.locker.try_lock(&name, &opts).await;
+        assert!(
+            matches!(r, Err(Error::Config(_))),
+            "interval {huge:?}: {r:?}"
+        );
+
+        // max_hold "forever" is no watchdog.
+        let opts = ctx.opts().with_max_hold(huge);
+        let g = a.locker.try_lock(&name, &opts).await.expect("max_hold");
+        assert!(g.is_held(), "max_hold {huge:?}: not held");
+        g.release().await.expect("release");
+        let out = a
+            .locker
+            .with_lock(&name, &opts, |lease| async move { lease.assert_held() })
+            .await
+            .expect("valid input");
+        assert!(
+            matches!(out, RunOutcome::Completed(Ok(()))),
+            "with_lock, max_hold {huge:?}: {out:?}"
+        );
+
+        // An acquire timeout "forever" waits without a deadline.
+        let opts = ctx.opts().with_acquire_timeout(huge);
+        let g = a.locker.lock(&name, &opts).await.expect("free lock");
+        let waiting = timeout(timing.ttl / 4, b.locker.lock(&name, &opts)).await;
+        assert!(waiting.is_err(), "a held lock was granted: {waiting:?}");
+        g.release().await.expect("release");
+
+        // A retained hold that long is refused, and the lock released.
+        let g = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
+        let r = g.retain_for(huge).await;
+        assert!(matches!(r, Err(Error::Config(_))), "retain {huge:?}: {r:?}");
+        assert_free(&format!("retain {huge:?}"), &b, &name, &ctx, bound).await;
+    }
+    for tiny in [Duration::ZERO, Duration::from_nanos(1)] {
+        for opts in [
+            LockOptions::new(tiny),
+            ctx.opts().with_renew_interval(tiny),
+            ctx.opts().with_max_hold(tiny),
+        ] {
+            let r = a.locker.try_lock(&name, &opts).await;
+            assert!(matches!(r, Err(Error::Config(_))), "{opts:?}: {r:?}");
+        }
+        // A zero wait is one attempt.
+        let opts = ctx.opts().with_acquire_timeout(tiny);
+        let g = a.locker.lock(&name, &opts).await.expect("free lock");
+        let r = b.locker.lock(&name, &opts).await;
+        assert!(
+            matches!(r, Err(Error::Timeout { .. } | Error::Contended { .. })),
+            "wait {tiny:?} on a held lock: {r:?}"
+        );
+        let r = g.retain_for(tiny).await;
+        if tiny.is_zero() {
+            assert!(matches!(r, Err(Error::Config(_))), "retain 0: {r:?}");
+        }
+        assert_free(&format!("retain {tiny:?}"), &b, &name, &ctx, bound).await;
+    }
+}

@@ -1,0 +1,205 @@
+//! [`LockGuard`]: ownership of a held lock.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{sleep_until, Instant};
+use tracing::{debug, warn};
+
+use super::{deadline_after, LeaseHandle, LeaseState};
+use crate::heartbeat::HeartbeatHandle;
+use crate::local::LocalClaim;
+use crate::options::{drift_for, MAX_TTL};
+use crate::{Error, Expiry, LeaseStatus, LossReason, ReleaseOutcome, Result};
+
+/// Ownership of a held lock. Dropping it ends the lease for every handle at
+/// once, stops renewal and releases the lock in the background;
+/// [`LockGuard::release`] releases and reports the result.
+///
+/// It dereferences to [`LeaseHandle`] for `assert_held`, `lost`, and the
+/// fencing token.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    handle: LeaseHandle,
+    heartbeat: Option<HeartbeatHandle>,
+    _claim: LocalClaim,
+    finished: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("lease", &self.handle)
+            .finish()
+    }
+}
+
+impl Deref for LockGuard {
+    type Target = LeaseHandle;
+
+    fn deref(&self) -> &LeaseHandle {
+        &self.handle
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        state: Arc<LeaseState>,
+        heartbeat: Option<HeartbeatHandle>,
+        claim: LocalClaim,
+    ) -> Self {
+        Self {
+            handle: LeaseHandle { state },
+            heartbeat,
+            _claim: claim,
+            finished: false,
+        }
+    }
+
+    /// A handle to pass to the guarded work.
+    pub fn handle(&self) -> LeaseHandle {
+        self.handle.clone()
+    }
+
+    fn stop_renewing(&self) {
+        if let Some(hb) = &self.heartbeat {
+            hb.forget(self.handle.state.id);
+        }
+    }
+
+    /// Stops renewal and keeps the lock for `hold` more, then lets it end,
+    /// instead of releasing it now.
+    ///
+    /// A per-run lock released the moment a short job finishes lets a replica
+    /// whose clock is behind take the same run again; keeping the lock as a
+    /// completion mark until clock skew can no longer matter prevents that.
+    /// TTL backends set the lease to expire after `hold`; session backends
+    /// release after `hold` from a background task (or when the session ends).
+    /// Handles keep reporting the lease held until `hold` has passed (less the
+    /// drift margin); then it ends as [`LossReason::Released`] for all of them.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::release`]; also [`Error::Config`] for a zero `hold` or
+    /// one longer than a year (the lock is then released at once).
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the guard is dropped and the lock released.
+    pub async fn retain_for(mut self, hold: Duration) -> Result<()> {
+        if hold.is_zero() || hold > MAX_TTL {
+            return Err(Error::Config(format!(
+                "retain_for needs a hold between 1 ns and {MAX_TTL:?}, got {hold:?}; the lock was released instead"
+            )));
+        }
+        self.stop_renewing();
+        let state = Arc::clone(&self.handle.state);
+        let sent_at = Instant::now();
+        let outcome = match (&state.backend, state.check_valid(sent_at)) {
+            (None, _) => state.finish(sent_at).map_err(|r| state.lost_error(r)),
+            (Some(_), Err(reason)) => Err(state.lost_error(reason)),
+            (Some(backend), Ok(())) => match backend.renew(&state.name, &state.owner, hold).await {
+                Ok(LeaseStatus::Held) => {
+                    let keep = hold.saturating_sub(drift_for(hold));
+                    let until = deadline_after(sent_at, keep).unwrap_or(sent_at);
+                    if state.retain_until(until) {
+                        spawn_retention_end(Arc::clone(&state), until);
+                        Ok(())
+                    } else {
+                        // A loss arrived while the hold was being set.
+                        let reason = state.loss_reason().unwrap_or(LossReason::Expired);
+                        Err(state.lost_error(reason))
+                    }
+                }
+                Ok(status) => Err(self.handle.lose_on(status)),
+                Err(e) => {
+                    // The lock lives on the server until its TTL; this
+                    // holder is done with it either way.
+                    let _ = state.finish(Instant::now());
+                    Err(Error::Backend(e))
+                }
+            },
+        };
+        state.end_hold();
+        self.finished = true;
+        outcome
+    }
+
+    /// Stops renewal and releases the lock now. Every handle of the lease
+    /// reports it ended ([`LossReason::Released`]) before the backend is asked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] if the lease had already been lost (the work done
+    /// under it may have overlapped another holder); [`Error::Backend`] if the
+    /// backend could not be reached (the lease then ends at its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the guard is dropped with it and the release
+    /// finishes in the background.
+    pub async fn release(mut self) -> Result<()> {
+        self.stop_renewing();
+        let state = Arc::clone(&self.handle.state);
+        let outcome = match (&state.backend, state.finish(Instant::now())) {
+            (None, done) => done.map_err(|r| state.lost_error(r)),
+            (Some(backend), Err(reason)) => {
+                if reason != LossReason::Stolen {
+                    // Best effort: the key may outlive our local deadline.
+                    let _ = backend.release(&state.name, &state.owner).await;
+                }
+                Err(state.lost_error(reason))
+            }
+            (Some(backend), Ok(())) => match backend.release(&state.name, &state.owner).await {
+                Ok(ReleaseOutcome::Released) => Ok(()),
+                Ok(ReleaseOutcome::NotHeld) => {
+                    // The server had forgotten the lease while it was valid
+                    // here: a loss, learned only now.
+                    warn!(lock = %state.name, "the lock was already gone on the server at release");
+                    state.metrics().lost(&state.label, LossReason::Expired);
+                    Err(state.lost_error(LossReason::Expired))
+                }
+                Err(e) => Err(Error::Backend(e)),
+            },
+        };
+        state.end_hold();
+        self.finished = true;
+        debug!(lock = %state.name, ok = outcome.is_ok(), "lock released");
+        outcome
+    }
+}
+
+/// Ends a retained lease when its hold is over: a session backend releases
+/// it then; a TTL backend's server forgets it by itself.
+fn spawn_retention_end(state: Arc<LeaseState>, until: Instant) {
+    tokio::spawn(async move {
+        sleep_until(until).await;
+        let _ = state.check_valid(Instant::now());
+        let Some(backend) = &state.backend else {
+            return;
+        };
+        if backend.capabilities().expiry == Expiry::Session {
+            if let Err(e) = backend.release(&state.name, &state.owner).await {
+                warn!(lock = %state.name, error = %e, "releasing a retained lock failed; it ends with its session");
+            }
+        }
+    });
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let state = &self.handle.state;
+        // Every handle learns now that the lease is over; a deadline that had
+        // already passed is counted as the loss it was.
+        let _ = state.finish(Instant::now());
+        state.end_hold();
+        if let Some(hb) = &self.heartbeat {
+            hb.forget_and_release(Arc::clone(state));
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! A held lease: its shared state, the handle jobs receive, and the guard.
+//!
+//! A lease ends once, for every view of it at the same instant: released,
+//! dropped, its retained hold over, its `max_hold` reached, or lost. From
+//! then on every clone of its [`LeaseHandle`] fails `assert_held`, `lost()`
+//! completes and the cancellation token has fired.
+
+mod cell;
+mod guard;
+mod handle;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+pub use guard::LockGuard;
+pub use handle::LeaseHandle;
+
+// The cell names its clock, lock and reasons through this module, so the
+// model checker can compile it against loom's `Mutex` instead.
+use crate::LossReason;
+use tokio::time::Instant;
+
+use crate::loss_feed::LeaseRegistry;
+use crate::{Error, LockBackend, LockMetrics, LockName, OwnerToken};
+use cell::{LeaseCell, Validity};
+
+/// State of one lease shared by its guard, its handles and the heartbeat.
+pub(crate) struct LeaseState {
+    pub(crate) id: u64,
+    pub(crate) name: LockName,
+    pub(crate) owner: OwnerToken,
+    pub(crate) fencing: Option<u64>,
+    pub(crate) label: String,
+    pub(crate) ttl: Duration,
+    pub(crate) drift: Duration,
+    pub(crate) interval: Duration,
+    pub(crate) auto_renew: bool,
+    pub(crate) hold_deadline: Option<Instant>,
+    pub(crate) acquired_at: Instant,
+    /// `None` for a lease taken without a backend (unlocked mode): it never expires.
+    pub(crate) backend: Option<Arc<dyn LockBackend>>,
+    cell: LeaseCell,
+    cancel: CancellationToken,
+    hold_counted: AtomicBool,
+    metrics: LockMetrics,
+    /// Where the backend's loss feed finds this lease, if it has one.
+    registry: Option<Arc<LeaseRegistry>>,
+}
+
+/// Everything needed to build a [`LeaseState`].
+pub(crate) struct LeaseParts {
+    pub(crate) id: u64,
+    pub(crate) name: LockName,
+    pub(crate) owner: OwnerToken,
+    pub(crate) fencing: Option<u64>,
+    pub(crate) label: String,
+    pub(crate) options: crate::LockOptions,
+    pub(crate) sent_at: Instant,
+    pub(crate) backend: Option<Arc<dyn LockBackend>>,
+    pub(crate) metrics: LockMetrics,
+    pub(crate) registry: Option<Arc<LeaseRegistry>>,
+}
+
+/// `at + d`, or `None` when that is past what the clock can represent: a
+/// deadline so far away is no deadline.
+pub(crate) fn deadline_after(at: Instant, d: Duration) -> Option<Instant> {
+    at.checked_add(d)
+}
+
+impl LeaseState {
+    pub(crate) fn new(p: LeaseParts) -> Arc<Self> {
+        let ttl = p.options.ttl();
+        let drift = p.options.drift();
+        // Options are validated before an acquire (the TTL is bounded), so
+        // only an unrepresentable instant falls back to the send time.
+        let valid_until = p
+            .backend
+            .as_ref()
+            .map(|_| deadline_after(p.sent_at, ttl.saturating_sub(drift)).unwrap_or(p.sent_at));
+        let hold_deadline = p
+            .options
+            .max_hold()
+            .and_then(|h| deadline_after(p.sent_at, h));
+        p.metrics.held_start(&p.label);
+        let state = Arc::new(Self {
+            id: p.id,
+            name: p.name,
+            owner: p.owner,
+            fencing: p.fencing,
+            label: p.label,
+            ttl,
+            drift,
+            interval: p.options.renew_interval(),
+            auto_renew: p.options.auto_renew(),
+            hold_deadline,
+            acquired_at: p.sent_at,
+            backend: p.backend,
+            cell: LeaseCell::new(valid_until, hold_deadline),
+            cancel: CancellationToken::new(),
+            hold_counted: AtomicBool::new(false),
+            metrics: p.metrics,
+            registry: p.registry,
+        });
+        if let Some(registry) = &state.registry {
+            registry.insert(&state);
+        }
+        state
+    }
+
+    /// The first instant the heartbeat must look at this lease: its first
+    /// renewal, its local deadline or its `max_hold`, whichever comes first.
+    pub(crate) fn first_attention(&self) -> Instant {
+        let renew = self
+            .auto_renew
+            .then(|| deadline_after(self.acquired_at, self.interval))
+            .flatten();
+        [renew, self.valid_until(), self.hold_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(self.acquired_at)
+    }
+
+    /// When the next renewal is due after one sent at `sent_at`.
+    pub(crate) fn renew_due_after(&self, sent_at: Instant) -> Option<Instant> {
+        deadline_after(sent_at, self.interval)
+    }
+
+    pub(crate) fn metrics(&self) -> &LockMetrics {
+        &self.metrics
+    }
+
+    pub(crate) fn valid_until(&self) -> Option<Instant> {
+        self.cell.valid_until()
+    }
+
+    /// Moves the validity deadline to `sent_at + ttl - drift` after a
+    /// successful renewal whose request left at `sent_at`. Counting from the
+    /// send, not the reply, is what keeps the local deadline ahead of the
+    /// server's expiry however slow the reply was.
+    pub(crate) fn extend(&self, sent_at: Instant) {
+        if let Some(candidate) = deadline_after(sent_at, self.ttl.saturating_sub(self.drift)) {
+            self.cell.extend(candidate);
+        }
+    }
+
+    pub(crate) fn set_renew_in_flight(&self, yes: bool) {
+        self.cell.set_renew_in_flight(yes);
+    }
+
+    pub(crate) fn set_renew_failing(&self) {
+        self.cell.set_renew_failing();
+    }
+
+    /// Why the lease ended, if it has.
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.cell.ended()
+    }
+
+    /// Ends the lease with `reason` unless it already ended: counts a loss,
+    /// ends the hold and fires the cancellation token. Returns whether this
+    /// call was the one that ended it.
+    pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
+        let ended = self.cell.end(reason);
+        if ended {
+            self.on_end(reason);
+        }
+        ended
+    }
+
+    /// Ok while the lease is valid; otherwise ends it (if a deadline just
+    /// passed) and returns why it is not.
+    pub(crate) fn check_valid(&self, now: Instant) -> std::result::Result<(), LossReason> {
+        self.settle(self.cell.check(now))
+    }
+
+    /// The holder is done: ends the lease as released if it is still valid,
+    /// and returns why it had ended otherwise.
+    pub(crate) fn finish(&self, now: Instant) -> std::result::Result<(), LossReason> {
+        match self.cell.finish(now) {
+            Validity::Valid => {
+                self.on_end(LossReason::Released);
+                Ok(())
+            }
+            ended => self.settle(ended),
+        }
+    }
+
+    /// Keeps the lease valid until `until`, then lets it end as released.
+    pub(crate) fn retain_until(&self, until: Instant) -> bool {
+        self.cell.retain_until(until)
+    }
+
+    fn settle(&self, validity: Validity) -> std::result::Result<(), LossReason> {
+        match validity {
+            Validity::Valid => Ok(()),
+            Validity::Ended { reason, now } => {
+                if now {
+                    self.on_end(reason);
+                }
+                Err(reason)
+            }
+        }
+    }
+
+    /// The side effects of the one ending, run by whichever caller ended it.
+    fn on_end(&self, reason: LossReason) {
+        if reason.is_loss() {
+            warn!(lock = %self.name, %reason, "lock lost; cancelling the guarded work");
+            self.metrics.lost(&self.label, reason);
+        }
+        self.end_hold();
+        if let Some(registry) = &self.registry {
+            registry.remove(&self.owner);
+        }
+        self.cancel.cancel();
+    }
+
+    /// Stops the held-time metrics (once), when the holder is done with the
+    /// lease even if a retained hold keeps it on the server a while longer.
+    pub(crate) fn end_hold(&self) {
+        if !self.hold_counted.swap(true, Ordering::AcqRel) {
+            let held = self.acquired_at.elapsed().as_secs_f64();
+            self.metrics.held_end(&self.label, held);
+        }
+    }
+
+    pub(crate) fn lost_error(&self, reason: LossReason) -> Error {
+        Error::LockLost {
+            name: self.name.clone(),
+            reason,
+        }
+    }
+}
