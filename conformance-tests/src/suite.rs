@@ -144,7 +144,43 @@ impl Suite {
     }
 }
 
+/// Wall-clock slack past [`CASE_TIMEOUT`] before a case counts as hung even
+/// if it never yields to its runtime (a busy loop, a blocked thread).
+const HUNG_SLACK: Duration = Duration::from_secs(30);
+
+/// Wall-clock bound of a paused-clock case.
+const PAUSED_WALL_BOUND: Duration = Duration::from_secs(60);
+
+/// Runs a case on its own thread and fails it if it has not finished within
+/// its time bound, so a broken lock fails one case quickly instead of hanging
+/// the run. A case that hangs is left running on its thread.
 fn run_case(factory: Arc<dyn BackendFactory>, run_id: &str, case: Case) -> Result<(), Failed> {
+    // Paused-clock cases take milliseconds of real time; a minute means hung.
+    let bound = if factory.timing().paused_clock {
+        PAUSED_WALL_BOUND
+    } else {
+        CASE_TIMEOUT + HUNG_SLACK
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run_id = run_id.to_owned();
+    std::thread::Builder::new()
+        .name(format!("case-{}", case.name))
+        .spawn(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_case_here(factory, &run_id, case)
+            }));
+            let _ = tx.send(outcome);
+        })?;
+    match rx.recv_timeout(bound) {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => Err(Failed::from(format!(
+            "case did not finish within {bound:?} of wall-clock time"
+        ))),
+    }
+}
+
+fn run_case_here(factory: Arc<dyn BackendFactory>, run_id: &str, case: Case) -> Result<(), Failed> {
     let ctx = Ctx::new(Arc::clone(&factory), run_id, case.name);
     match case.run {
         CaseFn::Blocking(body) => {
@@ -164,17 +200,18 @@ fn run_case(factory: Arc<dyn BackendFactory>, run_id: &str, case: Case) -> Resul
                     .enable_all()
                     .build()?
             };
+            // On the paused clock the bound is virtual time: a case waiting
+            // for something that never comes (a watchdog that never fires)
+            // reaches it at once instead of hanging.
+            let clock = if paused { "virtual" } else { "real" };
             let outcome = rt.block_on(async move {
-                if paused {
-                    body(ctx).await;
-                    Ok(())
-                } else {
-                    tokio::time::timeout(CASE_TIMEOUT, body(ctx))
-                        .await
-                        .map_err(|_| {
-                            Failed::from(format!("case did not finish within {CASE_TIMEOUT:?}"))
-                        })
-                }
+                tokio::time::timeout(CASE_TIMEOUT, body(ctx))
+                    .await
+                    .map_err(|_| {
+                        Failed::from(format!(
+                            "case did not finish within {CASE_TIMEOUT:?} of {clock} time"
+                        ))
+                    })
             });
             rt.shutdown_timeout(Duration::from_secs(5));
             outcome

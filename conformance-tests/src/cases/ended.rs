@@ -157,3 +157,52 @@ pub(super) fn max_hold_fails_assert_held_while_starved(ctx: Ctx) {
         drop(guard);
     });
 }
+
+/// Waits until `election` leads, and returns its lease.
+async fn leading(election: &scheduler::LeaderElection, bound: Duration) -> LeaseHandle {
+    let mut rx = election.subscribe();
+    timeout(bound, async {
+        loop {
+            if let Some(lease) = election.lease().filter(|l| l.is_held()) {
+                return lease;
+            }
+            if rx.changed().await.is_err() {
+                panic!("the election stopped before leading");
+            }
+        }
+    })
+    .await
+    .expect("not elected in time")
+}
+
+/// A leadership lease handle taken from `LeaderElection::lease()` reports
+/// the lease over once the election is stopped or dropped.
+pub(super) async fn election_lease_ends_on_stop_and_drop(ctx: Ctx) {
+    let timing = ctx.timing();
+    let bound = timing.ttl + timing.tolerance;
+    for stop in [true, false] {
+        let a = ctx.replica().await;
+        let name = ctx.name(if stop { "leader-stop" } else { "leader-drop" });
+        let election = scheduler::LeaderElection::builder(a.locker.clone(), name.as_str())
+            .ttl(timing.ttl)
+            .interval(timing.ttl / 4)
+            .start()
+            .expect("start");
+        let lease = leading(&election, bound).await;
+        if stop {
+            election.stop().await;
+            assert_eq!(
+                assert_over("after stop()", &lease, timing.tolerance).await,
+                LossReason::Released
+            );
+        } else {
+            drop(election);
+            let reason = timeout(bound, lease.lost())
+                .await
+                .expect("the lease did not end after the election was dropped");
+            assert_eq!(reason, LossReason::Released);
+            assert_over("after drop", &lease, timing.tolerance).await;
+        }
+        assert_no_loss_counted("election end", &a.metrics, name.as_str());
+    }
+}

@@ -58,6 +58,10 @@ pub static ALL: &[Case] = &[
         ended::retained_lease_ends_every_clone_after_hold,
         Requires::Nothing
     ),
+    case!(
+        ended::election_lease_ends_on_stop_and_drop,
+        Requires::Nothing
+    ),
     Case {
         name: "max_hold_fails_assert_held_while_starved",
         requires: Requires::Nothing,
