@@ -204,6 +204,9 @@ impl Heartbeat {
                 }
                 Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                     self.shared.wake_at.store(0, Ordering::SeqCst);
+                    // A lease forgotten (released, retained) while its renewal
+                    // was in flight takes no result: apply the queue first.
+                    self.drain();
                     match done {
                         Ok(results) => results.into_iter().for_each(|r| self.apply_result(r)),
                         Err(e) => warn!(error = %e, "a renewal task failed"),
@@ -301,9 +304,10 @@ impl Heartbeat {
         let mut leases = Vec::with_capacity(due.len());
         for id in &due {
             if let Some(e) = self.entries.get_mut(id) {
-                e.in_flight = true;
-                e.lease.set_renew_in_flight(true);
-                leases.push(Arc::clone(&e.lease));
+                if e.lease.begin_renewal() {
+                    e.in_flight = true;
+                    leases.push(Arc::clone(&e.lease));
+                }
             }
         }
         if self.batch {
@@ -322,6 +326,7 @@ impl Heartbeat {
                         .renew(&lease.name, &lease.owner, lease.ttl)
                         .await
                         .map_err(|e| (e.kind(), e.to_string()));
+                    lease.end_renewal();
                     vec![(lease.id, sent_at, r)]
                 });
             }
@@ -334,7 +339,6 @@ impl Heartbeat {
         };
         entry.in_flight = false;
         let lease = Arc::clone(&entry.lease);
-        lease.set_renew_in_flight(false);
         let metrics = lease.metrics();
         match result {
             Ok(LeaseStatus::Held) => {
@@ -395,6 +399,7 @@ async fn renew_batch(
         .collect();
     let sent_at = Instant::now();
     let answer = backend.renew_many(&requests).await;
+    leases.iter().for_each(|l| l.end_renewal());
     let statuses: Vec<Result<LeaseStatus, (BackendErrorKind, String)>> = match answer {
         Ok(statuses) if statuses.len() == leases.len() => statuses.into_iter().map(Ok).collect(),
         Ok(statuses) => {

@@ -204,3 +204,33 @@ fn the_watchdog_races_a_release_past_max_hold() {
         }
     });
 }
+
+#[test]
+fn no_renewal_starts_after_a_retained_hold_stopped_them() {
+    loom::model(|| {
+        let base = Instant::now();
+        let cell = Arc::new(LeaseCell::new(Some(at(base, 10)), None));
+        let started = Arc::new(AtomicUsize::new(0));
+        let heartbeat = {
+            let (cell, started) = (Arc::clone(&cell), Arc::clone(&started));
+            thread::spawn(move || {
+                if cell.begin_renewal() {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    cell.end_renewal();
+                }
+            })
+        };
+        let in_flight = cell.stop_renewals();
+        let started_before = started.load(Ordering::SeqCst);
+        if !in_flight {
+            // Nothing was in flight when renewals stopped: the one renewal
+            // either finished before, or never starts.
+            heartbeat.join().expect("thread");
+            assert_eq!(started.load(Ordering::SeqCst), started_before);
+        } else {
+            heartbeat.join().expect("thread");
+            assert!(!cell.renewal_in_flight());
+        }
+        assert!(!cell.begin_renewal(), "a renewal started after the stop");
+    });
+}

@@ -27,6 +27,8 @@ struct Inner {
     ended: Option<LossReason>,
     /// The deadline was set by a retained hold: reaching it is a normal end.
     retained: bool,
+    /// No renewal may start any more (a retained hold is being set).
+    renewals_stopped: bool,
     renew_failing: bool,
     renew_in_flight: bool,
 }
@@ -47,6 +49,7 @@ impl LeaseCell {
                 hold_deadline,
                 ended: None,
                 retained: false,
+                renewals_stopped: false,
                 renew_failing: false,
                 renew_in_flight: false,
             }),
@@ -124,8 +127,34 @@ impl LeaseCell {
         })
     }
 
-    pub(crate) fn set_renew_in_flight(&self, yes: bool) {
-        self.with(|i| i.renew_in_flight = yes);
+    /// Marks a renewal as started, unless the lease ended or its renewals
+    /// were stopped; returns whether it may be sent.
+    pub(crate) fn begin_renewal(&self) -> bool {
+        self.with(|i| {
+            if i.ended.is_some() || i.renewals_stopped {
+                return false;
+            }
+            i.renew_in_flight = true;
+            true
+        })
+    }
+
+    /// A renewal's reply (or failure) arrived.
+    pub(crate) fn end_renewal(&self) {
+        self.with(|i| i.renew_in_flight = false);
+    }
+
+    /// Lets no renewal start any more; returns whether one is still in
+    /// flight (its request may reach the server after anything sent now).
+    pub(crate) fn stop_renewals(&self) -> bool {
+        self.with(|i| {
+            i.renewals_stopped = true;
+            i.renew_in_flight
+        })
+    }
+
+    pub(crate) fn renewal_in_flight(&self) -> bool {
+        self.with(|i| i.renew_in_flight)
     }
 
     pub(crate) fn set_renew_failing(&self) {

@@ -96,6 +96,10 @@ impl LockGuard {
         }
         self.stop_renewing();
         let state = Arc::clone(&self.handle.state);
+        // A heartbeat renewal still on its way would set the TTL back after
+        // the hold is set; let it land first (it is bounded by the backend's
+        // operation timeout, and the wait by the TTL).
+        state.quiesce_renewals(state.ttl).await;
         let sent_at = Instant::now();
         let outcome = match (&state.backend, state.check_valid(sent_at)) {
             (None, _) => state.finish(sent_at).map_err(|r| state.lost_error(r)),

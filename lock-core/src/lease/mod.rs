@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -45,6 +46,7 @@ pub(crate) struct LeaseState {
     pub(crate) backend: Option<Arc<dyn LockBackend>>,
     cell: LeaseCell,
     cancel: CancellationToken,
+    renewal_done: Notify,
     hold_counted: AtomicBool,
     metrics: LockMetrics,
     /// Where the backend's loss feed finds this lease, if it has one.
@@ -101,6 +103,7 @@ impl LeaseState {
             backend: p.backend,
             cell: LeaseCell::new(valid_until, hold_deadline),
             cancel: CancellationToken::new(),
+            renewal_done: Notify::new(),
             hold_counted: AtomicBool::new(false),
             metrics: p.metrics,
             registry: p.registry,
@@ -148,8 +151,38 @@ impl LeaseState {
         }
     }
 
-    pub(crate) fn set_renew_in_flight(&self, yes: bool) {
-        self.cell.set_renew_in_flight(yes);
+    /// Marks a heartbeat renewal as started; false if the lease ended or its
+    /// renewals were stopped, and the renewal must not be sent.
+    pub(crate) fn begin_renewal(&self) -> bool {
+        self.cell.begin_renewal()
+    }
+
+    /// Called by the renewal task as soon as the backend answered, so that a
+    /// retained hold waiting for it can go ahead.
+    pub(crate) fn end_renewal(&self) {
+        self.cell.end_renewal();
+        self.renewal_done.notify_waiters();
+    }
+
+    /// Stops heartbeat renewals and waits (at most `bound`) until none is in
+    /// flight, so that nothing sent afterwards can be overtaken by a renewal
+    /// request still on its way (which would set the TTL back).
+    pub(crate) async fn quiesce_renewals(&self, bound: Duration) {
+        if !self.cell.stop_renewals() {
+            return;
+        }
+        let _ = tokio::time::timeout(bound, async {
+            loop {
+                let done = self.renewal_done.notified();
+                tokio::pin!(done);
+                done.as_mut().enable();
+                if !self.cell.renewal_in_flight() {
+                    return;
+                }
+                done.await;
+            }
+        })
+        .await;
     }
 
     pub(crate) fn set_renew_failing(&self) {
