@@ -15,6 +15,7 @@ fn main() -> ExitCode {
     let args = Arguments::from_args();
     let mut suite = Suite::new();
     suite.add(Arc::new(MemoryFactory::new()));
+    conformance_tests::backends::memory::add_specific(&mut suite);
     let redis = RedisRun::register(&mut suite);
     conformance_tests::backends::postgres::register(&mut suite);
     suite.add_server_backend("etcd", etcd::factory());

@@ -87,6 +87,7 @@ impl Inner {
                 owner: *owner,
                 lease,
                 seconds,
+                revision,
             },
         );
         Ok(AcquireAttempt::Acquired(Lease::new(Some(fence))))

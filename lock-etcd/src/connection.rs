@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// Names whose last attempt here found them taken: the next attempt
     /// reads before it grants a lease (see [`Inner::read_first`]).
     contended: Mutex<HashSet<LockName>>,
+    /// A renewal pause armed by a test (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub(crate) pause: crate::test_util::PauseSlot,
 }
 
 /// Most names remembered as contended; past it the set starts over (a
@@ -62,6 +65,10 @@ pub(crate) struct Held {
     pub(crate) owner: OwnerToken,
     pub(crate) lease: i64,
     pub(crate) seconds: i64,
+    /// The revision of the write that put the key on `lease`. Writes of one
+    /// owner's key can answer out of order; the later revision is the one
+    /// the key shows, so it is the one remembered.
+    pub(crate) revision: i64,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -135,6 +142,8 @@ impl EtcdBackend {
                 min_ttl,
                 held: Mutex::new(HashMap::new()),
                 contended: Mutex::new(HashSet::new()),
+                #[cfg(feature = "test-util")]
+                pause: crate::test_util::PauseSlot::default(),
             }),
         })
     }
@@ -190,8 +199,16 @@ impl Inner {
         }
     }
 
+    /// Records the lease `held.owner`'s key was put on, unless a later write
+    /// of that same owner's key is already recorded.
     pub(crate) fn remember(&self, name: &LockName, held: Held) {
-        self.held().insert(name.clone(), held);
+        let mut map = self.held();
+        match map.get(name) {
+            Some(h) if h.owner == held.owner && h.revision > held.revision => {}
+            _ => {
+                map.insert(name.clone(), held);
+            }
+        }
     }
 
     /// The lease this instance holds for `name` under `owner`, if any.
@@ -205,6 +222,17 @@ impl Inner {
         match map.get(name) {
             Some(h) if h.owner == *owner => map.remove(name),
             _ => None,
+        }
+    }
+
+    /// Drops the entry for `name` only if it still records `owner` on
+    /// `lease`; true if it did. A renewal that judged `lease` must not drop
+    /// what a concurrent renewal of the same owner moved the key to.
+    pub(crate) fn forget_lease(&self, name: &LockName, owner: &OwnerToken, lease: i64) -> bool {
+        let mut map = self.held();
+        match map.get(name) {
+            Some(h) if h.owner == *owner && h.lease == lease => map.remove(name).is_some(),
+            _ => false,
         }
     }
 
@@ -242,7 +270,13 @@ fn secs(seconds: i64) -> Duration {
     Duration::from_secs(seconds.max(1).unsigned_abs())
 }
 
-/// What the key says about `owner`'s lease, after a keep-alive answered `ttl`.
+/// What the key says about `owner`'s hold, after a keep-alive of `lease`
+/// answered `ttl`.
+///
+/// The owner token in the value decides whose key it is. Our token on
+/// another lease means a concurrent renewal of this same owner moved the
+/// key to a new lease (`retain_for`, or a new TTL): the key is ours and that
+/// renewal set its lifetime, so it is held, and `lease` no longer matters.
 pub(crate) fn classify(
     kv: Option<&KeyValue>,
     owner: &OwnerToken,
@@ -252,8 +286,9 @@ pub(crate) fn classify(
     match kv {
         None => LeaseStatus::Expired,
         Some(kv) if kv.value() != owner.to_hex().as_bytes() => LeaseStatus::Stolen,
-        Some(kv) if ttl > 0 && kv.lease() == lease => LeaseStatus::Held,
-        // Our token, but nothing keeps the key alive any more.
+        Some(kv) if kv.lease() != lease => LeaseStatus::Held,
+        Some(_) if ttl > 0 => LeaseStatus::Held,
+        // Our token on the lease we kept alive, but that lease is gone.
         Some(_) => LeaseStatus::Expired,
     }
 }

@@ -9,8 +9,12 @@
 //!   exists, the new lease is revoked and the answer is "held".
 //! - **renew** sends a keep-alive for the lease and then reads the key: a
 //!   keep-alive answer of TTL 0 or a missing key is `expired`, a key carrying
-//!   another token is `stolen`. Many leases renew together over one
-//!   keep-alive stream plus one transaction of reads per 128 keys.
+//!   another token is `stolen`. The token decides, not the lease: a key with
+//!   the owner's token on a lease other than the one kept alive was moved
+//!   there by a concurrent renewal of the same owner (`retain_for`), and is
+//!   held; a renewal only ever revokes a lease it proved to be lost. Many
+//!   leases renew together over one keep-alive stream plus one transaction
+//!   of reads per 128 keys.
 //! - **release** deletes the key in a transaction that compares its value
 //!   with the owner token, then revokes the lease. A key is never re-created.
 //! - **waiting** acquires wake on a watch of the key, created before the
@@ -95,7 +99,11 @@ mod connection;
 mod error;
 mod lease;
 mod renewal;
+#[cfg(feature = "test-util")]
+mod test_util;
 mod ticks;
 
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENDPOINTS_ENV};
 pub use connection::EtcdBackend;
+#[cfg(feature = "test-util")]
+pub use test_util::RenewalPause;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lock_core::{BackendError, LeaseStatus, LockName, OwnerToken, RenewRequest};
+use lock_core::{BackendError, BackendErrorKind, LeaseStatus, LockName, OwnerToken, RenewRequest};
 
 use crate::backend::first_kv;
 use crate::connection::{classify, Held, Inner};
@@ -12,6 +12,10 @@ use crate::lease::lease_seconds;
 
 /// etcd's default `--max-txn-ops`: the most reads one batch transaction may carry.
 const MAX_TXN_OPS: usize = 128;
+
+/// Most attempts to move a key to a new lease while concurrent renewals of
+/// the same owner keep moving it.
+const RELET_ATTEMPTS: usize = 3;
 
 impl Inner {
     /// The lease behind `owner`'s hold on `name`: remembered, or read from the key.
@@ -31,14 +35,12 @@ impl Inner {
             kv.as_ref().map_or(0, KeyValue::lease),
             1,
         ) {
-            LeaseStatus::Held => {
-                let lease = kv.as_ref().map_or(0, KeyValue::lease);
-                Ok(Ok(Held {
-                    owner: *owner,
-                    lease,
-                    seconds,
-                }))
-            }
+            LeaseStatus::Held => Ok(Ok(Held {
+                owner: *owner,
+                lease: kv.as_ref().map_or(0, KeyValue::lease),
+                seconds,
+                revision: kv.as_ref().map_or(0, KeyValue::mod_revision),
+            })),
             status => Ok(Err(status)),
         }
     }
@@ -59,14 +61,21 @@ impl Inner {
         }
         let ttls = self.leases.keep_alive(&[held.lease]).await?;
         let ttl = ttls.first().copied().unwrap_or(0);
+        #[cfg(feature = "test-util")]
+        self.renewal_pause_point().await;
         let kv = self.get(&self.key(name)).await?;
         let status = classify(kv.as_ref(), owner, held.lease, ttl);
-        self.settle(name, owner, status);
+        self.settle(name, owner, held.lease, status);
         Ok(status)
     }
 
     /// Moves the key to a new lease of `seconds`: keep-alive can only restart
     /// a lease's own TTL, and `retain_for` asks for a different one.
+    ///
+    /// The move compares the owner token and the lease the key is on, so the
+    /// old lease revoked afterwards is always the one the key was read on. If
+    /// a concurrent renewal of the same owner moved the key first, the move
+    /// starts again from the lease the key is on now.
     async fn relet(
         &self,
         name: &LockName,
@@ -76,52 +85,74 @@ impl Inner {
     ) -> Result<LeaseStatus, BackendError> {
         let key = self.key(name);
         let (lease, _) = self.leases.grant(seconds).await?;
-        let txn = Txn::new()
-            .when([
-                Compare::value(key.as_str(), CompareOp::Equal, owner.to_hex()),
-                Compare::lease(key.as_str(), CompareOp::Equal, held.lease),
-            ])
-            .and_then([TxnOp::put(
-                key.as_str(),
-                owner.to_hex(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(key.as_str(), None)]);
-        let resp = match self.client.kv_client().txn(txn).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                self.revoke_in_background(lease);
-                return Err(convert(&format!("renew {key}"), e));
-            }
-        };
-        if resp.succeeded() {
-            self.remember(
-                name,
-                Held {
+        let mut from = held.lease;
+        for _ in 0..RELET_ATTEMPTS {
+            let txn = Txn::new()
+                .when([
+                    Compare::value(key.as_str(), CompareOp::Equal, owner.to_hex()),
+                    Compare::lease(key.as_str(), CompareOp::Equal, from),
+                ])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    owner.to_hex(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else([TxnOp::get(key.as_str(), None)]);
+            let resp = match self.client.kv_client().txn(txn).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    self.revoke_in_background(lease);
+                    return Err(convert(&format!("renew {key}"), e));
+                }
+            };
+            if resp.succeeded() {
+                let revision = resp
+                    .header()
+                    .map(|h| h.revision())
+                    .ok_or_else(|| protocol("renew", "transaction answer without a header"))?;
+                let moved = Held {
                     owner: *owner,
                     lease,
                     seconds,
-                },
-            );
-            self.revoke_in_background(held.lease);
-            return Ok(LeaseStatus::Held);
+                    revision,
+                };
+                self.remember(name, moved);
+                // The compare proved the key was on `from` until this put.
+                self.revoke_in_background(from);
+                return Ok(LeaseStatus::Held);
+            }
+            match first_kv(&resp.op_responses()) {
+                Some(kv) if kv.value() == owner.to_hex().as_bytes() => from = kv.lease(),
+                kv => {
+                    self.revoke_in_background(lease);
+                    let status = match classify(kv.as_ref(), owner, from, 0) {
+                        LeaseStatus::Stolen => LeaseStatus::Stolen,
+                        _ => LeaseStatus::Expired,
+                    };
+                    self.settle(name, owner, held.lease, status);
+                    return Ok(status);
+                }
+            }
         }
         self.revoke_in_background(lease);
-        let kv = first_kv(&resp.op_responses());
-        let status = match classify(kv.as_ref(), owner, held.lease, 0) {
-            LeaseStatus::Stolen => LeaseStatus::Stolen,
-            _ => LeaseStatus::Expired,
-        };
-        self.settle(name, owner, status);
-        Ok(status)
+        Err(BackendError::new(
+            BackendErrorKind::Other,
+            format!(
+                "renew {key}: the key kept moving to other leases of this owner; \
+                 concurrent renewals of one lock with different TTLs race, renew again"
+            ),
+        ))
     }
 
-    /// After a renewal found the lease lost, drops it here and on the server.
-    fn settle(&self, name: &LockName, owner: &OwnerToken, status: LeaseStatus) {
-        if status != LeaseStatus::Held {
-            if let Some(held) = self.forget(name, owner) {
-                self.revoke_in_background(held.lease);
-            }
+    /// After a renewal found the lease it judged lost, drops it here and on
+    /// the server. Only if it is still the lease remembered for the lock:
+    /// one that a concurrent renewal moved the key to is not this one's to
+    /// revoke. The judged lease carries no key of ours (the key is gone,
+    /// another owner's, or on this dead lease), so revoking it deletes
+    /// nothing anyone holds.
+    fn settle(&self, name: &LockName, owner: &OwnerToken, judged: i64, status: LeaseStatus) {
+        if status != LeaseStatus::Held && self.forget_lease(name, owner, judged) {
+            self.revoke_in_background(judged);
         }
     }
 
@@ -140,6 +171,8 @@ impl Inner {
         }
         let ids: Vec<i64> = batch.iter().map(|(_, h)| h.lease).collect();
         let ttls = self.leases.keep_alive(&ids).await?;
+        #[cfg(feature = "test-util")]
+        self.renewal_pause_point().await;
         let mut kv = self.client.kv_client();
         for (chunk_no, chunk) in batch.chunks(MAX_TXN_OPS).enumerate() {
             let gets: Vec<TxnOp> = chunk
@@ -165,7 +198,7 @@ impl Inner {
                 };
                 let r = &requests[*i];
                 let status = classify(kv.as_ref(), &r.owner, held.lease, ttl);
-                self.settle(&r.name, &r.owner, status);
+                self.settle(&r.name, &r.owner, held.lease, status);
                 out[*i] = Some(status);
             }
         }

@@ -13,6 +13,9 @@
 //! operator could on a real server.
 #![forbid(unsafe_code)]
 
+mod ticks;
+mod waiters;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -20,10 +23,11 @@ use std::time::Duration;
 
 use lock_core::{
     async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, Lease, LeaseStatus,
-    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest, TickStore,
+    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
-use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
+
+use crate::waiters::{Subscription, Waiters};
 
 /// Above this many entries, expired ones are purged on acquire.
 const PURGE_THRESHOLD: usize = 1024;
@@ -60,13 +64,21 @@ struct Shared {
     fence: AtomicU64,
 }
 
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section is a single map update, so a poisoned lock
+        // cannot hold a half-applied change.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     locks: HashMap<LockName, Entry>,
     ticks: HashMap<LockName, i64>,
     /// Per job, the ticks marked done, pruned as later ones are recorded.
     marks: HashMap<LockName, std::collections::BTreeSet<i64>>,
-    waiters: HashMap<LockName, Arc<Notify>>,
+    waiters: Waiters,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -113,9 +125,7 @@ impl State {
     }
 
     fn wake(&mut self, name: &LockName) {
-        if let Some(n) = self.waiters.remove(name) {
-            n.notify_waiters();
-        }
+        self.waiters.wake(name);
     }
 }
 
@@ -126,12 +136,7 @@ impl MemoryBackend {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // Every critical section is a single map update, so a poisoned lock
-        // cannot hold a half-applied change.
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.state()
     }
 
     /// Saboteur: hands `name` to a new owner for `ttl`, as another client
@@ -166,6 +171,13 @@ impl MemoryBackend {
     /// The owner currently holding `name`, if any.
     pub fn holder(&self, name: &LockName) -> Option<OwnerToken> {
         self.state().live(name, Instant::now()).map(|e| e.owner)
+    }
+
+    /// Test hook: how many names have a waiter entry, live or not. A backend
+    /// that forgets abandoned waits keeps this at the number of live waits.
+    #[cfg(feature = "test-util")]
+    pub fn waiter_entries(&self) -> usize {
+        self.state().waiters.len()
     }
 
     /// How many live leases exist.
@@ -268,11 +280,16 @@ impl LockBackend for MemoryBackend {
         let now = Instant::now();
         let mut st = self.state();
         let expires_at = st.live(name, now).map(|e| e.expires_at);
-        let notify = Arc::clone(st.waiters.entry(name.clone()).or_default());
+        let notify = st.waiters.subscribe(name);
         drop(st);
+        // Created after the state lock is dropped: its drop takes that lock.
+        let subscription = Subscription::new(&self.shared, name.clone(), Arc::clone(&notify));
         let mut notified = Box::pin(notify.notified_owned());
         notified.as_mut().enable();
         Ok(Some(ReleaseSignal::new(async move {
+            // Owned by the signal: however the wait ends, dropping the
+            // signal counts this waiter out of the name's entry.
+            let _subscription = subscription;
             // A lease that simply runs out wakes nobody; its expiry instant does.
             match expires_at {
                 Some(at) => {
@@ -284,39 +301,6 @@ impl LockBackend for MemoryBackend {
                 None => notified.await,
             }
         })))
-    }
-}
-
-#[async_trait]
-impl TickStore for MemoryBackend {
-    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
-        Ok(self.state().ticks.get(job).copied())
-    }
-
-    async fn record_completed(
-        &self,
-        job: &LockName,
-        tick: i64,
-        keep: Duration,
-    ) -> Result<(), BackendError> {
-        let mut st = self.state();
-        let slot = st.ticks.entry(job.clone()).or_insert(tick);
-        *slot = (*slot).max(tick);
-        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
-        let marks = st.marks.entry(job.clone()).or_default();
-        marks.insert(tick);
-        let cut = tick.saturating_sub(keep_ms);
-        // Only marks more than `keep` older than this tick go.
-        *marks = marks.split_off(&cut);
-        Ok(())
-    }
-
-    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
-        Ok(self
-            .state()
-            .marks
-            .get(job)
-            .is_some_and(|m| m.contains(&tick)))
     }
 }
 
@@ -354,29 +338,28 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test]
-    async fn tick_store_keeps_the_maximum() -> Result<(), BackendError> {
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_wait_leaves_no_waiter_entry() -> Result<(), Box<dyn std::error::Error>> {
         let b = MemoryBackend::new();
-        let job = name("job");
-        assert_eq!(b.last_completed(&job).await?, None);
-        b.record_completed(&job, 2_000, std::time::Duration::from_secs(60))
-            .await?;
-        b.record_completed(&job, 1_000, std::time::Duration::from_secs(60))
-            .await?;
-        assert_eq!(b.last_completed(&job).await?, Some(2_000));
-        assert!(
-            b.is_completed(&job, 1_000).await?,
-            "an earlier tick keeps its mark"
+        let n = name("x");
+        let entries = |b: &MemoryBackend| b.state().waiters.len();
+        let (first, second) = (
+            b.subscribe_release(&n).await?,
+            b.subscribe_release(&n).await?,
         );
-        assert!(
-            !b.is_completed(&job, 1_500).await?,
-            "no mark for a tick never recorded"
-        );
-        // A tick more than `keep` later prunes the older marks.
-        b.record_completed(&job, 70_000, std::time::Duration::from_secs(60))
-            .await?;
-        assert!(!b.is_completed(&job, 1_000).await?, "pruned");
-        assert!(b.is_completed(&job, 70_000).await?);
+        assert_eq!(entries(&b), 1, "one entry per name, however many wait");
+        drop(first);
+        assert_eq!(entries(&b), 1, "the second wait is still live");
+        drop(second);
+        assert_eq!(entries(&b), 0, "the last wait took the entry with it");
+        // A waiter of a woken generation must not count down a newer one.
+        let old = b.subscribe_release(&n).await?;
+        b.state().wake(&n);
+        let new = b.subscribe_release(&n).await?;
+        drop(old);
+        assert_eq!(entries(&b), 1, "the newer wait keeps its entry");
+        drop(new);
+        assert_eq!(entries(&b), 0);
         Ok(())
     }
 

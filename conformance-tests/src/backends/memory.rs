@@ -1,4 +1,7 @@
-//! The memory backend's factory: replicas share one `MemoryBackend`.
+//! The memory backend's factory: replicas share one `MemoryBackend`; plus
+//! the memory-specific trials.
+
+mod waiters;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,6 +11,8 @@ use lock_core::{Capabilities, LockBackend, LockName, OwnerToken, TickStore};
 use lock_memory::MemoryBackend;
 
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
+
+pub use waiters::add_specific;
 
 /// Replicas are clones of one [`MemoryBackend`], like processes sharing a server.
 #[derive(Debug, Default)]

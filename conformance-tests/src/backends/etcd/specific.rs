@@ -4,6 +4,7 @@
 mod batch;
 mod crash;
 mod faults;
+mod retain;
 mod security;
 mod ticks;
 
@@ -81,6 +82,9 @@ pub fn add_specific(suite: &mut Suite) {
     });
     add(suite, "batch_renewal_reports_each_lease", |f, c| {
         Box::pin(batch::batch_renewal_reports_each_lease(f, c))
+    });
+    add(suite, "retain_during_renewal_keeps_the_mark", |f, c| {
+        Box::pin(retain::retain_during_renewal_keeps_the_mark(f, c))
     });
     add(suite, "tick_store_keeps_the_maximum", |f, c| {
         Box::pin(ticks::tick_store_keeps_the_maximum(f, c))
