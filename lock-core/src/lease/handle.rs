@@ -88,18 +88,15 @@ impl LeaseHandle {
     }
 
     /// How long the lease stays valid locally without another renewal
-    /// (`None` for an unlocked run that has not ended, which has no deadline).
+    /// (`None` for an unlocked run that has not ended, which has no deadline;
+    /// zero once it ended). A `max_hold` ends it earlier if it comes first.
     pub fn remaining_validity(&self) -> Option<Duration> {
         if self.state.check_valid(Instant::now()).is_err() {
             return Some(Duration::ZERO);
         }
-        let now = Instant::now();
-        let until = self.state.valid_until()?;
-        let left = until.saturating_duration_since(now);
-        Some(match self.state.hold_deadline {
-            Some(hold) => left.min(hold.saturating_duration_since(now)),
-            None => left,
-        })
+        self.state
+            .valid_until()
+            .map(|d| d.saturating_duration_since(Instant::now()))
     }
 
     /// Whether this lease was taken without a backend (unlocked mode).
