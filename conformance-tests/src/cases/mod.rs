@@ -3,6 +3,7 @@
 
 mod blocking;
 mod exclusion;
+mod facade;
 mod fencing;
 mod input;
 mod local;
@@ -73,6 +74,7 @@ pub static ALL: &[Case] = &[
     ),
     case!(metrics::metrics_track_outcomes, Requires::Nothing),
     case!(input::bad_input_is_rejected, Requires::Nothing),
+    case!(facade::facade_connect, Requires::ConnectUrl),
     Case {
         name: "guard_dropped_outside_runtime",
         requires: Requires::Nothing,
