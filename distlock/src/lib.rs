@@ -74,3 +74,7 @@ pub use lock_etcd::{self as etcd, EtcdBuilder};
 #[cfg(feature = "scheduler")]
 pub use lock_scheduler as scheduler;
 
+/// README.md's code blocks, compiled and run as doctests so the README cannot rot.
+#[cfg(all(doctest, feature = "scheduler"))]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
