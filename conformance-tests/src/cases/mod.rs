@@ -126,6 +126,7 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_finished_tick_outlives_its_replica,
         Requires::Nothing
     ),
+    case!(facade::scheduler_through_facade, Requires::ConnectUrl),
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.
