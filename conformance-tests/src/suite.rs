@@ -21,14 +21,17 @@ pub enum Requires {
     Fencing,
     /// Cases run on tokio's paused clock (the model test advances time).
     PausedClock,
+    /// A URL that `distlock::connect` reaches the backend's server by.
+    ConnectUrl,
 }
 
 impl Requires {
-    fn met_by(self, caps: &Capabilities, paused: bool) -> bool {
+    fn met_by(self, caps: &Capabilities, paused: bool, has_url: bool) -> bool {
         match self {
             Self::Nothing => true,
             Self::Fencing => caps.fencing,
             Self::PausedClock => paused,
+            Self::ConnectUrl => has_url,
         }
     }
 }
@@ -94,9 +97,10 @@ impl Suite {
     pub fn add(&mut self, factory: Arc<dyn BackendFactory>) {
         let caps = factory.capabilities();
         let timing = factory.timing();
+        let has_url = factory.connect_url().is_some();
         for case in cases::ALL {
             let name = format!("{}::{}", factory.name(), case.name);
-            let met = case.requires.met_by(&caps, timing.paused_clock);
+            let met = case.requires.met_by(&caps, timing.paused_clock, has_url);
             let factory = Arc::clone(&factory);
             let run_id = self.run_id.clone();
             let case = *case;

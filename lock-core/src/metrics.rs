@@ -1,8 +1,12 @@
 //! Prometheus metrics, with the names dashboards and alerts already use.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::{Error, LossReason};
@@ -92,44 +96,62 @@ impl fmt::Debug for LockMetrics {
 }
 
 impl LockMetrics {
-    /// Creates the metrics and registers them in `registry`.
+    /// Registers the metrics in `registry`, or returns the ones this library
+    /// already registered there, so every [`Locker`](crate::Locker) reporting
+    /// into one registry counts into the same series.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] if the registry already has metrics of these names
-    /// (register once, then clone the `LockMetrics` into every `Locker`).
+    /// [`Error::Config`] if other code registered metrics of these names in
+    /// `registry`: give the lock metrics a registry of their own.
     pub fn register(registry: &Registry) -> Result<Self, Error> {
-        let metrics = Self::unregistered()?;
-        let collectors: [Box<dyn prometheus::core::Collector>; 5] = [
-            Box::new(metrics.acquisitions.clone()),
-            Box::new(metrics.renewals.clone()),
-            Box::new(metrics.lost.clone()),
-            Box::new(metrics.held.clone()),
-            Box::new(metrics.held_seconds.clone()),
-        ];
-        for c in collectors {
-            registry.register(c).map_err(|e| {
-                Error::Config(format!(
-                    "cannot register lock metrics ({e}); register LockMetrics once per registry and share it"
-                ))
-            })?;
+        let mut known = registrations();
+        known.retain(|(_, metrics)| metrics.strong_count() > 0);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let metrics = Arc::new(Self::unregistered()?);
+        let marker =
+            marker(id).map_err(|e| Error::Config(format!("invalid metric definition: {e}")))?;
+        let collector = Registered {
+            metrics: Arc::clone(&metrics),
+            marker,
+        };
+        match registry.register(Box::new(collector)) {
+            Ok(()) => {
+                known.push((id, Arc::downgrade(&metrics)));
+                Ok((*metrics).clone())
+            }
+            Err(prometheus::Error::AlreadyReg) => known
+                .iter()
+                .rev()
+                .find(|(id, _)| holds_instance(registry, *id))
+                .and_then(|(_, metrics)| metrics.upgrade())
+                .map(|metrics| (*metrics).clone())
+                .ok_or_else(|| {
+                    Error::Config(
+                        "metrics named distributed_lock_* are already registered in this \
+                         registry by other code; give the lock metrics a registry of their own"
+                            .into(),
+                    )
+                }),
+            Err(e) => Err(Error::Config(format!(
+                "cannot register lock metrics ({e}); give them a registry of their own"
+            ))),
         }
-        Ok(metrics)
     }
 
-    /// The metrics in the process-wide default registry, registered on first use.
+    /// The metrics in the process-wide default registry, registered on first
+    /// use; the same as `register(prometheus::default_registry())`.
     ///
     /// # Errors
     ///
     /// [`Error::Config`] if other code already registered metrics of these names there.
     pub fn default_registry() -> Result<Self, Error> {
-        static DEFAULT: OnceLock<Result<LockMetrics, String>> = OnceLock::new();
-        DEFAULT
-            .get_or_init(|| {
-                Self::register(prometheus::default_registry()).map_err(|e| e.to_string())
-            })
-            .clone()
-            .map_err(Error::Config)
+        static DEFAULT: OnceLock<LockMetrics> = OnceLock::new();
+        if let Some(metrics) = DEFAULT.get() {
+            return Ok(metrics.clone());
+        }
+        let metrics = Self::register(prometheus::default_registry())?;
+        Ok(DEFAULT.get_or_init(|| metrics).clone())
     }
 
     fn unregistered() -> Result<Self, Error> {
@@ -240,12 +262,97 @@ impl LockMetrics {
     }
 }
 
+/// The live registrations of lock metrics in this process, by id; only the
+/// registry holding them keeps them alive. A `prometheus::Registry` cannot
+/// say which collector holds a name, so each registration carries a marker
+/// descriptor labelled with its id, and [`holds_instance`] asks a registry
+/// for it. Held across register-and-record, so two threads registering into
+/// one registry at once find each other.
+fn registrations() -> MutexGuard<'static, Vec<(u64, Weak<LockMetrics>)>> {
+    static KNOWN: Mutex<Vec<(u64, Weak<LockMetrics>)>> = Mutex::new(Vec::new());
+    KNOWN.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+const MARKER_NAME: &str = "distributed_lock_metrics_instance";
+
+/// The descriptor that marks registration `id`. It is never collected, so
+/// it never shows in an exposition.
+fn marker(id: u64) -> prometheus::Result<Desc> {
+    Desc::new(
+        MARKER_NAME.into(),
+        "Marks which lock metrics a registry holds; never exported.".into(),
+        Vec::new(),
+        HashMap::from([("instance".to_owned(), id.to_string())]),
+    )
+}
+
+/// Whether `registry` holds registration `id`: registering its marker alone
+/// is refused exactly then. A probe that went in is taken out at once.
+fn holds_instance(registry: &Registry, id: u64) -> bool {
+    let Ok(desc) = marker(id) else {
+        return false;
+    };
+    match registry.register(Box::new(Marker(desc.clone()))) {
+        Err(prometheus::Error::AlreadyReg) => true,
+        Ok(()) => {
+            let _ = registry.unregister(Box::new(Marker(desc)));
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// A marker descriptor alone, for probing.
+struct Marker(Desc);
+
+impl Collector for Marker {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        Vec::new()
+    }
+}
+
+/// The five metrics and their marker, registered as one collector so a
+/// registration either takes every name or none.
+struct Registered {
+    metrics: Arc<LockMetrics>,
+    marker: Desc,
+}
+
+impl Collector for Registered {
+    fn desc(&self) -> Vec<&Desc> {
+        let m = &self.metrics;
+        let mut descs = m.acquisitions.desc();
+        descs.extend(m.renewals.desc());
+        descs.extend(m.lost.desc());
+        descs.extend(m.held.desc());
+        descs.extend(m.held_seconds.desc());
+        descs.push(&self.marker);
+        descs
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let m = &self.metrics;
+        let mut families = m.acquisitions.collect();
+        families.extend(m.renewals.collect());
+        families.extend(m.lost.collect());
+        families.extend(m.held.collect());
+        families.extend(m.held_seconds.collect());
+        families
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn registers_once_per_registry_with_the_documented_names() {
+    fn registers_the_documented_names() {
         let registry = Registry::new();
         let m = LockMetrics::register(&registry).expect("first registration");
         m.acquisition("job", AcquireOutcome::Acquired);
@@ -258,21 +365,31 @@ mod tests {
             .iter()
             .map(|f| f.name().to_owned())
             .collect();
-        for expected in [
-            "distributed_lock_acquisitions_total",
-            "distributed_lock_renewals_total",
-            "distributed_lock_lost_total",
-            "distributed_locks_held",
-            "distributed_lock_held_seconds",
-        ] {
-            assert!(
-                names.iter().any(|n| n == expected),
-                "{expected} missing in {names:?}"
-            );
-        }
-        assert!(matches!(
-            LockMetrics::register(&registry),
-            Err(Error::Config(_))
-        ));
+        // Sorted by name; the marker is never exported.
+        assert_eq!(
+            names,
+            [
+                "distributed_lock_acquisitions_total",
+                "distributed_lock_held_seconds",
+                "distributed_lock_lost_total",
+                "distributed_lock_renewals_total",
+                "distributed_locks_held",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dropped_registry_is_forgotten() {
+        let registry = Registry::new();
+        let metrics = LockMetrics::register(&registry).expect("registration");
+        let ids: Vec<u64> = registrations().iter().map(|(id, _)| *id).collect();
+        let id = ids
+            .into_iter()
+            .find(|id| holds_instance(&registry, *id))
+            .expect("the registration is recorded");
+        drop(registry);
+        drop(metrics);
+        let _ = LockMetrics::register(&Registry::new()).expect("registration");
+        assert!(!registrations().iter().any(|(known, _)| *known == id));
     }
 }

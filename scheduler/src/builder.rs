@@ -76,6 +76,7 @@ impl ElectionOptions {
 
 /// Builds a [`Scheduler`]: a [`Locker`], a [`TickStore`] on the same server,
 /// a mode, jobs, and optionally a clock, a metrics registry and an outcome hook.
+#[must_use = "a scheduler builder runs nothing until `build` and `start` are called"]
 pub struct SchedulerBuilder {
     locker: Locker,
     ticks: Arc<dyn TickStore>,

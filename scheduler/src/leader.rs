@@ -47,6 +47,7 @@ type Hook = Arc<dyn Fn() + Send + Sync + 'static>;
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a LeaderElection stops campaigning and gives up leadership at once"]
 pub struct LeaderElection {
     shared: Arc<Shared>,
     stop: CancellationToken,
@@ -67,6 +68,7 @@ impl fmt::Debug for LeaderElection {
 }
 
 /// Configures and starts a [`LeaderElection`].
+#[must_use = "an election builder campaigns for nothing until `start` is called"]
 pub struct ElectionBuilder {
     locker: Locker,
     name: String,

@@ -1,8 +1,12 @@
 //! Scheduler metrics, with the names dashboards and alerts already use.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::{Error, Result};
@@ -69,40 +73,59 @@ impl fmt::Debug for SchedulerMetrics {
 }
 
 impl SchedulerMetrics {
-    /// Creates the metrics and registers them in `registry`.
+    /// Registers the metrics in `registry`, or returns the ones this library
+    /// already registered there, so every scheduler reporting into one
+    /// registry counts into the same series.
     ///
     /// # Errors
     ///
-    /// [`Error::Metrics`] if `registry` already has metrics of these names.
+    /// [`Error::Metrics`] if other code registered metrics of these names in
+    /// `registry`: give the scheduler metrics a registry of their own.
     pub fn register(registry: &Registry) -> Result<Self> {
-        let m = Self::unregistered().map_err(|e| Error::Metrics(e.to_string()))?;
-        let collectors: [Box<dyn prometheus::core::Collector>; 4] = [
-            Box::new(m.runs.clone()),
-            Box::new(m.is_leader.clone()),
-            Box::new(m.duration.clone()),
-            Box::new(m.lag.clone()),
-        ];
-        for c in collectors {
-            registry
-                .register(c)
-                .map_err(|e| Error::Metrics(e.to_string()))?;
+        let invalid = |e: prometheus::Error| Error::Metrics(format!("invalid definition: {e}"));
+        let mut known = registrations();
+        known.retain(|(_, metrics)| metrics.strong_count() > 0);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let metrics = Arc::new(Self::unregistered().map_err(invalid)?);
+        let collector = Registered {
+            metrics: Arc::clone(&metrics),
+            marker: marker(id).map_err(invalid)?,
+        };
+        match registry.register(Box::new(collector)) {
+            Ok(()) => {
+                known.push((id, Arc::downgrade(&metrics)));
+                Ok((*metrics).clone())
+            }
+            Err(prometheus::Error::AlreadyReg) => known
+                .iter()
+                .rev()
+                .find(|(id, _)| holds_instance(registry, *id))
+                .and_then(|(_, metrics)| metrics.upgrade())
+                .map(|metrics| (*metrics).clone())
+                .ok_or_else(|| {
+                    Error::Metrics(
+                        "metrics named scheduler_* are already registered in this registry by \
+                         other code; give the scheduler metrics a registry of their own"
+                            .into(),
+                    )
+                }),
+            Err(e) => Err(Error::Metrics(e.to_string())),
         }
-        Ok(m)
     }
 
-    /// The metrics in the process-wide default registry, registered on first use.
+    /// The metrics in the process-wide default registry, registered on first
+    /// use; the same as `register(prometheus::default_registry())`.
     ///
     /// # Errors
     ///
     /// [`Error::Metrics`] if other code registered metrics of these names there.
     pub fn default_registry() -> Result<Self> {
-        static DEFAULT: OnceLock<std::result::Result<SchedulerMetrics, String>> = OnceLock::new();
-        DEFAULT
-            .get_or_init(|| {
-                Self::register(prometheus::default_registry()).map_err(|e| e.to_string())
-            })
-            .clone()
-            .map_err(Error::Metrics)
+        static DEFAULT: OnceLock<SchedulerMetrics> = OnceLock::new();
+        if let Some(metrics) = DEFAULT.get() {
+            return Ok(metrics.clone());
+        }
+        let metrics = Self::register(prometheus::default_registry())?;
+        Ok(DEFAULT.get_or_init(|| metrics).clone())
     }
 
     fn unregistered() -> prometheus::Result<Self> {
@@ -174,12 +197,96 @@ impl SchedulerMetrics {
     }
 }
 
+/// The live registrations of scheduler metrics in this process, by id; only
+/// the registry holding them keeps them alive. A `prometheus::Registry`
+/// cannot say which collector holds a name, so each registration carries a
+/// marker descriptor labelled with its id, and [`holds_instance`] asks a
+/// registry for it. Held across register-and-record, so two threads
+/// registering into one registry at once find each other. (lock-core's
+/// `LockMetrics` does the same for the lock metrics.)
+fn registrations() -> MutexGuard<'static, Vec<(u64, Weak<SchedulerMetrics>)>> {
+    static KNOWN: Mutex<Vec<(u64, Weak<SchedulerMetrics>)>> = Mutex::new(Vec::new());
+    KNOWN.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+const MARKER_NAME: &str = "scheduler_metrics_instance";
+
+/// The descriptor that marks registration `id`. It is never collected, so
+/// it never shows in an exposition.
+fn marker(id: u64) -> prometheus::Result<Desc> {
+    Desc::new(
+        MARKER_NAME.into(),
+        "Marks which scheduler metrics a registry holds; never exported.".into(),
+        Vec::new(),
+        HashMap::from([("instance".to_owned(), id.to_string())]),
+    )
+}
+
+/// Whether `registry` holds registration `id`: registering its marker alone
+/// is refused exactly then. A probe that went in is taken out at once.
+fn holds_instance(registry: &Registry, id: u64) -> bool {
+    let Ok(desc) = marker(id) else {
+        return false;
+    };
+    match registry.register(Box::new(Marker(desc.clone()))) {
+        Err(prometheus::Error::AlreadyReg) => true,
+        Ok(()) => {
+            let _ = registry.unregister(Box::new(Marker(desc)));
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// A marker descriptor alone, for probing.
+struct Marker(Desc);
+
+impl Collector for Marker {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.0]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        Vec::new()
+    }
+}
+
+/// The four metrics and their marker, registered as one collector so a
+/// registration either takes every name or none.
+struct Registered {
+    metrics: Arc<SchedulerMetrics>,
+    marker: Desc,
+}
+
+impl Collector for Registered {
+    fn desc(&self) -> Vec<&Desc> {
+        let m = &self.metrics;
+        let mut descs = m.runs.desc();
+        descs.extend(m.is_leader.desc());
+        descs.extend(m.duration.desc());
+        descs.extend(m.lag.desc());
+        descs.push(&self.marker);
+        descs
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let m = &self.metrics;
+        let mut families = m.runs.collect();
+        families.extend(m.is_leader.collect());
+        families.extend(m.duration.collect());
+        families.extend(m.lag.collect());
+        families
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn registers_once_per_registry_with_the_documented_names() {
+    fn registers_the_documented_names_once_per_registry() {
         let registry = Registry::new();
         let m = SchedulerMetrics::register(&registry).expect("first registration");
         m.run("job", TickOutcome::Panicked);
@@ -204,9 +311,30 @@ mod tests {
         }
         assert_eq!(m.runs("job", TickOutcome::Panicked), 1);
         assert_eq!(m.is_leader(), 1);
-        assert!(matches!(
-            SchedulerMetrics::register(&registry),
-            Err(Error::Metrics(_))
-        ));
+        assert!(!names.iter().any(|n| n == MARKER_NAME), "{names:?}");
+        let again = SchedulerMetrics::register(&registry.clone()).expect("reused");
+        again.run("job", TickOutcome::Panicked);
+        assert_eq!(m.runs("job", TickOutcome::Panicked), 2);
+        let apart = SchedulerMetrics::register(&Registry::new()).expect("another registry");
+        assert_eq!(apart.runs("job", TickOutcome::Panicked), 0);
+    }
+
+    #[test]
+    fn names_taken_by_other_code_are_an_error() {
+        let registry = Registry::new();
+        let foreign = IntGauge::new(
+            "scheduler_is_leader",
+            "1 while this replica is the elected scheduler leader, else 0.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(foreign))
+            .expect("foreign metric");
+        let err = SchedulerMetrics::register(&registry).expect_err("the name is taken");
+        assert!(
+            matches!(&err, Error::Metrics(m) if m.contains("other code")),
+            "{err}"
+        );
+        assert_eq!(registry.gather().len(), 1, "only the foreign gauge");
     }
 }

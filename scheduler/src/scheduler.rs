@@ -41,6 +41,7 @@ use crate::{Error, LeaderElection, Mode, Result, SchedulerBuilder, SchedulerMetr
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
+#[must_use = "dropping a Scheduler stops every job at once; keep it and end it with `shutdown`"]
 pub struct Scheduler {
     rt: Arc<Runtime>,
     jobs: Vec<Arc<JobSpec>>,

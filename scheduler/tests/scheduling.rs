@@ -59,9 +59,10 @@ fn configuration_errors_say_what_is_wrong() {
         build(|b| b.job(bad_zone)),
         Err(Error::InvalidTimeZone { .. })
     ));
+    // A second scheduler on one registry shares the first one's metrics.
     let registry = Registry::new();
     let (locker, ticks, _) = backend();
-    Scheduler::builder(locker.clone(), Arc::clone(&ticks))
+    let first = Scheduler::builder(locker.clone(), Arc::clone(&ticks))
         .registry(&registry)
         .job(noop("a"))
         .build()
@@ -70,7 +71,8 @@ fn configuration_errors_say_what_is_wrong() {
         .registry(&registry)
         .job(noop("a"))
         .build();
-    assert!(matches!(again, Err(Error::Metrics(_))));
+    assert!(again.is_ok(), "{again:?}");
+    drop(first);
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod blocking;
 mod ended;
 mod exclusion;
 mod extreme;
+mod facade;
 mod fencing;
 mod input;
 mod local;
@@ -94,6 +95,7 @@ pub static ALL: &[Case] = &[
     ),
     case!(metrics::metrics_track_outcomes, Requires::Nothing),
     case!(input::bad_input_is_rejected, Requires::Nothing),
+    case!(facade::facade_connect, Requires::ConnectUrl),
     Case {
         name: "guard_dropped_outside_runtime",
         requires: Requires::Nothing,
@@ -145,6 +147,7 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_finished_tick_outlives_its_replica,
         Requires::Nothing
     ),
+    case!(facade::scheduler_through_facade, Requires::ConnectUrl),
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.
