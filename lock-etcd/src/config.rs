@@ -363,7 +363,7 @@ fn parse_endpoint(endpoint: &str) -> Result<String, &'static str> {
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(endpoint.strip_suffix('/').unwrap_or(endpoint).to_owned()),
-        _ => Err("the port must be a number from 1 to 65535"),
+        _ => Err("the port is not a port number (1 to 65535)"),
     }
 }
 
@@ -404,7 +404,7 @@ mod tests {
         }
         let err = EtcdBuilder::from_url("etcd://h:port").expect_err("bad port");
         assert!(err.message().contains("h:port"), "{err}");
-        assert!(err.message().contains("port must be a number"), "{err}");
+        assert!(err.message().contains("not a port number"), "{err}");
     }
 
     #[test]

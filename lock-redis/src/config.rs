@@ -109,9 +109,10 @@ impl RedisConfig {
         let tls = match scheme {
             "redis" => false,
             "rediss" => true,
-            _ => {
+            other => {
                 return Err(config(format!(
-                    "unsupported URL scheme in {shown}: use redis:// or rediss:// (TLS)"
+                    "unsupported URL scheme{} in {shown}: use redis:// or rediss:// (TLS)",
+                    quoted_scheme(other)
                 )))
             }
         };
@@ -359,6 +360,19 @@ impl RedisConfig {
     }
 }
 
+/// ` "scheme"` when `scheme` is one (RFC 3986); nothing otherwise, as text
+/// before a `://` inside a password is no scheme and may be secret.
+fn quoted_scheme(scheme: &str) -> String {
+    let mut chars = scheme.chars();
+    let is_scheme = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if is_scheme {
+        format!(" {scheme:?}")
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,6 +427,7 @@ mod tests {
             "redis://h:x/0?password=s3cret",
             "redis://h:6379/0?password=x&protocol=s3cret",
             "host=h password=s3cret",
+            "host=h password=s3cret://x",
         ] {
             let err = RedisConfig::from_url(url).expect_err(url);
             assert_eq!(err.kind(), BackendErrorKind::Config, "{url}");
