@@ -43,6 +43,7 @@ mod metrics;
 mod name;
 mod options;
 mod outcome;
+pub mod redact;
 mod ticks;
 mod token;
 mod wait;

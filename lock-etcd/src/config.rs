@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lock_core::redact::redact_url;
 use lock_core::{BackendError, BackendErrorKind};
 
 use crate::connection::EtcdBackend;
@@ -110,7 +111,8 @@ impl EtcdBuilder {
             (true, rest)
         } else {
             return Err(config_error(format!(
-                "etcd URL {url:?} must start with etcd:// or etcds://"
+                "etcd URL {} must start with etcd:// or etcds://",
+                redact_url(url)
             )));
         };
         let mut builder = Self::new();
@@ -129,7 +131,7 @@ impl EtcdBuilder {
             None => rest,
         };
         let hosts = hosts.trim_end_matches('/');
-        builder.endpoints = parse_list(hosts)?;
+        builder.endpoints = parse_list(hosts, url)?;
         Ok(builder)
     }
 
@@ -162,7 +164,8 @@ impl EtcdBuilder {
             .into_iter()
             .map(|e| e.as_ref().to_owned())
             .collect();
-        self.endpoints = parse_list(&joined.join(","))?;
+        let joined = joined.join(",");
+        self.endpoints = parse_list(&joined, &joined)?;
         Ok(self)
     }
 
@@ -309,41 +312,58 @@ impl EtcdBuilder {
     }
 }
 
-/// Parses a comma-separated endpoint list.
-fn parse_list(list: &str) -> Result<Vec<String>, BackendError> {
+/// Parses a comma-separated endpoint list taken from `input` (the URL or
+/// list the caller gave), which errors show with its credentials masked.
+/// They name the bad endpoint by position, not by its text: a password
+/// holding an unencoded `,` or `@` would otherwise leave a piece of itself
+/// in an "endpoint".
+fn parse_list(list: &str, input: &str) -> Result<Vec<String>, BackendError> {
     let endpoints: Vec<String> = list
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(parse_endpoint)
+        .enumerate()
+        .map(|(i, e)| {
+            parse_endpoint(e).map_err(|why| {
+                config_error(format!(
+                    "malformed etcd endpoint #{} in {}: {why}",
+                    i + 1,
+                    redact_url(input)
+                ))
+            })
+        })
         .collect::<Result<_, _>>()?;
     if endpoints.is_empty() {
-        return Err(config_error(format!("no etcd endpoint in {list:?}")));
+        return Err(config_error(format!(
+            "no etcd endpoint in {}",
+            redact_url(input)
+        )));
     }
     Ok(endpoints)
 }
 
-/// Checks one `[scheme://]host:port` endpoint and returns it unchanged.
-fn parse_endpoint(endpoint: &str) -> Result<String, BackendError> {
-    let bad = |why: &str| config_error(format!("malformed etcd endpoint {endpoint:?}: {why}"));
+/// Checks one `[scheme://]host:port` endpoint and returns it unchanged, or
+/// says what is wrong with it.
+fn parse_endpoint(endpoint: &str) -> Result<String, &'static str> {
     let authority = match endpoint.split_once("://") {
         Some(("http" | "https", rest)) => rest,
-        Some((scheme, _)) => return Err(bad(&format!("unsupported scheme {scheme:?}"))),
+        Some(_) => return Err("the scheme must be http:// or https://"),
         None => endpoint,
     };
-    let authority = authority.strip_suffix('/').unwrap_or(authority);
-    let (host, port) = authority
-        .rsplit_once(':')
-        .ok_or_else(|| bad("expected host:port"))?;
-    if host.is_empty() {
-        return Err(bad("empty host"));
+    if authority.contains('@') {
+        return Err("an endpoint cannot carry credentials; use with_credentials or an etcd://user:password@host:port URL");
     }
-    if host.contains(['/', '@', ' ', '?', '#']) {
-        return Err(bad("the host contains a character that is not allowed"));
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    let (host, port) = authority.rsplit_once(':').ok_or("expected host:port")?;
+    if host.is_empty() {
+        return Err("empty host");
+    }
+    if host.contains(['/', ' ', '?', '#']) {
+        return Err("the host contains a character that is not allowed");
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(endpoint.strip_suffix('/').unwrap_or(endpoint).to_owned()),
-        _ => Err(bad(&format!("{port:?} is not a port number"))),
+        _ => Err("the port is not a port number (1 to 65535)"),
     }
 }
 
@@ -383,7 +403,8 @@ mod tests {
             assert_eq!(err.kind(), BackendErrorKind::Config, "{bad}");
         }
         let err = EtcdBuilder::from_url("etcd://h:port").expect_err("bad port");
-        assert!(err.message().contains("\"port\""), "{err}");
+        assert!(err.message().contains("h:port"), "{err}");
+        assert!(err.message().contains("not a port number"), "{err}");
     }
 
     #[test]
@@ -430,6 +451,34 @@ mod tests {
         assert_eq!(bad.expect_err("bad port").kind(), BackendErrorKind::Config);
         let unset = unset.expect_err("unset");
         assert!(unset.message().contains(ENDPOINTS_ENV), "{unset}");
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        for url in [
+            "http://root:s3cret@h:2379",
+            "etcd://root:s3cret@h:port",
+            "etcd://root:s3cret@h:2379?token=s3cret",
+            "host=h password=s3cret",
+        ] {
+            let err = EtcdBuilder::from_url(url).expect_err(url);
+            assert!(!format!("{err} {err:?}").contains("s3cret"), "{url}: {err}");
+        }
+        for endpoint in [
+            "http://root:s3cret@h:2379",
+            "https://root:ab/s3cret@h:2379",
+            "root:s3cret@h:2379",
+            "http://h:2379?token=s3cret",
+        ] {
+            let err = EtcdBuilder::new()
+                .with_endpoints([endpoint])
+                .expect_err(endpoint);
+            assert_eq!(err.kind(), BackendErrorKind::Config, "{endpoint}");
+            assert!(
+                !format!("{err} {err:?}").contains("s3cret"),
+                "{endpoint}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, KeyValue, TlsOptions};
+use lock_core::redact::redact_url;
 use lock_core::{BackendError, BackendErrorKind, LeaseStatus, LockName, OwnerToken};
 use tracing::debug;
 
@@ -111,10 +112,11 @@ impl EtcdBackend {
             options = options.with_tls(tls);
         }
         let connect_limit = b.connect_timeout + b.request_timeout;
+        let shown: Vec<String> = endpoints.iter().map(|e| redact_url(e)).collect();
         let client = bounded(connect_limit, "connect", async {
             Client::connect(&endpoints, Some(options))
                 .await
-                .map_err(|e| convert(&format!("connect to {}", endpoints.join(",")), e))
+                .map_err(|e| convert(&format!("connect to {}", shown.join(",")), e))
         })
         .await?;
         let leases = Leases::new(client.lease_client());

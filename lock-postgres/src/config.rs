@@ -1,11 +1,13 @@
 //! Configuration: URL parsing, TLS, timeouts, the TTL bound, key mapping.
 
 use std::collections::HashMap;
+use std::error::Error as _;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use lock_core::redact::redact_url;
 use lock_core::{BackendError, LockName};
 
 use crate::error::config;
@@ -31,18 +33,14 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<Self, BackendError> {
-        Ok(match value {
+    fn parse(value: &str) -> Option<Self> {
+        Some(match value {
             "disable" => Self::Disable,
             "prefer" | "allow" => Self::Prefer,
             "require" => Self::Require,
             "verify-ca" => Self::VerifyCa,
             "verify-full" => Self::VerifyFull,
-            other => {
-                return Err(config(format!(
-                "unknown sslmode {other:?}; use disable, prefer, require, verify-ca or verify-full"
-            )))
-            }
+            _ => return None,
         })
     }
 }
@@ -230,39 +228,81 @@ impl PostgresConfigBuilder {
     /// parameters `sslmode` (`disable`, `prefer`, `require`, `verify-ca`,
     /// `verify-full`), `sslrootcert` and `application_name`.
     ///
+    /// The user name and password end at the first `@`, so they may hold
+    /// `/ ? # :` unencoded but must percent-encode `@` as `%40`.
+    ///
     /// # Errors
     ///
     /// A [`Config`](lock_core::BackendErrorKind::Config) error for another
-    /// scheme or a malformed URL. The message never repeats the URL, which may
-    /// hold a password.
+    /// scheme, a libpq `key=value` string, a second `@`, or a malformed URL.
+    /// The message shows the URL with its credentials masked.
     pub fn from_url(url: &str) -> Result<Self, BackendError> {
-        let scheme_ok = url.starts_with("postgres://") || url.starts_with("postgresql://");
-        if !scheme_ok {
-            let scheme = url.split_once("://").map_or("(none)", |(s, _)| s);
+        let shown = redact_url(url);
+        let Some((scheme, rest)) = url.split_once("://") else {
+            let hint = if url.contains('=') {
+                "key=value connection strings are not supported"
+            } else {
+                "not a URL"
+            };
             return Err(config(format!(
-                "unsupported URL scheme {scheme:?}: expected postgres:// or postgresql://"
+                "{hint} ({shown}): use postgres://user:password@host:port/db"
+            )));
+        };
+        if scheme != "postgres" && scheme != "postgresql" {
+            return Err(config(format!(
+                "unsupported URL scheme in {shown}: expected postgres:// or postgresql://"
             )));
         }
+        // tokio-postgres ends the credentials at the first `@`: after a
+        // second one, part of the password would be read as the host.
+        let after_credentials = rest.split_once('@').map_or(rest, |(_, after)| after);
+        if after_credentials.contains('@') {
+            return Err(config(format!(
+                "malformed Postgres URL {shown}: it holds more than one '@'; percent-encode '@' in the user name, password or parameters as %40"
+            )));
+        }
+        let (base, query) = after_credentials
+            .split_once('?')
+            .unwrap_or((after_credentials, ""));
+        // The reasons below may quote a parameter; after a secret parameter,
+        // that text may be a piece of the secret, so they are left out.
+        let quotable = redact_url(query) == query;
         let mut builder = Self::new();
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut passed = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
-                "sslmode" => builder.inner.ssl_mode = SslMode::parse(value)?,
+                "sslmode" => {
+                    builder.inner.ssl_mode = SslMode::parse(value).ok_or_else(|| {
+                        let got = if quotable { format!(" {value:?}") } else { String::new() };
+                        config(format!(
+                            "unknown sslmode{got} in {shown}; use disable, prefer, require, verify-ca or verify-full"
+                        ))
+                    })?;
+                }
                 "sslrootcert" => {
                     builder.inner.root_cert = Some(RootCert::File(PathBuf::from(value)));
                 }
                 _ => passed.push(pair),
             }
         }
+        let credentials = &url[..url.len() - after_credentials.len()];
         let rest = if passed.is_empty() {
-            base.to_owned()
+            format!("{credentials}{base}")
         } else {
-            format!("{base}?{}", passed.join("&"))
+            format!("{credentials}{base}?{}", passed.join("&"))
         };
-        let mut pg = tokio_postgres::Config::from_str(&rest)
-            .map_err(|e| config(format!("malformed Postgres URL: {e}")))?;
+        let mut pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
+            if quotable {
+                // The cause names the option ("invalid value for option `port`").
+                let cause = e.source().map(|c| format!(": {c}")).unwrap_or_default();
+                config(format!("malformed Postgres URL {shown}: {e}{cause}"))
+            } else {
+                config(format!(
+                    "malformed Postgres URL {shown}: check the host, port, database name and parameters"
+                ))
+            }
+        })?;
         if pg.get_hosts().is_empty() {
             pg.host("localhost");
         }
@@ -447,16 +487,40 @@ mod tests {
             "postgres://u:pw@h:notaport/d",
             "postgres://u:pw@h/d?sslmode=sometimes",
             "postgres://u:pw@h/d?bogus_param=1",
+            "postgres://u:p@w@h/d",
+            "postgres://u@h:notaport/d?password=pw@x",
+            "host=h password=pw",
             "not a url",
         ] {
             match PostgresConfigBuilder::from_url(url).and_then(PostgresConfigBuilder::build) {
                 Err(e) => {
                     assert_eq!(e.kind(), BackendErrorKind::Config, "{url}: {e}");
-                    assert!(!e.to_string().contains("pw@"), "{e}");
+                    assert!(!format!("{e} {e:?}").contains("pw"), "{e}");
                 }
                 Ok(c) => panic!("{url} was accepted as {c:?}"),
             }
         }
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        for (url, needle) in [
+            ("postgres://u:pw@h:notaport/d", "option `port`"),
+            (
+                "postgres://u:pw@h/d?bogus_param=1",
+                "unknown option `bogus_param`",
+            ),
+            ("postgres://u:pw@h/d?sslmode=sometimes", "\"sometimes\""),
+            ("postgres://u:a@b@h/d", "%40"),
+            ("host=h user=u", "key=value"),
+        ] {
+            let err = PostgresConfigBuilder::from_url(url).expect_err(url);
+            assert!(err.message().contains(needle), "{url}: {err}");
+        }
+        // After a secret parameter, a quoted value could be a piece of it.
+        let err = PostgresConfigBuilder::from_url("postgres://h/d?password=a&sslmode=b")
+            .expect_err("bad sslmode");
+        assert!(!err.message().contains("\"b\""), "{err}");
     }
 
     #[test]

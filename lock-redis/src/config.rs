@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use lock_core::redact::redact_url;
 use lock_core::BackendError;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 use rustls::pki_types::pem::PemObject;
@@ -94,13 +95,15 @@ impl RedisConfig {
     ///
     /// A [`BackendErrorKind::Config`](lock_core::BackendErrorKind::Config)
     /// error naming the problem when the URL does not parse, uses another
-    /// scheme, or carries a fragment (such as `#insecure`: certificate
-    /// verification cannot be turned off).
+    /// scheme, carries a fragment (such as `#insecure`: certificate
+    /// verification cannot be turned off), or has a user name or password
+    /// with an unencoded `/`, `?`, `#` or `@` before an `@` (percent-encode
+    /// them). The message shows the URL with its credentials masked.
     pub fn from_url(url: &str) -> Result<Self, BackendError> {
-        let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| {
+        let shown = redact_url(url);
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             config(format!(
-                "malformed Redis URL {}: expected redis://host:port or rediss://host:port",
-                redact_url(url)
+                "malformed Redis URL {shown}: expected redis://host:port or rediss://host:port"
             ))
         })?;
         let tls = match scheme {
@@ -108,27 +111,45 @@ impl RedisConfig {
             "rediss" => true,
             other => {
                 return Err(config(format!(
-                    "unsupported URL scheme {other:?} in {}: use redis:// or rediss:// (TLS)",
-                    redact_url(url)
+                    "unsupported URL scheme{} in {shown}: use redis:// or rediss:// (TLS)",
+                    quoted_scheme(other)
                 )))
             }
         };
+        // A URL's authority ends at the first `/`, `?` or `#`: an `@` after
+        // one means a password holding that character unencoded, which the
+        // URL parser would split into host, path or query.
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if rest[authority_end..].contains('@') {
+            return Err(config(format!(
+                "malformed Redis URL {shown}: the user name or password holds a '/', '?', '#' or '@'; percent-encode them as %2F, %3F, %23 and %40"
+            )));
+        }
         if url.contains('#') {
             return Err(config(format!(
-                "URL fragments are not supported in {}: certificate verification is always on; pass a CA with with_ca_certificate_pem",
-                redact_url(url)
+                "URL fragments are not supported in {shown}: certificate verification is always on; pass a CA with with_ca_certificate_pem"
             )));
         }
         let info: ConnectionInfo = url
             .into_connection_info()
-            .map_err(|e| config(format!("malformed Redis URL {}: {e}", redact_url(url))))?;
+            .map_err(|e| {
+                // The client's reason may quote a query value; after a secret
+                // parameter, that value may be a piece of the secret.
+                let query = rest.split_once('?').map_or("", |(_, q)| q);
+                if redact_url(query) == query {
+                    config(format!("malformed Redis URL {shown}: {e}"))
+                } else {
+                    config(format!(
+                        "malformed Redis URL {shown}: check the host, port, database and query parameters"
+                    ))
+                }
+            })?;
         let (host, port) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
             ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
             _ => {
                 return Err(config(format!(
-                    "unsupported Redis address in {}: only TCP is supported",
-                    redact_url(url)
+                    "unsupported Redis address in {shown}: only TCP is supported"
                 )))
             }
         };
@@ -339,18 +360,16 @@ impl RedisConfig {
     }
 }
 
-/// The URL with any password replaced, for error messages.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<unparseable URL>".into();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:<redacted>@{}", &rest[at + 1..])
-        }
-        None => url.to_owned(),
+/// ` "scheme"` when `scheme` is one (RFC 3986); nothing otherwise, as text
+/// before a `://` inside a password is no scheme and may be secret.
+fn quoted_scheme(scheme: &str) -> String {
+    let mut chars = scheme.chars();
+    let is_scheme = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if is_scheme {
+        format!(" {scheme:?}")
+    } else {
+        String::new()
     }
 }
 
@@ -395,6 +414,28 @@ mod tests {
             .with_operation_timeout(Duration::ZERO)
             .build();
         assert!(matches!(zero, Err(e) if e.kind() == BackendErrorKind::Config));
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        for url in [
+            "redis://u:ab/s3cret@h:x",
+            "redis://u:ab?s3cret@h:6379",
+            "rediss://u:ab#s3cret@h:6379",
+            "redis://u:s3cret@h:x",
+            "http://u:s3cret@h:6379",
+            "redis://h:x/0?password=s3cret",
+            "redis://h:6379/0?password=x&protocol=s3cret",
+            "host=h password=s3cret",
+            "host=h password=s3cret://x",
+        ] {
+            let err = RedisConfig::from_url(url).expect_err(url);
+            assert_eq!(err.kind(), BackendErrorKind::Config, "{url}");
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("s3cret"), "{url}: {shown}");
+        }
+        let err = RedisConfig::from_url("redis://u:ab/s3cret@h:6379").expect_err("ambiguous");
+        assert!(err.message().contains("percent-encode"), "{err}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use lock_core::redact::redact_url;
 use lock_core::{LockBackend, Locker, TickStore};
 use prometheus::Registry;
 
@@ -68,7 +69,8 @@ impl Backend {
 /// [`Error::InvalidUrl`] for a malformed URL, [`Error::UnknownScheme`] for a
 /// scheme no backend handles, [`Error::BackendNotCompiled`] for a backend
 /// this build leaves out, [`Error::Connect`] when a server backend's URL is
-/// rejected or its server cannot be reached.
+/// rejected or its server cannot be reached. Every error shows the URL with
+/// its credentials masked ([`lock_core::redact::redact_url`]).
 ///
 /// # Cancel safety
 ///
@@ -163,7 +165,7 @@ fn not_compiled(backend: &'static str) -> Result<Backend> {
 /// Splits `scheme://rest`, checking the scheme as RFC 3986 defines it.
 fn split_scheme(url: &str) -> Result<(String, &str)> {
     let invalid = |reason: &str| Error::InvalidUrl {
-        url: redact(url),
+        url: redact_url(url),
         reason: reason.to_owned(),
     };
     let (scheme, rest) = url
@@ -179,18 +181,6 @@ fn split_scheme(url: &str) -> Result<(String, &str)> {
     Ok((scheme.to_ascii_lowercase(), rest))
 }
 
-/// The URL with any password replaced, for error messages and logs.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.chars().take(100).collect();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(feature = "memory")]
 mod memory {
     use std::collections::HashMap;
@@ -198,7 +188,9 @@ mod memory {
 
     use lock_memory::MemoryBackend;
 
-    use super::{redact, Backend};
+    use lock_core::redact::redact_url;
+
+    use super::Backend;
     use crate::{Error, Result};
 
     /// Named in-process backends, so that every `connect("memory://NAME")`
@@ -215,7 +207,7 @@ mod memory {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         {
             return Err(Error::InvalidUrl {
-                url: redact(url),
+                url: redact_url(url),
                 reason:
                     "a memory URL is memory:// or memory://NAME, NAME of letters, digits, - _ ."
                         .into(),
@@ -286,6 +278,15 @@ mod tests {
             .await
             .expect_err("bad memory name");
         assert!(!err.to_string().contains("has@"), "{err}");
+        for bad in [
+            "u:s3cret@h:6379",
+            "host=h password=s3cret",
+            "memory://u:ab/s3cret@x",
+        ] {
+            let err = connect(bad).await.expect_err(bad);
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{bad}: {err:?}");
+            assert!(!format!("{err} {err:?}").contains("s3cret"), "{bad}: {err}");
+        }
     }
 
     #[tokio::test]

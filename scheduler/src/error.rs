@@ -61,7 +61,7 @@ pub enum Error {
     /// A backend URL could not be parsed.
     #[error("invalid backend URL {url:?}: {reason}")]
     InvalidUrl {
-        /// The URL (without credentials).
+        /// The URL, its credentials masked by [`lock_core::redact::redact_url`].
         url: String,
         /// What is wrong with it.
         reason: String,

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
+use lock_core::redact::redact_url;
 use lock_core::{LockName, LockOptions};
 use prometheus::Registry;
 
@@ -42,7 +43,7 @@ fn round_trip(url: &str, name: &str) -> Result<(), Failed> {
     rt.block_on(async {
         let backend = scheduler::connect(url)
             .await
-            .map_err(|e| format!("connect({url}): {e}"))?;
+            .map_err(|e| format!("connect({}): {e}", redact_url(url)))?;
         let locker = backend.locker(&Registry::new())?;
         let name = LockName::new(name)?;
         let opts = LockOptions::new(Duration::from_secs(2));

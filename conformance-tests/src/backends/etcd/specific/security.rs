@@ -42,7 +42,7 @@ pub(super) async fn bad_input_gives_typed_errors(
     for (url, mentions) in [
         ("etcd://", "no etcd endpoint"),
         ("etcd://host", "host:port"),
-        ("etcd://host:port", "\"port\" is not a port"),
+        ("etcd://host:port", "not a port number"),
         ("etcd://host:70000", "not a port"),
         ("etcd://:2379", "empty host"),
         ("redis://host:6379", "etcd://"),
