@@ -211,6 +211,7 @@ impl SchedulerBuilder {
             tracker: TaskTracker::new(),
             hard_stop: CancellationToken::new(),
             soft_stop,
+            start_gate: std::sync::Mutex::new(()),
             on_outcome: self.on_outcome,
         };
         Ok(Scheduler::new(Arc::new(runtime), jobs, self.mode))

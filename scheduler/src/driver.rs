@@ -26,6 +26,20 @@ pub(crate) async fn drive(
     stop: CancellationToken,
     leader: Option<LeaseHandle>,
 ) {
+    // Every wait of the loop (the store read included) ends with `stop`.
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => {}
+        _ = fire(&rt, &job, &stop, leader.as_ref()) => {}
+    }
+}
+
+async fn fire(
+    rt: &Arc<Runtime>,
+    job: &Arc<JobSpec>,
+    stop: &CancellationToken,
+    leader: Option<&LeaseHandle>,
+) {
     let start = rt.clock.now();
     let last = match rt.ticks.last_completed(&job.name).await {
         Ok(ms) => ms.and_then(DateTime::from_timestamp_millis),
@@ -35,14 +49,14 @@ pub(crate) async fn drive(
         }
     };
     let missed = job.missed.select(&job.schedule, last, start);
-    if !missed.is_empty() {
+    if !missed.is_empty() && !stop.is_cancelled() {
         info!(
             job = job.label(),
             count = missed.len(),
             "catching up missed ticks"
         );
         let batch = missed.into_iter().map(|at| Tick { at, catch_up: true });
-        launch(&rt, &job, batch.collect(), leader.as_ref());
+        launch(rt, job, batch.collect(), leader);
     }
     let mut cursor = start;
     loop {
@@ -57,13 +71,7 @@ pub(crate) async fn drive(
             if now >= next {
                 break;
             }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(clock::until(now, next).min(MAX_NAP)) => {}
-            }
-        }
-        if stop.is_cancelled() {
-            return;
+            tokio::time::sleep(clock::until(now, next).min(MAX_NAP)).await;
         }
         let now = rt.clock.now();
         let due = job.schedule.ticks_between(cursor, now);
@@ -90,7 +98,10 @@ pub(crate) async fn drive(
             catch_up: false,
         });
         cursor = current;
-        launch(&rt, &job, batch, leader.as_ref());
+        if stop.is_cancelled() {
+            return;
+        }
+        launch(rt, job, batch, leader);
     }
 }
 

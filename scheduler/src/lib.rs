@@ -81,6 +81,12 @@
 //! counted from the last completed tick in the tick store, so the policy
 //! holds across failovers.
 //!
+//! # Shutdown
+//!
+//! [`Scheduler::shutdown`] starts no run once it has been called (not the
+//! rest of a catch-up batch, nor a catch-up waiting for its lock), and
+//! returns by its deadline plus [`SHUTDOWN_GRACE`].
+//!
 //! # Daylight saving time
 //!
 //! See [`Schedule`]: a fixed-time job in a spring-forward gap runs once right
@@ -110,6 +116,7 @@ mod leader;
 mod metrics;
 mod missed;
 mod per_tick;
+mod run;
 mod runtime;
 mod schedule;
 mod scheduler;
@@ -127,4 +134,4 @@ pub use metrics::{SchedulerMetrics, TickOutcome};
 pub use missed::MissedTicks;
 pub use runtime::RunReport;
 pub use schedule::Schedule;
-pub use scheduler::Scheduler;
+pub use scheduler::{Scheduler, SHUTDOWN_GRACE};

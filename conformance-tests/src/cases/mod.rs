@@ -124,6 +124,14 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_finished_tick_outlives_its_replica,
         Requires::Nothing
     ),
+    case!(
+        scheduler::scheduler_shutdown_stops_a_catch_up_batch,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_shutdown_is_not_held_up_by_a_catch_up_wait,
+        Requires::Nothing
+    ),
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.

@@ -8,6 +8,7 @@ mod failover;
 mod fleet;
 mod lifecycle;
 mod missed;
+mod shutdown;
 mod skew;
 
 pub(super) use failover::scheduler_leader_failover_aborts_before_successor;
@@ -16,6 +17,9 @@ pub(super) use lifecycle::{
     scheduler_shutdown_releases_every_lock,
 };
 pub(super) use missed::scheduler_missed_tick_policies_after_outage;
+pub(super) use shutdown::{
+    scheduler_shutdown_is_not_held_up_by_a_catch_up_wait, scheduler_shutdown_stops_a_catch_up_batch,
+};
 pub(super) use skew::{
     scheduler_busy_fast_replica_does_not_cancel_a_tick,
     scheduler_far_ahead_replica_does_not_starve_others,
