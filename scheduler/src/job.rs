@@ -104,8 +104,9 @@ impl Job {
     }
 
     /// The longest a run may hold its lock; the watchdog then aborts it.
+    /// `Duration::MAX` means no limit, the default.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
+        self.max_hold = (max_hold != Duration::MAX).then_some(max_hold);
         self
     }
 

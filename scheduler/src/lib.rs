@@ -121,7 +121,9 @@ mod runtime;
 mod schedule;
 mod scheduler;
 
-pub use builder::{ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE};
+pub use builder::{
+    ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE, MAX_SKEW_TOLERANCE,
+};
 pub use clock::{SystemClock, TokioClock, WallClock};
 pub use connect::{connect, Backend};
 pub use context::JobContext;

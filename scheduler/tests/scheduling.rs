@@ -37,9 +37,16 @@ fn build(
 #[test]
 fn configuration_errors_say_what_is_wrong() {
     let msg = |r: scheduler::Result<Scheduler>| r.expect_err("must be rejected").to_string();
-    assert!(
-        msg(build(|b| b.job(noop("a")).skew_tolerance(Duration::ZERO))).contains("skew tolerance")
-    );
+    for tolerance in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        scheduler::MAX_SKEW_TOLERANCE + Duration::from_nanos(1),
+        Duration::from_millis(u64::MAX),
+        Duration::MAX,
+    ] {
+        let refused = msg(build(|b| b.job(noop("a")).skew_tolerance(tolerance)));
+        assert!(refused.contains("skew tolerance"), "{refused}");
+    }
     let zero_interval = ElectionOptions::new().interval(Duration::ZERO);
     assert!(msg(build(|b| b
         .job(noop("a"))

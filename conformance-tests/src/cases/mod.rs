@@ -132,6 +132,24 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_shutdown_is_not_held_up_by_a_catch_up_wait,
         Requires::Nothing
     ),
+    case!(
+        scheduler::scheduler_extreme_settings_refused_or_run,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_extreme_lock_ttls_refused_or_run,
+        Requires::Nothing
+    ),
+    Case {
+        name: "scheduler_extreme_durations_never_panic",
+        requires: Requires::PausedClock,
+        run: CaseFn::Blocking(scheduler::scheduler_extreme_durations_never_panic),
+    },
+    Case {
+        name: "scheduler_extreme_lock_ttls_never_panic",
+        requires: Requires::PausedClock,
+        run: CaseFn::Blocking(scheduler::scheduler_extreme_lock_ttls_never_panic),
+    },
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.

@@ -4,13 +4,22 @@
 //! On the paused clock they run 60 two-second ticks exactly and instantly;
 //! against a real server, about ten one-second ticks in real time.
 
+mod extreme;
+mod extreme_prop;
 mod failover;
 mod fleet;
 mod lifecycle;
 mod missed;
+mod panics;
 mod shutdown;
 mod skew;
 
+pub(super) use extreme::{
+    scheduler_extreme_lock_ttls_refused_or_run, scheduler_extreme_settings_refused_or_run,
+};
+pub(super) use extreme_prop::{
+    scheduler_extreme_durations_never_panic, scheduler_extreme_lock_ttls_never_panic,
+};
 pub(super) use failover::scheduler_leader_failover_aborts_before_successor;
 pub(super) use lifecycle::{
     scheduler_overlapping_tick_is_skipped, scheduler_panic_is_caught_and_lock_released,
