@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta};
+use chrono::{DateTime, TimeDelta, Utc};
 use lock_core::LeaseHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -75,34 +75,65 @@ async fn fire(
         }
         let now = rt.clock.now();
         let due = job.schedule.ticks_between(cursor, now);
-        let Some(&current) = due.last() else {
+        let Some(&latest) = due.last() else {
             continue;
         };
-        let mut batch: Vec<Tick> = Vec::new();
-        if due.len() > 1 {
-            // Several ticks at once: the process stalled or the clock jumped.
-            let before = current
-                .checked_sub_signed(TimeDelta::milliseconds(1))
-                .unwrap_or(current);
-            let missed = job.missed.select(&job.schedule, Some(cursor), before);
-            warn!(
-                job = job.label(),
-                passed = due.len() - 1,
-                running = missed.len(),
-                "ticks passed unrun"
-            );
-            batch.extend(missed.into_iter().map(|at| Tick { at, catch_up: true }));
-        }
-        batch.push(Tick {
-            at: current,
-            catch_up: false,
-        });
-        cursor = current;
+        let batch = due_batch(rt, job, cursor, &due, now);
+        cursor = latest;
         if stop.is_cancelled() {
             return;
         }
         launch(rt, job, batch, leader);
     }
+}
+
+/// The ticks to run after a wake that found `due` (oldest first, not empty)
+/// passed since `after`.
+///
+/// Ticks within the skew tolerance of now run as usual, only late: a timer
+/// that fired late (a process starved of CPU) or a clock stepped forward a
+/// little leaves them, and a replica whose clock is behind by that much
+/// would still be firing them, so they are not missed. The latest due tick
+/// always runs. Older ones were missed and follow the job's policy.
+fn due_batch(
+    rt: &Runtime,
+    job: &JobSpec,
+    after: DateTime<Utc>,
+    due: &[DateTime<Utc>],
+    now: DateTime<Utc>,
+) -> Vec<Tick> {
+    let tolerance = TimeDelta::from_std(rt.tolerance).unwrap_or(TimeDelta::MAX);
+    let first_open = now
+        .checked_sub_signed(tolerance)
+        .map_or(0, |open_from| due.partition_point(|t| *t < open_from))
+        .min(due.len().saturating_sub(1));
+    let (missed, open) = due.split_at(first_open);
+    let mut batch: Vec<Tick> = Vec::new();
+    if let Some(&last_missed) = missed.last() {
+        // The process stalled, or the clock jumped, past the tolerance.
+        let caught_up = job
+            .missed
+            .select_at(&job.schedule, Some(after), last_missed, now);
+        warn!(
+            job = job.label(),
+            passed = missed.len(),
+            running = caught_up.len(),
+            "ticks passed unrun"
+        );
+        batch.extend(caught_up.into_iter().map(|at| Tick { at, catch_up: true }));
+    }
+    if open.len() > 1 {
+        warn!(
+            job = job.label(),
+            late = open.len() - 1,
+            "woke late; running the ticks still within the skew tolerance"
+        );
+    }
+    batch.extend(open.iter().map(|&at| Tick {
+        at,
+        catch_up: false,
+    }));
+    batch
 }
 
 /// Runs `batch` in order in its own task, unless a run of the job is still

@@ -60,7 +60,8 @@
 //! computed on an injectable [`WallClock`]; waiting uses tokio's monotonic
 //! timer and the wall clock is re-read on every wake, so a clock stepped
 //! backwards neither fires early nor fires a tick twice, and one stepped
-//! forward treats the ticks it jumped over as missed.
+//! forward runs the ticks it jumped over that are still within the
+//! tolerance, late, and treats older ones as missed.
 //!
 //! A replica whose clock is far *ahead* (beyond the tolerance) would run
 //! future ticks early and record one as the latest completed, and every
@@ -76,10 +77,16 @@
 //! # Missed ticks
 //!
 //! Ticks that passed while no replica ran them (all down, an election under
-//! way, a stall) follow the job's [`MissedTicks`] policy: skip (default), run
-//! the latest once, or run all within a window up to a count. They are
-//! counted from the last completed tick in the tick store, so the policy
-//! holds across failovers.
+//! way, a stall longer than the skew tolerance) follow the job's
+//! [`MissedTicks`] policy: skip (default), run the latest once, or run all
+//! within a window up to a count. They are counted from the last completed
+//! tick in the tick store, so the policy holds across failovers.
+//!
+//! A tick is late, not missed, while it is within the skew tolerance: a
+//! running replica whose timer fires late (its process starved of CPU)
+//! runs every tick that passed meanwhile and is still that recent, in
+//! order, under its lock as usual, exactly as a replica whose clock is
+//! behind would fire it.
 //!
 //! # Shutdown
 //!

@@ -58,6 +58,18 @@ impl MissedTicks {
         last_completed: Option<DateTime<Utc>>,
         upto: DateTime<Utc>,
     ) -> Vec<DateTime<Utc>> {
+        self.select_at(schedule, last_completed, upto, upto)
+    }
+
+    /// As [`MissedTicks::select`], with `RunAll`'s window reaching back
+    /// from `now` rather than from `upto`.
+    pub(crate) fn select_at(
+        &self,
+        schedule: &Schedule,
+        last_completed: Option<DateTime<Utc>>,
+        upto: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Vec<DateTime<Utc>> {
         let Some(last) = last_completed else {
             return Vec::new();
         };
@@ -70,7 +82,7 @@ impl MissedTicks {
                 .collect(),
             Self::RunAll { window, max } => {
                 let window = TimeDelta::from_std(window).unwrap_or(TimeDelta::MAX);
-                let from = upto.checked_sub_signed(window).unwrap_or(last).max(last);
+                let from = now.checked_sub_signed(window).unwrap_or(last).max(last);
                 // A tick exactly `window` old is still inside the window.
                 let from = from
                     .checked_sub_signed(TimeDelta::milliseconds(1))

@@ -133,6 +133,10 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(
+        scheduler::scheduler_late_wakeup_runs_ticks_still_in_window,
+        Requires::Nothing
+    ),
+    case!(
         scheduler::scheduler_extreme_settings_refused_or_run,
         Requires::Nothing
     ),

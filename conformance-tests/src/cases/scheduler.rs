@@ -8,6 +8,7 @@ mod extreme;
 mod extreme_prop;
 mod failover;
 mod fleet;
+mod late;
 mod lifecycle;
 mod missed;
 mod panics;
@@ -21,6 +22,7 @@ pub(super) use extreme_prop::{
     scheduler_extreme_durations_never_panic, scheduler_extreme_lock_ttls_never_panic,
 };
 pub(super) use failover::scheduler_leader_failover_aborts_before_successor;
+pub(super) use late::scheduler_late_wakeup_runs_ticks_still_in_window;
 pub(super) use lifecycle::{
     scheduler_overlapping_tick_is_skipped, scheduler_panic_is_caught_and_lock_released,
     scheduler_shutdown_releases_every_lock,
