@@ -1,6 +1,5 @@
 //! The loop that waits for each job's ticks and hands them to the runner.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,10 +8,11 @@ use lock_core::LeaseHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::clock;
 use crate::job::JobSpec;
-use crate::per_tick::{run_tick, Tick};
-use crate::runtime::{RunReport, Runtime};
-use crate::{clock, TickOutcome};
+use crate::overlap::launch;
+use crate::per_tick::Tick;
+use crate::runtime::Runtime;
 
 /// The longest single sleep: the wall clock is re-read at least this often,
 /// so a clock stepped forward is noticed within it.
@@ -134,38 +134,4 @@ fn due_batch(
         catch_up: false,
     }));
     batch
-}
-
-/// Runs `batch` in order in its own task, unless a run of the job is still
-/// going in this process: then every tick of it is skipped and counted.
-fn launch(rt: &Arc<Runtime>, job: &Arc<JobSpec>, batch: Vec<Tick>, leader: Option<&LeaseHandle>) {
-    if job.running.swap(true, Ordering::AcqRel) {
-        for tick in batch {
-            warn!(job = job.label(), tick = %tick.at, "the previous run is still going; skipping this tick");
-            rt.report(RunReport {
-                job: job.label().to_owned(),
-                scheduled: tick.at,
-                outcome: TickOutcome::Skipped,
-                catch_up: tick.catch_up,
-            });
-        }
-        return;
-    }
-    let running = Running(Arc::clone(job));
-    let (rt2, job, leader) = (Arc::clone(rt), Arc::clone(job), leader.cloned());
-    rt.tracker.spawn(async move {
-        let _running = running;
-        for tick in batch {
-            run_tick(&rt2, &job, tick, leader.as_ref()).await;
-        }
-    });
-}
-
-/// Clears the job's overlap flag when its runs end, even if they are dropped.
-struct Running(Arc<JobSpec>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
-    }
 }

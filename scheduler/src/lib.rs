@@ -102,10 +102,18 @@
 //! # Outcomes and metrics
 //!
 //! Each tick on each replica ends as one [`TickOutcome`], counted in
-//! `scheduler_runs_total{job,outcome}`; see [`SchedulerMetrics`]. A tick that
-//! arrives while the job's previous run is still going in this process is
-//! skipped; a panicking handler is caught, counted `panicked`, and its lock
-//! released.
+//! `scheduler_runs_total{job,outcome}`; see [`SchedulerMetrics`]. A panicking
+//! handler is caught, counted `panicked`, and its lock released.
+//!
+//! # Overlap
+//!
+//! A job never runs twice at once in one process. A tick that fires while
+//! the job's previous run is still going here waits for it; when that run
+//! ends, the newest such tick runs if it is still within the skew tolerance,
+//! and the ones it replaced are skipped. So a run that started late (a
+//! starved process) does not cost the next tick, and a job slower than its
+//! schedule runs back to back on its newest tick. Other replicas, free at
+//! the tick, take it first as usual.
 //!
 //! # Examples
 //!
@@ -122,6 +130,7 @@ mod job;
 mod leader;
 mod metrics;
 mod missed;
+mod overlap;
 mod per_tick;
 mod run;
 mod runtime;

@@ -16,8 +16,9 @@ use crate::Schedule;
 /// predecessor finished. A job with no record yet has missed nothing.
 ///
 /// A missed tick whose lock is still held (by a replica that died running
-/// it) is waited for, up to the job's TTL, until that lease runs out; ticks
-/// that come due meanwhile are skipped as overlapping.
+/// it) is waited for, up to the job's TTL, until that lease runs out; a tick
+/// that comes due meanwhile waits for the catch-up like for any run (see
+/// the crate docs on overlap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissedTicks {

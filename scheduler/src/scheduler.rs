@@ -177,7 +177,7 @@ impl Scheduler {
         let still_running = self
             .jobs
             .iter()
-            .filter(|j| j.running.load(std::sync::atomic::Ordering::Acquire))
+            .filter(|j| crate::overlap::is_busy(j))
             .count();
         let grace_ends = Instant::now().checked_add(SHUTDOWN_GRACE);
         if timed_out {

@@ -137,6 +137,10 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(
+        scheduler::scheduler_late_runs_do_not_crowd_out_the_next_tick,
+        Requires::Nothing
+    ),
+    case!(
         scheduler::scheduler_extreme_settings_refused_or_run,
         Requires::Nothing
     ),

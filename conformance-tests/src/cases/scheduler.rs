@@ -22,7 +22,10 @@ pub(super) use extreme_prop::{
     scheduler_extreme_durations_never_panic, scheduler_extreme_lock_ttls_never_panic,
 };
 pub(super) use failover::scheduler_leader_failover_aborts_before_successor;
-pub(super) use late::scheduler_late_wakeup_runs_ticks_still_in_window;
+pub(super) use late::{
+    scheduler_late_runs_do_not_crowd_out_the_next_tick,
+    scheduler_late_wakeup_runs_ticks_still_in_window,
+};
 pub(super) use lifecycle::{
     scheduler_overlapping_tick_is_skipped, scheduler_panic_is_caught_and_lock_released,
     scheduler_shutdown_releases_every_lock,

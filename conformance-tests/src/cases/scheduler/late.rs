@@ -64,15 +64,30 @@ impl WallClock for StallingClock {
 /// that passed are still within the skew tolerance, so they run, late, in
 /// order: every tick from the first run to the last ran exactly once.
 pub(crate) async fn scheduler_late_wakeup_runs_ticks_still_in_window(ctx: Ctx) {
+    let work = Plan::of(&ctx).work;
+    late_wakeup(ctx, work).await;
+}
+
+/// As [`scheduler_late_wakeup_runs_ticks_still_in_window`], with runs of
+/// 0.3 periods: the late runs, one after another, are still going when the
+/// next tick fires. That tick waits for them and runs late too, instead of
+/// being skipped as overlapping.
+pub(crate) async fn scheduler_late_runs_do_not_crowd_out_the_next_tick(ctx: Ctx) {
+    let work = Plan::of(&ctx).period * 3 / 10;
+    late_wakeup(ctx, work).await;
+}
+
+async fn late_wakeup(ctx: Ctx, work: Duration) {
     let plan = Plan::of(&ctx);
     let fleet = Fleet::new(&ctx, &[0]).await;
     let name = ctx.name("late");
     let clock = Arc::new(StallingClock::new(Arc::clone(&fleet.clocks[0])));
-    let job = fleet.recording_job(name.as_str(), plan.cron, 0, plan.work);
+    let job = fleet.recording_job(name.as_str(), plan.cron, 0, work);
     let s = fleet.scheduler_with_clock(&ctx, 0, Mode::PerTick, vec![job], clock.clone());
     s.start().expect("starts");
     sleep(plan.period * 2).await;
-    sleep_until_phase(&fleet.clocks[0], plan.period, 4).await;
+    // Half a period in: the last run has ended (runs last under a third).
+    sleep_until_phase(&fleet.clocks[0], plan.period, 2).await;
     let stall = plan.period * 9 / 4;
     assert!(
         stall < fleet::tolerance(&ctx),
