@@ -17,6 +17,15 @@ use crate::{Error, Job, Result, RunReport, Scheduler, SchedulerMetrics, SystemCl
 /// The default skew tolerance: how far apart replicas' clocks may be.
 pub const DEFAULT_SKEW_TOLERANCE: Duration = Duration::from_secs(5);
 
+/// The largest skew tolerance a scheduler accepts: a day. Every finished
+/// tick's lock is kept for up to the tolerance and its mark for twice as
+/// long; clocks further apart than this need fixing, not tolerating.
+pub const MAX_SKEW_TOLERANCE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The smallest skew tolerance: ticks are named and compared in whole
+/// milliseconds, so anything shorter is no tolerance at all.
+const MIN_SKEW_TOLERANCE: Duration = Duration::from_millis(1);
+
 /// How replicas agree on who runs a tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -134,8 +143,10 @@ impl SchedulerBuilder {
         self
     }
 
-    /// How far apart replicas' clocks may be (default 5 s). A finished
-    /// tick's lock is kept until the tick plus this tolerance has passed.
+    /// How far apart replicas' clocks may be (default 5 s, at least 1 ms, at
+    /// most [`MAX_SKEW_TOLERANCE`]). A finished tick's lock is kept until the
+    /// tick plus this tolerance has passed, and a tick that a late timer
+    /// finds passed still runs while it is within the tolerance.
     pub fn skew_tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
         self
@@ -165,14 +176,22 @@ impl SchedulerBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidCron`], [`Error::InvalidTimeZone`] or
-    /// [`Error::InvalidJob`] naming the job; [`Error::Config`] for a zero
-    /// tolerance or election interval, a duplicate job name or no jobs;
-    /// [`Error::Lock`] for a bad election lock; [`Error::Metrics`].
+    /// [`Error::InvalidJob`] naming the job; [`Error::Config`] for a skew
+    /// tolerance under 1 ms or over [`MAX_SKEW_TOLERANCE`], a zero election
+    /// interval, a duplicate job name or no jobs; [`Error::Lock`] for a bad
+    /// election lock; [`Error::Metrics`].
     pub fn build(self) -> Result<Scheduler> {
-        if self.tolerance.is_zero() {
-            return Err(Error::Config(
-                "the skew tolerance must be greater than zero; it is how long a finished tick stays marked".into(),
-            ));
+        if self.tolerance < MIN_SKEW_TOLERANCE {
+            return Err(Error::Config(format!(
+                "a skew tolerance of {:?} is below 1 ms; it is how long a finished tick stays marked, and ticks are named in whole milliseconds",
+                self.tolerance
+            )));
+        }
+        if self.tolerance > MAX_SKEW_TOLERANCE {
+            return Err(Error::Config(format!(
+                "a skew tolerance of {:?} is above the maximum of {MAX_SKEW_TOLERANCE:?}: every finished tick's lock is kept that long; fix clocks that far apart instead",
+                self.tolerance
+            )));
         }
         if self.jobs.is_empty() {
             return Err(Error::Config("add at least one job".into()));
@@ -212,6 +231,7 @@ impl SchedulerBuilder {
             tracker: TaskTracker::new(),
             hard_stop: CancellationToken::new(),
             soft_stop,
+            start_gate: std::sync::Mutex::new(()),
             on_outcome: self.on_outcome,
         };
         Ok(Scheduler::new(Arc::new(runtime), jobs, self.mode))

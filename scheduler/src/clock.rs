@@ -56,21 +56,37 @@ impl TokioClock {
         self
     }
 
-    /// Steps the clock by `delta_ms` milliseconds from now on.
+    /// Steps the clock by `delta_ms` milliseconds from now on (saturating).
     pub fn step(&self, delta_ms: i64) {
-        self.skew_ms.fetch_add(delta_ms, Ordering::SeqCst);
+        let _ = self
+            .skew_ms
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |skew| {
+                Some(skew.saturating_add(delta_ms))
+            });
     }
 }
 
 impl WallClock for TokioClock {
+    /// The base plus tokio's elapsed time plus the skew, clamped to the
+    /// range `DateTime<Utc>` can represent.
     fn now(&self) -> DateTime<Utc> {
         let elapsed = Instant::now().saturating_duration_since(self.base_instant);
         let elapsed = TimeDelta::from_std(elapsed).unwrap_or(TimeDelta::MAX);
-        let skew = TimeDelta::milliseconds(self.skew_ms.load(Ordering::SeqCst));
+        let skew_ms = self.skew_ms.load(Ordering::SeqCst);
+        let skew = TimeDelta::try_milliseconds(skew_ms).unwrap_or(if skew_ms < 0 {
+            TimeDelta::MIN
+        } else {
+            TimeDelta::MAX
+        });
+        let limit = if skew < -elapsed {
+            DateTime::<Utc>::MIN_UTC
+        } else {
+            DateTime::<Utc>::MAX_UTC
+        };
         self.base_wall
             .checked_add_signed(elapsed)
             .and_then(|t| t.checked_add_signed(skew))
-            .unwrap_or(self.base_wall)
+            .unwrap_or(limit)
     }
 }
 
@@ -94,5 +110,21 @@ mod tests {
         assert_eq!(clock.now(), base - TimeDelta::milliseconds(6_500));
         assert_eq!(until(clock.now(), base), Duration::from_millis(6_500));
         assert_eq!(until(base, clock.now()), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extreme_skews_clamp_instead_of_panicking() {
+        let base = DateTime::from_timestamp(1_700_000_000, 0).expect("valid");
+        let behind = TokioClock::starting_at(base).with_skew_ms(i64::MIN);
+        assert_eq!(behind.now(), DateTime::<Utc>::MIN_UTC);
+        let ahead = TokioClock::starting_at(base).with_skew_ms(i64::MAX);
+        assert_eq!(ahead.now(), DateTime::<Utc>::MAX_UTC);
+        ahead.step(i64::MAX);
+        assert_eq!(ahead.now(), DateTime::<Utc>::MAX_UTC);
+        ahead.step(i64::MIN);
+        ahead.step(i64::MIN);
+        assert_eq!(ahead.now(), DateTime::<Utc>::MIN_UTC);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(until(behind.now(), ahead.now()), Duration::ZERO);
     }
 }

@@ -1,18 +1,18 @@
 //! The loop that waits for each job's ticks and hands them to the runner.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta};
+use chrono::{DateTime, TimeDelta, Utc};
 use lock_core::LeaseHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::clock;
 use crate::job::JobSpec;
-use crate::per_tick::{run_tick, Tick};
-use crate::runtime::{RunReport, Runtime};
-use crate::{clock, TickOutcome};
+use crate::overlap::launch;
+use crate::per_tick::Tick;
+use crate::runtime::Runtime;
 
 /// The longest single sleep: the wall clock is re-read at least this often,
 /// so a clock stepped forward is noticed within it.
@@ -26,6 +26,20 @@ pub(crate) async fn drive(
     stop: CancellationToken,
     leader: Option<LeaseHandle>,
 ) {
+    // Every wait of the loop (the store read included) ends with `stop`.
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => {}
+        _ = fire(&rt, &job, &stop, leader.as_ref()) => {}
+    }
+}
+
+async fn fire(
+    rt: &Arc<Runtime>,
+    job: &Arc<JobSpec>,
+    stop: &CancellationToken,
+    leader: Option<&LeaseHandle>,
+) {
     let start = rt.clock.now();
     let last = match rt.ticks.last_completed(&job.name).await {
         Ok(ms) => ms.and_then(DateTime::from_timestamp_millis),
@@ -35,14 +49,14 @@ pub(crate) async fn drive(
         }
     };
     let missed = job.missed.select(&job.schedule, last, start);
-    if !missed.is_empty() {
+    if !missed.is_empty() && !stop.is_cancelled() {
         info!(
             job = job.label(),
             count = missed.len(),
             "catching up missed ticks"
         );
         let batch = missed.into_iter().map(|at| Tick { at, catch_up: true });
-        launch(&rt, &job, batch.collect(), leader.as_ref());
+        launch(rt, job, batch.collect(), leader);
     }
     let mut cursor = start;
     loop {
@@ -57,73 +71,67 @@ pub(crate) async fn drive(
             if now >= next {
                 break;
             }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(clock::until(now, next).min(MAX_NAP)) => {}
-            }
-        }
-        if stop.is_cancelled() {
-            return;
+            tokio::time::sleep(clock::until(now, next).min(MAX_NAP)).await;
         }
         let now = rt.clock.now();
         let due = job.schedule.ticks_between(cursor, now);
-        let Some(&current) = due.last() else {
+        let Some(&latest) = due.last() else {
             continue;
         };
-        let mut batch: Vec<Tick> = Vec::new();
-        if due.len() > 1 {
-            // Several ticks at once: the process stalled or the clock jumped.
-            let before = current
-                .checked_sub_signed(TimeDelta::milliseconds(1))
-                .unwrap_or(current);
-            let missed = job.missed.select(&job.schedule, Some(cursor), before);
-            warn!(
-                job = job.label(),
-                passed = due.len() - 1,
-                running = missed.len(),
-                "ticks passed unrun"
-            );
-            batch.extend(missed.into_iter().map(|at| Tick { at, catch_up: true }));
+        let batch = due_batch(rt, job, cursor, &due, now);
+        cursor = latest;
+        if stop.is_cancelled() {
+            return;
         }
-        batch.push(Tick {
-            at: current,
-            catch_up: false,
-        });
-        cursor = current;
-        launch(&rt, &job, batch, leader.as_ref());
+        launch(rt, job, batch, leader);
     }
 }
 
-/// Runs `batch` in order in its own task, unless a run of the job is still
-/// going in this process: then every tick of it is skipped and counted.
-fn launch(rt: &Arc<Runtime>, job: &Arc<JobSpec>, batch: Vec<Tick>, leader: Option<&LeaseHandle>) {
-    if job.running.swap(true, Ordering::AcqRel) {
-        for tick in batch {
-            warn!(job = job.label(), tick = %tick.at, "the previous run is still going; skipping this tick");
-            rt.report(RunReport {
-                job: job.label().to_owned(),
-                scheduled: tick.at,
-                outcome: TickOutcome::Skipped,
-                catch_up: tick.catch_up,
-            });
-        }
-        return;
+/// The ticks to run after a wake that found `due` (oldest first, not empty)
+/// passed since `after`.
+///
+/// Ticks within the skew tolerance of now run as usual, only late: a timer
+/// that fired late (a process starved of CPU) or a clock stepped forward a
+/// little leaves them, and a replica whose clock is behind by that much
+/// would still be firing them, so they are not missed. The latest due tick
+/// always runs. Older ones were missed and follow the job's policy.
+fn due_batch(
+    rt: &Runtime,
+    job: &JobSpec,
+    after: DateTime<Utc>,
+    due: &[DateTime<Utc>],
+    now: DateTime<Utc>,
+) -> Vec<Tick> {
+    let tolerance = TimeDelta::from_std(rt.tolerance).unwrap_or(TimeDelta::MAX);
+    let first_open = now
+        .checked_sub_signed(tolerance)
+        .map_or(0, |open_from| due.partition_point(|t| *t < open_from))
+        .min(due.len().saturating_sub(1));
+    let (missed, open) = due.split_at(first_open);
+    let mut batch: Vec<Tick> = Vec::new();
+    if let Some(&last_missed) = missed.last() {
+        // The process stalled, or the clock jumped, past the tolerance.
+        let caught_up = job
+            .missed
+            .select_at(&job.schedule, Some(after), last_missed, now);
+        warn!(
+            job = job.label(),
+            passed = missed.len(),
+            running = caught_up.len(),
+            "ticks passed unrun"
+        );
+        batch.extend(caught_up.into_iter().map(|at| Tick { at, catch_up: true }));
     }
-    let running = Running(Arc::clone(job));
-    let (rt2, job, leader) = (Arc::clone(rt), Arc::clone(job), leader.cloned());
-    rt.tracker.spawn(async move {
-        let _running = running;
-        for tick in batch {
-            run_tick(&rt2, &job, tick, leader.as_ref()).await;
-        }
-    });
-}
-
-/// Clears the job's overlap flag when its runs end, even if they are dropped.
-struct Running(Arc<JobSpec>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
+    if open.len() > 1 {
+        warn!(
+            job = job.label(),
+            late = open.len() - 1,
+            "woke late; running the ticks still within the skew tolerance"
+        );
     }
+    batch.extend(open.iter().map(|&at| Tick {
+        at,
+        catch_up: false,
+    }));
+    batch
 }

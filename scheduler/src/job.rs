@@ -3,8 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{LockName, LockOptions, MAX_NAME_LEN};
@@ -104,8 +103,9 @@ impl Job {
     }
 
     /// The longest a run may hold its lock; the watchdog then aborts it.
+    /// `Duration::MAX` means no limit, the default.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
+        self.max_hold = (max_hold != Duration::MAX).then_some(max_hold);
         self
     }
 
@@ -148,7 +148,7 @@ impl Job {
             options,
             missed: self.missed,
             handler: self.handler,
-            running: AtomicBool::new(false),
+            runs: Mutex::default(),
         })
     }
 }
@@ -160,8 +160,8 @@ pub(crate) struct JobSpec {
     pub(crate) options: LockOptions,
     pub(crate) missed: MissedTicks,
     pub(crate) handler: Handler,
-    /// Set while a run of this job is going in this process (overlap guard).
-    pub(crate) running: AtomicBool,
+    /// This job's runs in this process: one batch at a time, see `overlap`.
+    pub(crate) runs: Mutex<crate::overlap::Runs>,
 }
 
 impl fmt::Debug for JobSpec {

@@ -60,7 +60,8 @@
 //! computed on an injectable [`WallClock`]; waiting uses tokio's monotonic
 //! timer and the wall clock is re-read on every wake, so a clock stepped
 //! backwards neither fires early nor fires a tick twice, and one stepped
-//! forward treats the ticks it jumped over as missed.
+//! forward runs the ticks it jumped over that are still within the
+//! tolerance, late, and treats older ones as missed.
 //!
 //! A replica whose clock is far *ahead* (beyond the tolerance) would run
 //! future ticks early and record one as the latest completed, and every
@@ -76,10 +77,22 @@
 //! # Missed ticks
 //!
 //! Ticks that passed while no replica ran them (all down, an election under
-//! way, a stall) follow the job's [`MissedTicks`] policy: skip (default), run
-//! the latest once, or run all within a window up to a count. They are
-//! counted from the last completed tick in the tick store, so the policy
-//! holds across failovers.
+//! way, a stall longer than the skew tolerance) follow the job's
+//! [`MissedTicks`] policy: skip (default), run the latest once, or run all
+//! within a window up to a count. They are counted from the last completed
+//! tick in the tick store, so the policy holds across failovers.
+//!
+//! A tick is late, not missed, while it is within the skew tolerance: a
+//! running replica whose timer fires late (its process starved of CPU)
+//! runs every tick that passed meanwhile and is still that recent, in
+//! order, under its lock as usual, exactly as a replica whose clock is
+//! behind would fire it.
+//!
+//! # Shutdown
+//!
+//! [`Scheduler::shutdown`] starts no run once it has been called (not the
+//! rest of a catch-up batch, nor a catch-up waiting for its lock), and
+//! returns by its deadline plus [`SHUTDOWN_GRACE`].
 //!
 //! # Daylight saving time
 //!
@@ -89,10 +102,18 @@
 //! # Outcomes and metrics
 //!
 //! Each tick on each replica ends as one [`TickOutcome`], counted in
-//! `scheduler_runs_total{job,outcome}`; see [`SchedulerMetrics`]. A tick that
-//! arrives while the job's previous run is still going in this process is
-//! skipped; a panicking handler is caught, counted `panicked`, and its lock
-//! released.
+//! `scheduler_runs_total{job,outcome}`; see [`SchedulerMetrics`]. A panicking
+//! handler is caught, counted `panicked`, and its lock released.
+//!
+//! # Overlap
+//!
+//! A job never runs twice at once in one process. A tick that fires while
+//! the job's previous run is still going here waits for it; when that run
+//! ends, the newest such tick runs if it is still within the skew tolerance,
+//! and the ones it replaced are skipped. So a run that started late (a
+//! starved process) does not cost the next tick, and a job slower than its
+//! schedule runs back to back on its newest tick. Other replicas, free at
+//! the tick, take it first as usual.
 //!
 //! # Examples
 //!
@@ -109,12 +130,16 @@ mod job;
 mod leader;
 mod metrics;
 mod missed;
+mod overlap;
 mod per_tick;
+mod run;
 mod runtime;
 mod schedule;
 mod scheduler;
 
-pub use builder::{ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE};
+pub use builder::{
+    ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE, MAX_SKEW_TOLERANCE,
+};
 pub use clock::{SystemClock, TokioClock, WallClock};
 pub use connect::{connect, Backend};
 pub use context::JobContext;
@@ -127,4 +152,4 @@ pub use metrics::{SchedulerMetrics, TickOutcome};
 pub use missed::MissedTicks;
 pub use runtime::RunReport;
 pub use schedule::Schedule;
-pub use scheduler::Scheduler;
+pub use scheduler::{Scheduler, SHUTDOWN_GRACE};

@@ -25,7 +25,9 @@ pub enum TickOutcome {
     /// the handler ran; it was stopped.
     Aborted,
     /// This replica did not run the tick: another replica has it or ran it,
-    /// the previous run is still going here, or the backend was unavailable.
+    /// a newer tick replaced it while it waited for the previous run here
+    /// (or that run outlasted its skew window), or the backend was
+    /// unavailable.
     Skipped,
     /// The handler panicked; the panic was caught.
     Panicked,

@@ -16,8 +16,9 @@ use crate::Schedule;
 /// predecessor finished. A job with no record yet has missed nothing.
 ///
 /// A missed tick whose lock is still held (by a replica that died running
-/// it) is waited for, up to the job's TTL, until that lease runs out; ticks
-/// that come due meanwhile are skipped as overlapping.
+/// it) is waited for, up to the job's TTL, until that lease runs out; a tick
+/// that comes due meanwhile waits for the catch-up like for any run (see
+/// the crate docs on overlap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum MissedTicks {
@@ -58,6 +59,18 @@ impl MissedTicks {
         last_completed: Option<DateTime<Utc>>,
         upto: DateTime<Utc>,
     ) -> Vec<DateTime<Utc>> {
+        self.select_at(schedule, last_completed, upto, upto)
+    }
+
+    /// As [`MissedTicks::select`], with `RunAll`'s window reaching back
+    /// from `now` rather than from `upto`.
+    pub(crate) fn select_at(
+        &self,
+        schedule: &Schedule,
+        last_completed: Option<DateTime<Utc>>,
+        upto: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Vec<DateTime<Utc>> {
         let Some(last) = last_completed else {
             return Vec::new();
         };
@@ -70,7 +83,7 @@ impl MissedTicks {
                 .collect(),
             Self::RunAll { window, max } => {
                 let window = TimeDelta::from_std(window).unwrap_or(TimeDelta::MAX);
-                let from = upto.checked_sub_signed(window).unwrap_or(last).max(last);
+                let from = now.checked_sub_signed(window).unwrap_or(last).max(last);
                 // A tick exactly `window` old is still inside the window.
                 let from = from
                     .checked_sub_signed(TimeDelta::milliseconds(1))

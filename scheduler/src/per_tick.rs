@@ -1,19 +1,18 @@
-//! Running one tick under its own lock: exactly one replica runs it, and a
-//! finished tick stays marked so a replica with a slower clock cannot run it
-//! again.
+//! Deciding whether this replica runs one tick: exactly one replica takes
+//! its lock, and a finished tick stays marked so a replica with a slower
+//! clock cannot run it again.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Utc};
 use lock_core::{Error as LockError, LeaseHandle, LockGuard, LockName};
-use tokio::task::JoinError;
-use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::job::JobSpec;
+use crate::run::execute;
 use crate::runtime::{RunReport, Runtime};
-use crate::{clock, JobContext, JobError, TickOutcome};
+use crate::TickOutcome;
 
 /// One tick to run, and whether it catches up a missed one.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +51,10 @@ async fn attempt(
     leader: Option<&LeaseHandle>,
 ) -> TickOutcome {
     let label = job.label();
+    if rt.is_stopping() {
+        debug!(job = label, tick = %tick.at, "shutting down; not firing");
+        return TickOutcome::Skipped;
+    }
     if leader.is_some_and(|l| !l.is_held()) {
         debug!(job = label, tick = %tick.at, "not the leader any more; not firing");
         return TickOutcome::Skipped;
@@ -63,14 +66,13 @@ async fn attempt(
             return TickOutcome::Skipped;
         }
     };
-    // A missed tick's lock may still be held by a replica that died running
-    // it; waiting up to one TTL lets that lease run out instead of dropping
-    // the tick. A live holder keeps it, and then the tick is skipped.
-    let acquired = if tick.catch_up {
-        let opts = job.options.clone().with_acquire_timeout(job.options.ttl());
-        rt.locker.lock(&name, &opts).await
-    } else {
-        rt.locker.try_lock(&name, &job.options).await
+    // Shutdown (or a lost leadership) abandons the acquire: a catch-up's
+    // wait could otherwise outlast the shutdown deadline by a TTL, and then
+    // start a run after shutdown was called. Dropping the acquire is cancel
+    // safe: a lock granted meanwhile is released in the background.
+    let Some(acquired) = unless_stopped(rt, leader, acquire(rt, job, tick, &name)).await else {
+        debug!(job = label, tick = %tick.at, "stopping; not firing");
+        return TickOutcome::Skipped;
     };
     let guard = match acquired {
         Ok(g) => g,
@@ -85,9 +87,68 @@ async fn attempt(
             return TickOutcome::Skipped;
         }
     };
-    if let Some(outcome) = ahead_of_server(rt, label, tick.at).await {
+    let refused = unless_stopped(rt, leader, refusal(rt, job, tick))
+        .await
+        .unwrap_or_else(|| {
+            debug!(job = label, tick = %tick.at, "stopping; not running");
+            Some(TickOutcome::Skipped)
+        });
+    if let Some(outcome) = refused {
         let _ = guard.release().await;
         return outcome;
+    }
+    execute(rt, job, tick, leader, guard).await
+}
+
+/// Takes the tick's lock: at once, or for a missed tick, waiting up to one
+/// TTL.
+async fn acquire(
+    rt: &Runtime,
+    job: &JobSpec,
+    tick: Tick,
+    name: &LockName,
+) -> Result<LockGuard, LockError> {
+    // A missed tick's lock may still be held by a replica that died running
+    // it; waiting up to one TTL lets that lease run out instead of dropping
+    // the tick. A live holder keeps it, and then the tick is skipped.
+    if tick.catch_up {
+        let opts = job.options.clone().with_acquire_timeout(job.options.ttl());
+        rt.locker.lock(name, &opts).await
+    } else {
+        rt.locker.try_lock(name, &job.options).await
+    }
+}
+
+/// `work`'s output, or `None` as soon as shutdown begins or, in leader
+/// mode, the leadership is lost (`work` is then dropped).
+async fn unless_stopped<T>(
+    rt: &Runtime,
+    leader: Option<&LeaseHandle>,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    let leader_lost = async {
+        match leader {
+            Some(l) => {
+                l.lost().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = rt.soft_stop.cancelled() => None,
+        _ = leader_lost => None,
+        out = work => Some(out),
+    }
+}
+
+/// Why this replica must not run `tick` although it holds its lock, if it
+/// must not: ahead of the server's clock, or already completed. `None`
+/// means run it.
+async fn refusal(rt: &Runtime, job: &JobSpec, tick: Tick) -> Option<TickOutcome> {
+    let label = job.label();
+    if let Some(outcome) = ahead_of_server(rt, label, tick.at).await {
+        return Some(outcome);
     }
     // Checked while holding the lock, so a replica that finished this tick
     // either still holds its completion mark or has recorded it. The
@@ -100,30 +161,25 @@ async fn attempt(
     {
         Ok(true) => {
             debug!(job = label, tick = %tick.at, "tick marked completed by a replica");
-            let _ = guard.release().await;
-            return TickOutcome::Skipped;
+            return Some(TickOutcome::Skipped);
         }
         Ok(false) => {}
         Err(e) => {
             warn!(job = label, error = %e, "cannot read the tick's completion mark; not running (fail closed)");
-            let _ = guard.release().await;
-            return TickOutcome::Skipped;
+            return Some(TickOutcome::Skipped);
         }
     }
     match rt.ticks.last_completed(&job.name).await {
         Ok(Some(last)) if already_done(rt, tick.at, last) => {
             debug!(job = label, tick = %tick.at, "tick already completed by a replica");
-            let _ = guard.release().await;
-            return TickOutcome::Skipped;
+            Some(TickOutcome::Skipped)
         }
-        Ok(_) => {}
+        Ok(_) => None,
         Err(e) => {
             warn!(job = label, error = %e, "cannot read the last completed tick; not running (fail closed)");
-            let _ = guard.release().await;
-            return TickOutcome::Skipped;
+            Some(TickOutcome::Skipped)
         }
     }
-    execute(rt, job, tick, leader, guard).await
 }
 
 /// Refuses a tick that lies beyond the server's clock plus the skew
@@ -171,146 +227,4 @@ fn already_done(rt: &Runtime, tick: DateTime<Utc>, last: i64) -> bool {
     let tolerance_ms = i64::try_from(rt.tolerance.as_millis()).unwrap_or(i64::MAX);
     let late = (rt.clock.now() - tick).num_milliseconds() > tolerance_ms;
     last == tick_ms || (last > tick_ms && (late || last.saturating_sub(tick_ms) > tolerance_ms))
-}
-
-async fn execute(
-    rt: &Arc<Runtime>,
-    job: &Arc<JobSpec>,
-    tick: Tick,
-    leader: Option<&LeaseHandle>,
-    guard: LockGuard,
-) -> TickOutcome {
-    let label = job.label();
-    let lease = guard.handle();
-    let cancel = rt.soft_stop.child_token();
-    let ctx = JobContext {
-        job: label.to_owned(),
-        scheduled: tick.at,
-        lease: lease.clone(),
-        leader: leader.cloned(),
-        cancel: cancel.clone(),
-        catch_up: tick.catch_up,
-    };
-    let lag = rt.clock.now() - tick.at;
-    rt.metrics.observe_lag(
-        label,
-        lag.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6,
-    );
-    let started = Instant::now();
-    let mut task = rt.tracker.spawn((job.handler)(ctx));
-    let leader_lost = async {
-        match leader {
-            Some(l) => l.lost().await,
-            None => std::future::pending().await,
-        }
-    };
-    let joined: Option<Result<Result<(), JobError>, JoinError>> = tokio::select! {
-        biased;
-        reason = lease.lost() => {
-            warn!(job = label, tick = %tick.at, %reason, "tick lock lost; aborting the run");
-            None
-        }
-        reason = leader_lost => {
-            warn!(job = label, tick = %tick.at, %reason, "leadership lost; aborting the run");
-            None
-        }
-        _ = rt.hard_stop.cancelled() => {
-            warn!(job = label, tick = %tick.at, "shutdown deadline passed; aborting the run");
-            None
-        }
-        joined = &mut task => Some(joined),
-    };
-    let Some(joined) = joined else {
-        cancel.cancel();
-        task.abort();
-        // Wait until the handler's future is really dropped, so "aborted"
-        // means nothing of it runs any more; then free the tick at once.
-        let _ = task.await;
-        let _ = guard.release().await;
-        rt.metrics
-            .observe_duration(label, started.elapsed().as_secs_f64());
-        return TickOutcome::Aborted;
-    };
-    rt.metrics
-        .observe_duration(label, started.elapsed().as_secs_f64());
-    let outcome = match joined {
-        Ok(Ok(())) => TickOutcome::Success,
-        Ok(Err(e)) => {
-            warn!(job = label, tick = %tick.at, error = %e, "job failed");
-            TickOutcome::Failure
-        }
-        Err(e) if e.is_panic() => {
-            warn!(job = label, tick = %tick.at, "job panicked; the panic was caught");
-            record(rt, job, tick).await;
-            let _ = guard.release().await;
-            return TickOutcome::Panicked;
-        }
-        Err(_) => return TickOutcome::Aborted,
-    };
-    match lease.verify().await {
-        Ok(()) => {}
-        Err(LockError::LockLost { reason, .. }) => {
-            warn!(job = label, tick = %tick.at, %reason, "tick lock lost before the run was confirmed; counting it aborted");
-            return TickOutcome::Aborted;
-        }
-        Err(e) => {
-            warn!(job = label, error = %e, "could not re-verify the tick lock; relying on its local deadline");
-            if lease.assert_held().is_err() {
-                return TickOutcome::Aborted;
-            }
-        }
-    }
-    let recorded = record(rt, job, tick).await;
-    mark_done(rt, job, tick, guard, recorded).await;
-    outcome
-}
-
-/// How long a tick's completion mark is kept in the store: past every
-/// replica's firing of the tick (the skew tolerance, twice for margin), and
-/// at least a minute. Older ticks are covered by the latest completed one.
-fn mark_keep(rt: &Runtime) -> Duration {
-    rt.tolerance.saturating_mul(2).max(Duration::from_secs(60))
-}
-
-async fn record(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick) -> bool {
-    match rt
-        .ticks
-        .record_completed(&job.name, tick.at.timestamp_millis(), mark_keep(rt))
-        .await
-    {
-        Ok(()) => true,
-        Err(e) => {
-            warn!(job = job.label(), error = %e, "could not record the completed tick; keeping its lock as the only mark");
-            false
-        }
-    }
-}
-
-/// Keeps the tick's lock until every replica within the skew tolerance has
-/// passed the tick, instead of releasing it: released at once, a lock lets
-/// a replica whose clock is behind take the same tick again.
-async fn mark_done(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, guard: LockGuard, recorded: bool) {
-    let tolerance = TimeDelta::from_std(rt.tolerance).unwrap_or(TimeDelta::MAX);
-    let remaining = tick
-        .at
-        .checked_add_signed(tolerance)
-        .map_or(rt.tolerance, |until| clock::until(rt.clock.now(), until));
-    let hold = if recorded {
-        remaining
-    } else {
-        rt.tolerance.max(remaining)
-    };
-    let result = if hold.is_zero() {
-        guard.release().await
-    } else {
-        guard.retain_for(hold).await
-    };
-    match result {
-        Ok(()) => {
-            debug!(job = job.label(), tick = %tick.at, ?hold, "tick done; lock kept as its completion mark")
-        }
-        Err(e) => {
-            info!(job = job.label(), tick = %tick.at, error = %e, "could not keep the completion mark; the recorded tick still guards it")
-        }
-    }
 }

@@ -1,11 +1,13 @@
 //! What every task of one running scheduler shares.
 
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lock_core::{Locker, TickStore};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -35,8 +37,12 @@ pub(crate) struct Runtime {
     pub(crate) metrics: SchedulerMetrics,
     pub(crate) tolerance: Duration,
     pub(crate) tracker: TaskTracker,
-    /// Cancelled at shutdown: handlers are asked to stop.
+    /// Cancelled at shutdown: handlers are asked to stop, and no run starts
+    /// any more. Cancel it through [`Runtime::stop_starting`] only.
     pub(crate) soft_stop: CancellationToken,
+    /// Held while a run is started and while `soft_stop` is cancelled, so
+    /// that a run either starts before shutdown begins or not at all.
+    pub(crate) start_gate: Mutex<()>,
     /// Cancelled at the shutdown deadline (or on drop): handlers are dropped.
     pub(crate) hard_stop: CancellationToken,
     pub(crate) on_outcome: Option<OutcomeHook>,
@@ -52,6 +58,34 @@ impl fmt::Debug for Runtime {
 }
 
 impl Runtime {
+    /// Spawns a run's handler on the tracker, unless shutdown has begun.
+    pub(crate) fn start_run<F>(&self, run: F) -> Option<JoinHandle<F::Output>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let _gate = self
+            .start_gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        (!self.soft_stop.is_cancelled()).then(|| self.tracker.spawn(run))
+    }
+
+    /// Begins shutdown: from the moment this returns no run starts, and
+    /// running handlers are asked to stop.
+    pub(crate) fn stop_starting(&self) {
+        let _gate = self
+            .start_gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.soft_stop.cancel();
+    }
+
+    /// Whether shutdown has begun.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.soft_stop.is_cancelled()
+    }
+
     pub(crate) fn report(&self, report: RunReport) {
         self.metrics.run(&report.job, report.outcome);
         if let Some(hook) = &self.on_outcome {

@@ -1,10 +1,12 @@
 //! A running scheduler: start, leadership, shutdown.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_core::{LeaseHandle, Locker, TickStore};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -12,6 +14,11 @@ use crate::driver::drive;
 use crate::job::JobSpec;
 use crate::runtime::{current, Runtime};
 use crate::{Error, LeaderElection, Mode, Result, SchedulerBuilder, SchedulerMetrics};
+
+/// The most [`Scheduler::shutdown`] waits past its deadline: for aborted
+/// runs to stop and release their tick locks, and for the leadership to be
+/// released (a backend round trip each, normally milliseconds).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs cron jobs so that each tick runs once across replicas.
 ///
@@ -143,6 +150,14 @@ impl Scheduler {
     /// marks of finished ticks are kept until they end by themselves, so no
     /// other replica runs those ticks again.
     ///
+    /// No run starts once `shutdown` has been called: ticks not yet started
+    /// (the rest of a catch-up batch, a catch-up waiting for its lock) are
+    /// reported [`Skipped`](crate::TickOutcome::Skipped) at once. It returns
+    /// by `deadline` plus [`SHUTDOWN_GRACE`], the most it then waits for
+    /// aborted runs and the leadership to be released; whatever is still
+    /// releasing after that finishes in the background. `Duration::MAX`
+    /// waits for running handlers without limit.
+    ///
     /// # Errors
     ///
     /// [`Error::ShutdownTimedOut`] if runs had to be aborted at the deadline
@@ -155,7 +170,7 @@ impl Scheduler {
     pub async fn shutdown(self, deadline: Duration) -> Result<()> {
         let stopper = HardStopOnDrop(self.rt.hard_stop.clone());
         self.root.cancel();
-        self.rt.soft_stop.cancel();
+        self.rt.stop_starting();
         self.rt.tracker.close();
         let timed_out = tokio::time::timeout(deadline, self.rt.tracker.wait())
             .await
@@ -163,8 +178,9 @@ impl Scheduler {
         let still_running = self
             .jobs
             .iter()
-            .filter(|j| j.running.load(std::sync::atomic::Ordering::Acquire))
+            .filter(|j| crate::overlap::is_busy(j))
             .count();
+        let grace_ends = Instant::now().checked_add(SHUTDOWN_GRACE);
         if timed_out {
             warn!(
                 still_running,
@@ -172,7 +188,9 @@ impl Scheduler {
                 "shutdown deadline passed; aborting runs"
             );
             self.rt.hard_stop.cancel();
-            self.rt.tracker.wait().await;
+            if !finishes_by(grace_ends, self.rt.tracker.wait()).await {
+                warn!(grace = ?SHUTDOWN_GRACE, "aborted runs are still releasing their locks; they finish in the background");
+            }
         }
         let election = self
             .election
@@ -180,11 +198,13 @@ impl Scheduler {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(election) = election {
-            election.stop().await;
+            if !finishes_by(grace_ends, election.stop()).await {
+                warn!(grace = ?SHUTDOWN_GRACE, "the leadership is still being released; it finishes in the background");
+            }
         }
         drop(stopper);
         info!("scheduler stopped");
-        if timed_out {
+        if timed_out && still_running > 0 {
             return Err(Error::ShutdownTimedOut {
                 deadline,
                 still_running,
@@ -194,10 +214,22 @@ impl Scheduler {
     }
 }
 
+/// Whether `work` finished by `until` (always, without a bound); dropped
+/// unfinished otherwise.
+async fn finishes_by(until: Option<Instant>, work: impl Future<Output = ()>) -> bool {
+    match until {
+        Some(until) => tokio::time::timeout_at(until, work).await.is_ok(),
+        None => {
+            work.await;
+            true
+        }
+    }
+}
+
 impl Drop for Scheduler {
     fn drop(&mut self) {
         self.root.cancel();
-        self.rt.soft_stop.cancel();
+        self.rt.stop_starting();
         self.rt.hard_stop.cancel();
     }
 }

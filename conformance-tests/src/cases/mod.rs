@@ -148,6 +148,40 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(facade::scheduler_through_facade, Requires::ConnectUrl),
+    case!(
+        scheduler::scheduler_shutdown_stops_a_catch_up_batch,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_shutdown_is_not_held_up_by_a_catch_up_wait,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_late_wakeup_runs_ticks_still_in_window,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_late_runs_do_not_crowd_out_the_next_tick,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_extreme_settings_refused_or_run,
+        Requires::Nothing
+    ),
+    case!(
+        scheduler::scheduler_extreme_lock_ttls_refused_or_run,
+        Requires::Nothing
+    ),
+    Case {
+        name: "scheduler_extreme_durations_never_panic",
+        requires: Requires::PausedClock,
+        run: CaseFn::Blocking(scheduler::scheduler_extreme_durations_never_panic),
+    },
+    Case {
+        name: "scheduler_extreme_lock_ttls_never_panic",
+        requires: Requires::PausedClock,
+        run: CaseFn::Blocking(scheduler::scheduler_extreme_lock_ttls_never_panic),
+    },
 ];
 
 /// Asserts `actual` lies in `[low, high]`, naming what was measured.

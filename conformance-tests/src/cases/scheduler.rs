@@ -4,18 +4,36 @@
 //! On the paused clock they run 60 two-second ticks exactly and instantly;
 //! against a real server, about ten one-second ticks in real time.
 
+mod extreme;
+mod extreme_prop;
 mod failover;
 mod fleet;
+mod late;
 mod lifecycle;
 mod missed;
+mod panics;
+mod shutdown;
 mod skew;
 
+pub(super) use extreme::{
+    scheduler_extreme_lock_ttls_refused_or_run, scheduler_extreme_settings_refused_or_run,
+};
+pub(super) use extreme_prop::{
+    scheduler_extreme_durations_never_panic, scheduler_extreme_lock_ttls_never_panic,
+};
 pub(super) use failover::scheduler_leader_failover_aborts_before_successor;
+pub(super) use late::{
+    scheduler_late_runs_do_not_crowd_out_the_next_tick,
+    scheduler_late_wakeup_runs_ticks_still_in_window,
+};
 pub(super) use lifecycle::{
     scheduler_overlapping_tick_is_skipped, scheduler_panic_is_caught_and_lock_released,
     scheduler_shutdown_releases_every_lock,
 };
 pub(super) use missed::scheduler_missed_tick_policies_after_outage;
+pub(super) use shutdown::{
+    scheduler_shutdown_is_not_held_up_by_a_catch_up_wait, scheduler_shutdown_stops_a_catch_up_batch,
+};
 pub(super) use skew::{
     scheduler_busy_fast_replica_does_not_cancel_a_tick,
     scheduler_far_ahead_replica_does_not_starve_others,

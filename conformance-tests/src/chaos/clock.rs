@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{sleep, timeout};
 
 use super::figures::{self, Row};
-use super::procs::{libfaketime, process_url, Journal, Line, WallClock};
+use super::procs::{libfaketime, process_url, signal, Journal, Line, WallClock};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -138,18 +138,37 @@ pub(super) async fn holder_clock_step(ctx: Ctx, target: Target, holder: &Path) {
     assert!(ok, "writes after the deadline: {summary}");
 }
 
+/// How long the replicas with a true clock are starved (stopped) while
+/// replica 0 is an hour ahead: two ticks pass, well within the 5 s skew
+/// tolerance, as on a loaded machine whose scheduler processes get no CPU.
+const STARVE: Duration = Duration::from_millis(2_200);
+
+/// Stops `children` from half a second past a whole second of true time
+/// (after their run of that second has written, so no write straddles the
+/// stop) for `STARVE`, then lets them go on.
+async fn starve(children: &[tokio::process::Child]) {
+    let into_second = chrono::Utc::now().timestamp_subsec_millis();
+    let wait_ms = (1_500 - i64::from(into_second)).rem_euclid(1_000);
+    sleep(Duration::from_millis(wait_ms.unsigned_abs())).await;
+    children.iter().for_each(|c| signal(c, "STOP"));
+    sleep(STARVE).await;
+    children.iter().for_each(|c| signal(c, "CONT"));
+}
+
 /// The scheduler half of X9: three per-tick `chaos-replica` processes; the
-/// wall clock of replica 0 steps −3600 s, back, +3600 s, back. No instant
-/// may run twice, and the two replicas with a true clock must keep running
-/// every instant between the first and the last run (a step on one replica
-/// must not stop the others).
+/// wall clock of replica 0 steps −3600 s, back, +3600 s, back, and while it
+/// is ahead the two others are starved of CPU (stopped) for 2.2 s. No
+/// instant may run twice, and the two replicas with a true clock must keep
+/// running every instant between the first and the last run (a step on one
+/// replica must not stop the others, and a tick that passed while they were
+/// starved is run late, not missed, while within the skew tolerance).
 pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
     let lib = libfaketime();
     let ttl = ctx.timing().ttl;
     let url = process_url(&ctx);
     let phase = Duration::from_secs(3);
     let plan = [-STEP_S, 0, STEP_S, 0];
-    let run_for = phase * (u32::try_from(plan.len()).unwrap_or(4) + 2);
+    let run_for = phase * (u32::try_from(plan.len()).unwrap_or(4) + 2) + STARVE * 2;
     let args = vec![
         url,
         "per-tick".to_owned(),
@@ -173,6 +192,10 @@ pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
     for offset in plan {
         clock.set(offset);
         row.faults += 1;
+        if offset == STEP_S {
+            starve(&children[1..]).await;
+            row.faults += 1;
+        }
         sleep(phase).await;
     }
     let ended_wall = chrono::Utc::now().timestamp_millis();
@@ -209,6 +232,22 @@ pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
         (last - first) / 1_000 + 1,
         missed.len(),
     );
+    // What each replica reported for a missed instant, to tell a late timer
+    // from a lost lock or an overlapping run.
+    for t in &missed {
+        let said: Vec<String> = lines
+            .iter()
+            .filter(|l| l.kind() == "OUTCOME" && l.num(1) == *t)
+            .map(|l| {
+                format!(
+                    "replica {}: {}",
+                    l.who,
+                    l.words.get(2..).unwrap_or_default().join(" ")
+                )
+            })
+            .collect();
+        println!("  missed {t}: {said:?}");
+    }
     let summary = format!("{row:?}");
     figures::record(row);
     assert_eq!(duplicates, 0, "instants ran twice: {summary}");

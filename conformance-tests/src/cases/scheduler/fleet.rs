@@ -224,13 +224,26 @@ impl Fleet {
         mode: Mode,
         jobs: Vec<Job>,
     ) -> Scheduler {
+        let clock = self.clocks[replica].clone();
+        self.scheduler_with_clock(ctx, replica, mode, jobs, clock)
+    }
+
+    /// As [`Fleet::scheduler`], reading the wall clock from `clock`.
+    pub(crate) fn scheduler_with_clock(
+        &self,
+        ctx: &Ctx,
+        replica: usize,
+        mode: Mode,
+        jobs: Vec<Job>,
+        clock: Arc<dyn WallClock>,
+    ) -> Scheduler {
         let log = Arc::clone(&self.log);
         let mut builder = Scheduler::builder(
             self.replicas[replica].locker.clone(),
             Arc::clone(&self.ticks),
         )
         .mode(mode)
-        .clock(self.clocks[replica].clone())
+        .clock(clock)
         .metrics(self.metrics[replica].clone())
         .skew_tolerance(tolerance(ctx))
         .on_outcome(move |report| {

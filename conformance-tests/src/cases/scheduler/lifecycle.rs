@@ -16,15 +16,16 @@ fn tick_lock(job: &str, tick: chrono::DateTime<chrono::Utc>) -> LockName {
     LockName::new(format!("{job}/{}", tick.timestamp_millis())).expect("valid")
 }
 
-/// A run that outlasts two periods: ticks arriving meanwhile are skipped and
-/// counted, never run alongside it.
+/// Runs that outlast two periods: a tick arriving meanwhile never runs
+/// alongside one; the newest waits and runs when it ends, still within the
+/// skew tolerance, and the tick it replaced is skipped and counted.
 pub(crate) async fn scheduler_overlapping_tick_is_skipped(ctx: Ctx) {
     let plan = Plan::of(&ctx);
     let fleet = Fleet::new(&ctx, &[0]).await;
     let name = ctx.name("slow");
     let observer = Arc::new(OverlapObserver::default());
     let obs = Arc::clone(&observer);
-    let long = plan.period * 5 / 2;
+    let long = plan.period * 9 / 4;
     let job = Job::new(name.as_str(), plan.cron, move |_ctx| {
         let obs = Arc::clone(&obs);
         async move {
@@ -39,17 +40,19 @@ pub(crate) async fn scheduler_overlapping_tick_is_skipped(ctx: Ctx) {
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
     s.start().expect("starts");
-    // Ticks at 0.75, 1.75, ..., 5.75 periods: runs at the 1st and 4th, the
-    // 2nd, 3rd, 5th and 6th arrive while one is going.
+    // Ticks at 0.75, 1.75, ..., 5.75 periods; runs of 2.25 periods. The
+    // 1st runs until 3.0, the 3rd replaces the 2nd and runs until 5.25, the
+    // 5th replaces the 4th and runs until 7.5, the 6th waits for it and is
+    // skipped by the shutdown.
     sleep(plan.period * 6).await;
     let metrics = s.metrics().clone();
     s.shutdown(plan.period * 2)
         .await
         .expect("the run finishes in time");
     assert_eq!(observer.overlaps(), 0, "two runs of the job overlapped");
-    assert_eq!(observer.sections(), 2);
-    assert_eq!(metrics.runs(name.as_str(), TickOutcome::Success), 2);
-    assert_eq!(metrics.runs(name.as_str(), TickOutcome::Skipped), 4);
+    assert_eq!(observer.sections(), 3);
+    assert_eq!(metrics.runs(name.as_str(), TickOutcome::Success), 3);
+    assert_eq!(metrics.runs(name.as_str(), TickOutcome::Skipped), 3);
 }
 
 /// A panicking handler is caught and counted `panicked`, and its tick lock

@@ -10,9 +10,10 @@ use super::fleet::{self, Fleet, Plan};
 use crate::Ctx;
 
 /// Replica 0's clock is 3 s ahead and once gets busy: its first run lasts
-/// 1.5 periods, so it skips the next tick and finishes the one after that
-/// first. That later completion must not cancel the skipped tick, which
-/// replica 1 then runs: every tick still runs exactly once.
+/// 2.5 periods, so the next tick, waiting for it, is replaced by the one
+/// after and skipped, and that one finishes first. That later completion
+/// must not cancel the skipped tick, which replica 1 then runs: every tick
+/// still runs exactly once.
 pub(crate) async fn scheduler_busy_fast_replica_does_not_cancel_a_tick(ctx: Ctx) {
     let plan = Plan::of(&ctx);
     let fleet = Fleet::new(&ctx, &[3_000, 0]).await;
@@ -23,7 +24,7 @@ pub(crate) async fn scheduler_busy_fast_replica_does_not_cancel_a_tick(ctx: Ctx)
             let slow_once = Arc::clone(&first);
             fleet.recording_job_with(name.as_str(), plan.cron, replica, move || {
                 if replica == 0 && slow_once.fetch_add(1, Ordering::SeqCst) == 0 {
-                    plan.period * 3 / 2
+                    plan.period * 5 / 2
                 } else {
                     plan.work
                 }

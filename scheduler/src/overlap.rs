@@ -1,0 +1,157 @@
+//! One run of a job at a time in this process: a tick that fires while the
+//! job's previous run is still going waits for it, and only the newest one
+//! waits.
+
+use std::sync::{Arc, MutexGuard, PoisonError};
+
+use lock_core::LeaseHandle;
+use tracing::warn;
+
+use crate::job::JobSpec;
+use crate::per_tick::{run_tick, Tick};
+use crate::runtime::{RunReport, Runtime};
+use crate::{clock, TickOutcome};
+
+/// A job's runs in this process.
+#[derive(Debug, Default)]
+pub(crate) struct Runs {
+    /// A batch of the job's ticks is going.
+    busy: bool,
+    /// The newest tick that fired while it was going, to run after it.
+    waiting: Option<Tick>,
+}
+
+fn runs(job: &JobSpec) -> MutexGuard<'_, Runs> {
+    job.runs.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether a batch of `job`'s ticks is going in this process.
+pub(crate) fn is_busy(job: &JobSpec) -> bool {
+    runs(job).busy
+}
+
+/// Runs `batch` in order in its own task. If a batch of the job is already
+/// going here, the newest tick of `batch` waits for it instead, replacing
+/// any tick that waited before, and the others are skipped.
+///
+/// Waiting rather than skipping at once keeps a run that started late (its
+/// process starved of CPU) from costing the next tick: when every replica
+/// was starved together, each is still running a late tick as the next one
+/// fires. A job slower than its schedule runs back to back, each time on the
+/// newest tick, and never twice at once.
+pub(crate) fn launch(
+    rt: &Arc<Runtime>,
+    job: &Arc<JobSpec>,
+    batch: Vec<Tick>,
+    leader: Option<&LeaseHandle>,
+) {
+    let mut superseded = Vec::new();
+    let was_busy = {
+        let mut runs = runs(job);
+        let was_busy = std::mem::replace(&mut runs.busy, true);
+        if was_busy {
+            for &tick in &batch {
+                superseded.extend(runs.waiting.replace(tick));
+            }
+        }
+        was_busy
+    };
+    if was_busy {
+        for tick in superseded {
+            skip(
+                rt,
+                job,
+                tick,
+                "a newer tick fired while it waited for the previous run",
+            );
+        }
+        return;
+    }
+    let busy = Busy {
+        rt: Arc::clone(rt),
+        job: Arc::clone(job),
+        armed: true,
+    };
+    let (rt2, job, leader) = (Arc::clone(rt), Arc::clone(job), leader.cloned());
+    rt.tracker.spawn(async move {
+        let mut batch = batch;
+        loop {
+            for tick in batch {
+                run_tick(&rt2, &job, tick, leader.as_ref()).await;
+            }
+            match next_waiting(&rt2, &job) {
+                Some(tick) => batch = vec![tick],
+                None => break,
+            }
+        }
+        busy.disarm();
+    });
+}
+
+/// The tick that waited for the batch that just ended, while it is still
+/// within the skew tolerance (later than that, other replicas within the
+/// tolerance have all fired it: it is skipped). `None` frees the job.
+fn next_waiting(rt: &Runtime, job: &JobSpec) -> Option<Tick> {
+    loop {
+        let tick = {
+            let mut runs = runs(job);
+            match runs.waiting.take() {
+                Some(tick) => tick,
+                None => {
+                    runs.busy = false;
+                    return None;
+                }
+            }
+        };
+        if clock::until(tick.at, rt.clock.now()) <= rt.tolerance {
+            return Some(tick);
+        }
+        skip(
+            rt,
+            job,
+            tick,
+            "the previous run outlasted this tick's skew window",
+        );
+    }
+}
+
+fn skip(rt: &Runtime, job: &JobSpec, tick: Tick, why: &'static str) {
+    warn!(job = job.label(), tick = %tick.at, reason = why, "skipping a tick");
+    rt.report(RunReport {
+        job: job.label().to_owned(),
+        scheduled: tick.at,
+        outcome: TickOutcome::Skipped,
+        catch_up: tick.catch_up,
+    });
+}
+
+/// Frees the job if its batch task is dropped before it ends (with the
+/// runtime), skipping the tick that waited for it.
+struct Busy {
+    rt: Arc<Runtime>,
+    job: Arc<JobSpec>,
+    armed: bool,
+}
+
+impl Busy {
+    /// The batch ended normally and `next_waiting` freed the job.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let waiting = {
+            let mut runs = runs(&self.job);
+            runs.busy = false;
+            runs.waiting.take()
+        };
+        if let Some(tick) = waiting {
+            skip(&self.rt, &self.job, tick, "the job's runs ended early");
+        }
+    }
+}

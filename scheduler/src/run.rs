@@ -1,0 +1,167 @@
+//! Running one tick whose lock this replica holds: the handler, its abort
+//! on loss or shutdown, and the completion mark a finished tick leaves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use lock_core::{Error as LockError, LeaseHandle, LockGuard};
+use tokio::task::JoinError;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::job::JobSpec;
+use crate::per_tick::Tick;
+use crate::runtime::Runtime;
+use crate::{clock, JobContext, JobError, TickOutcome};
+
+/// Runs the handler under `guard`, unless shutdown has begun, and marks the
+/// tick done if it finished while the lock held.
+pub(crate) async fn execute(
+    rt: &Arc<Runtime>,
+    job: &Arc<JobSpec>,
+    tick: Tick,
+    leader: Option<&LeaseHandle>,
+    guard: LockGuard,
+) -> TickOutcome {
+    let label = job.label();
+    let lease = guard.handle();
+    let cancel = rt.soft_stop.child_token();
+    let ctx = JobContext {
+        job: label.to_owned(),
+        scheduled: tick.at,
+        lease: lease.clone(),
+        leader: leader.cloned(),
+        cancel: cancel.clone(),
+        catch_up: tick.catch_up,
+    };
+    // The handler is called inside its task, so a panic in the code it runs
+    // before its first await is caught and counted like any other.
+    let handler = Arc::clone(&job.handler);
+    let Some(mut task) = rt.start_run(async move { handler(ctx).await }) else {
+        debug!(job = label, tick = %tick.at, "shutting down; not starting the run");
+        let _ = guard.release().await;
+        return TickOutcome::Skipped;
+    };
+    let lag = rt.clock.now() - tick.at;
+    rt.metrics.observe_lag(
+        label,
+        lag.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6,
+    );
+    let started = Instant::now();
+    let leader_lost = async {
+        match leader {
+            Some(l) => l.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    let joined: Option<Result<Result<(), JobError>, JoinError>> = tokio::select! {
+        biased;
+        reason = lease.lost() => {
+            warn!(job = label, tick = %tick.at, %reason, "tick lock lost; aborting the run");
+            None
+        }
+        reason = leader_lost => {
+            warn!(job = label, tick = %tick.at, %reason, "leadership lost; aborting the run");
+            None
+        }
+        _ = rt.hard_stop.cancelled() => {
+            warn!(job = label, tick = %tick.at, "shutdown deadline passed; aborting the run");
+            None
+        }
+        joined = &mut task => Some(joined),
+    };
+    let Some(joined) = joined else {
+        cancel.cancel();
+        task.abort();
+        // Wait until the handler's future is really dropped, so "aborted"
+        // means nothing of it runs any more; then free the tick at once.
+        let _ = task.await;
+        let _ = guard.release().await;
+        rt.metrics
+            .observe_duration(label, started.elapsed().as_secs_f64());
+        return TickOutcome::Aborted;
+    };
+    rt.metrics
+        .observe_duration(label, started.elapsed().as_secs_f64());
+    let outcome = match joined {
+        Ok(Ok(())) => TickOutcome::Success,
+        Ok(Err(e)) => {
+            warn!(job = label, tick = %tick.at, error = %e, "job failed");
+            TickOutcome::Failure
+        }
+        Err(e) if e.is_panic() => {
+            warn!(job = label, tick = %tick.at, "job panicked; the panic was caught");
+            record(rt, job, tick).await;
+            let _ = guard.release().await;
+            return TickOutcome::Panicked;
+        }
+        Err(_) => return TickOutcome::Aborted,
+    };
+    match lease.verify().await {
+        Ok(()) => {}
+        Err(LockError::LockLost { reason, .. }) => {
+            warn!(job = label, tick = %tick.at, %reason, "tick lock lost before the run was confirmed; counting it aborted");
+            return TickOutcome::Aborted;
+        }
+        Err(e) => {
+            warn!(job = label, error = %e, "could not re-verify the tick lock; relying on its local deadline");
+            if lease.assert_held().is_err() {
+                return TickOutcome::Aborted;
+            }
+        }
+    }
+    let recorded = record(rt, job, tick).await;
+    mark_done(rt, job, tick, guard, recorded).await;
+    outcome
+}
+
+/// How long a tick's completion mark is kept in the store: past every
+/// replica's firing of the tick (the skew tolerance, twice for margin), and
+/// at least a minute. Older ticks are covered by the latest completed one.
+fn mark_keep(rt: &Runtime) -> Duration {
+    rt.tolerance.saturating_mul(2).max(Duration::from_secs(60))
+}
+
+async fn record(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick) -> bool {
+    match rt
+        .ticks
+        .record_completed(&job.name, tick.at.timestamp_millis(), mark_keep(rt))
+        .await
+    {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(job = job.label(), error = %e, "could not record the completed tick; keeping its lock as the only mark");
+            false
+        }
+    }
+}
+
+/// Keeps the tick's lock until every replica within the skew tolerance has
+/// passed the tick, instead of releasing it: released at once, a lock lets
+/// a replica whose clock is behind take the same tick again.
+async fn mark_done(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, guard: LockGuard, recorded: bool) {
+    let tolerance = TimeDelta::from_std(rt.tolerance).unwrap_or(TimeDelta::MAX);
+    let remaining = tick
+        .at
+        .checked_add_signed(tolerance)
+        .map_or(rt.tolerance, |until| clock::until(rt.clock.now(), until));
+    let hold = if recorded {
+        remaining
+    } else {
+        rt.tolerance.max(remaining)
+    };
+    let result = if hold.is_zero() {
+        guard.release().await
+    } else {
+        guard.retain_for(hold).await
+    };
+    match result {
+        Ok(()) => {
+            debug!(job = job.label(), tick = %tick.at, ?hold, "tick done; lock kept as its completion mark")
+        }
+        Err(e) => {
+            info!(job = job.label(), tick = %tick.at, error = %e, "could not keep the completion mark; the recorded tick still guards it")
+        }
+    }
+}
