@@ -286,18 +286,24 @@ where
 
 fn tls_connector(cfg: &PostgresConfig) -> Result<MakeTlsConnector, BackendError> {
     let mut builder = TlsConnector::builder();
-    match cfg.ssl_mode {
-        SslMode::Prefer | SslMode::Require => {
+    match (cfg.ssl_mode, cfg.root_cert.is_some()) {
+        // libpq: `require` with a root certificate verifies the chain, as
+        // `verify-ca` does; otherwise it only encrypts.
+        (SslMode::Prefer, _) | (SslMode::Require, false) => {
             builder
                 .danger_accept_invalid_certs(true)
                 .danger_accept_invalid_hostnames(true);
         }
-        SslMode::VerifyCa => {
+        (SslMode::VerifyCa, _) | (SslMode::Require, true) => {
             builder.danger_accept_invalid_hostnames(true);
         }
-        SslMode::VerifyFull | SslMode::Disable => {}
+        (SslMode::VerifyFull | SslMode::Disable, _) => {}
     }
     if let Some(root) = &cfg.root_cert {
+        // As libpq's `sslrootcert`: the given roots only. Without a host
+        // name check (`verify-ca`, `require`), trusting every system root
+        // would accept any publicly issued certificate.
+        builder.disable_built_in_roots(true);
         let pem = match root {
             RootCert::Pem(pem) => pem.clone(),
             RootCert::File(path) => std::fs::read(path).map_err(|e| {

@@ -80,6 +80,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "tls_verify_full", |f| {
         Box::pin(input::tls_verify_full(f))
     });
+    add(suite, f, "tls_require_with_root_verifies", |f| {
+        Box::pin(input::tls_require_with_root_verifies(f))
+    });
     add(suite, f, "bad_input_gets_typed_errors", |f| {
         Box::pin(input::bad_input_gets_typed_errors(f))
     });
