@@ -70,7 +70,7 @@ pub(crate) struct Inner {
     pub(crate) config: PostgresConfig,
     session: tokio::sync::Mutex<Option<Arc<LockSession>>>,
     held: Mutex<HashMap<AdvisoryKey, Holding>>,
-    listener: ReleaseListener,
+    pub(crate) listener: ReleaseListener,
     /// Set once the fencing sequence is known to exist: acquisitions then
     /// draw the token in the lock statement itself.
     fence_ready: AtomicBool,

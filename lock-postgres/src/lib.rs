@@ -123,6 +123,8 @@ mod fencing;
 mod key;
 mod notify;
 mod session;
+#[cfg(feature = "test-util")]
+mod test_util;
 mod ticks;
 
 pub use backend::PostgresBackend;

@@ -8,6 +8,7 @@ mod partition;
 mod saboteur;
 pub mod server;
 mod specific;
+mod waiters;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

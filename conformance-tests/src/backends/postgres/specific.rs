@@ -77,6 +77,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "release_wakes_a_subscriber", |f| {
         Box::pin(release_wakes_a_subscriber(f))
     });
+    add(suite, f, "release_waiters_stay_bounded", |f| {
+        Box::pin(super::waiters::release_waiters_stay_bounded(f))
+    });
     add(suite, f, "tls_verify_full", |f| {
         Box::pin(input::tls_verify_full(f))
     });
