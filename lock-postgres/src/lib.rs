@@ -116,12 +116,15 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod acquire;
 mod backend;
 mod config;
 mod error;
 mod fencing;
 mod key;
 mod notify;
+mod release;
+mod renew;
 mod session;
 #[cfg(feature = "test-util")]
 mod test_util;
