@@ -5,12 +5,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireAttempt, BackendError, Lease, LockName, OwnerToken};
+use lock_core::{AcquireAttempt, BackendError, BackendErrorKind, Lease, LockName, OwnerToken};
 use tokio_postgres::types::Type;
 use tracing::warn;
 
 use crate::backend::Holding;
 use crate::error::{config, protocol};
+use crate::release::wait_for;
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresBackend};
 
@@ -61,6 +62,7 @@ impl PostgresBackend {
                 Holding {
                     owner: *owner,
                     session: Arc::clone(&session),
+                    releasing: false,
                 },
             );
         }
@@ -72,14 +74,14 @@ impl PostgresBackend {
                     // statement's failure). Give it back and take the path
                     // that creates the sequence.
                     self.inner.fence_ready.store(false, Ordering::Relaxed);
-                    if let Err(unlock) = self.unlock(&session, key, false).await {
-                        warn!(error = %unlock, "could not unlock after a missing fencing sequence; ending the session");
-                        session.terminate();
-                        self.take_holding(key, owner);
+                    let limit = cfg.statement_timeout;
+                    if let Err(unlock) = self.unlock(&session, key, false, limit).await {
+                        warn!(error = %unlock, "could not unlock after a missing fencing sequence");
+                        self.give_back(key, owner).await;
                         return Err(unlock);
                     }
                 }
-                other => return other,
+                other => return self.still_alive(&session, other),
             }
         }
         let pid = session.pid();
@@ -101,17 +103,35 @@ impl PostgresBackend {
             return Ok(AcquireAttempt::Held);
         }
         if !cfg.fencing {
-            return Ok(AcquireAttempt::Acquired(Lease::new(None)));
+            return self.still_alive(&session, Ok(AcquireAttempt::Acquired(Lease::new(None))));
         }
         match self.fencing_token(&session).await {
             Ok(token) => {
                 self.inner.fence_ready.store(true, Ordering::Relaxed);
-                Ok(AcquireAttempt::Acquired(Lease::new(Some(token))))
+                let lease = Lease::new(Some(token));
+                self.still_alive(&session, Ok(AcquireAttempt::Acquired(lease)))
             }
             Err(e) => {
-                self.give_back(&session, key, owner).await;
+                self.give_back(key, owner).await;
                 Err(e)
             }
+        }
+    }
+
+    /// A grant is only worth returning if its session did not end since:
+    /// a lease the session's end was already reported for would go
+    /// unreported, and say "held" until its first renewal.
+    fn still_alive(
+        &self,
+        session: &LockSession,
+        attempt: Result<AcquireAttempt, BackendError>,
+    ) -> Result<AcquireAttempt, BackendError> {
+        match attempt {
+            Ok(AcquireAttempt::Acquired(_)) if !session.is_alive() => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                "the lock session ended as the lock was granted; the lock went with it",
+            )),
+            other => other,
         }
     }
 
@@ -138,12 +158,13 @@ impl PostgresBackend {
     }
 
     /// Gives back a lock taken without its fencing token (the lease is
-    /// unusable); ends the session if even that fails.
-    async fn give_back(&self, session: &LockSession, key: AdvisoryKey, owner: &OwnerToken) {
-        if self.take_holding(key, owner).is_some() {
-            if let Err(unlock) = self.unlock(session, key, false).await {
-                warn!(error = %unlock, "could not unlock after a fencing failure; ending the session");
-                session.terminate();
+    /// unusable), as a release does: waits at most the statement timeout,
+    /// and the unlock settles in the background if slower.
+    async fn give_back(&self, key: AdvisoryKey, owner: &OwnerToken) {
+        if let Ok(session) = self.begin_release(key, owner) {
+            let unlock = self.start_unlock(session, key, *owner, false);
+            if let Err(e) = wait_for(unlock, self.inner.config.statement_timeout).await {
+                warn!(error = %e, "giving back a lock taken without its fencing token did not complete in time");
             }
         }
     }
@@ -184,7 +205,7 @@ impl PostgresBackend {
         match token {
             Ok(t) => Ok(AcquireAttempt::Acquired(Lease::new(Some(t)))),
             Err(e) => {
-                self.give_back(session, key, owner).await;
+                self.give_back(key, owner).await;
                 Err(e)
             }
         }

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use lock_core::{
     async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, LeaseStatus, LockBackend,
-    LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    LockName, LossFeed, LossReason, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
+use tracing::{debug, warn};
 
 use crate::error::protocol;
+use crate::lifeline::{Lifeline, OnEnd};
 use crate::notify::ReleaseListener;
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresConfig};
@@ -38,13 +40,61 @@ pub(crate) struct Inner {
     /// Set once the fencing sequence is known to exist: acquisitions then
     /// draw the token in the lock statement itself.
     pub(crate) fence_ready: AtomicBool,
+    /// Where the end of a session is reported, for every lease on it.
+    feed: LossFeed,
+    /// Faults armed by the conformance suite.
+    #[cfg(feature = "test-util")]
+    pub(crate) faults: crate::test_util::Faults,
 }
 
-/// A lock this backend holds, or is acquiring, on one session.
+/// A lock this backend holds, or is acquiring or releasing, on one session.
+///
+/// The entry reserves its key on that session: no other owner of this
+/// backend takes it until the entry goes, which a release does only once
+/// its unlock is known to have run (or the session ended).
 #[derive(Debug, Clone)]
 pub(crate) struct Holding {
     pub(crate) owner: OwnerToken,
     pub(crate) session: Arc<LockSession>,
+    /// An unlock of it is in flight; a second release must not start another.
+    pub(crate) releasing: bool,
+}
+
+impl Inner {
+    fn held(&self) -> MutexGuard<'_, HashMap<AdvisoryKey, Holding>> {
+        // Every critical section is short and leaves the map whole; poison
+        // carries no half-state.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A session of this backend ended: the server freed every lock on it,
+    /// so every lease on it is marked lost now, in every `Locker`.
+    fn session_ended(&self, line: &Lifeline, reason: LossReason) {
+        let id = line.id();
+        let (owners, pid): (Vec<OwnerToken>, Option<i32>) = {
+            let held = self.held();
+            let mine = held.values().filter(|h| h.session.id() == id);
+            let pid = mine.clone().next().map(|h| h.session.pid());
+            let collected = (mine.map(|h| h.owner).collect(), pid);
+            // Dead from here on, with every lease on it collected: whoever
+            // sees it dead now and forgets a holding forgets a reported one.
+            line.mark_ended();
+            collected
+        };
+        if owners.is_empty() {
+            debug!(session = id, %reason, "a lock session holding no lock ended");
+            return;
+        }
+        // Outside the map's lock: ending leases wakes their holders.
+        let ended = self.feed.leases_ended(&owners, reason);
+        warn!(
+            pid,
+            locks = owners.len(),
+            leases_ended = ended,
+            %reason,
+            "the lock session ended and the server freed its locks; every lease on it is lost"
+        );
+    }
 }
 
 impl PostgresBackend {
@@ -57,6 +107,9 @@ impl PostgresBackend {
                 held: Mutex::new(HashMap::new()),
                 listener: ReleaseListener::default(),
                 fence_ready: AtomicBool::new(false),
+                feed: LossFeed::new(),
+                #[cfg(feature = "test-util")]
+                faults: crate::test_util::Faults::default(),
             }),
         }
     }
@@ -99,11 +152,18 @@ impl PostgresBackend {
     }
 
     pub(crate) fn held(&self) -> MutexGuard<'_, HashMap<AdvisoryKey, Holding>> {
-        // Every critical section is one map operation; poison carries no half-state.
-        self.inner
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.inner.held()
+    }
+
+    /// What a session of this backend does when it ends. Weak, so that a
+    /// session never keeps its backend alive.
+    fn on_session_end(&self) -> OnEnd {
+        let inner = Arc::downgrade(&self.inner);
+        Arc::new(move |line: &Lifeline, reason| {
+            if let Some(inner) = inner.upgrade() {
+                inner.session_ended(line, reason);
+            }
+        })
     }
 
     /// The live session, connecting a new one if there is none or it died.
@@ -115,7 +175,8 @@ impl PostgresBackend {
             }
         }
         *slot = None;
-        let fresh = Arc::new(LockSession::connect(&self.inner.config).await?);
+        let fresh =
+            Arc::new(LockSession::connect(&self.inner.config, self.on_session_end()).await?);
         *slot = Some(Arc::clone(&fresh));
         Ok(fresh)
     }
@@ -139,6 +200,7 @@ impl LockBackend for PostgresBackend {
             .with_release_notify(self.inner.config.release_notify)
             .with_min_ttl(MIN_TTL)
             .with_max_ttl(self.inner.config.max_ttl)
+            .with_loss_push(true)
     }
 
     async fn try_acquire(
@@ -205,5 +267,15 @@ impl LockBackend for PostgresBackend {
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         self.renew_batch(requests).await
+    }
+
+    /// Every lease on a session is marked lost the moment the session is
+    /// known to have ended: `expired` when the server or the network ended
+    /// it (the lock vanished on the server, as a renewal would find), and
+    /// `backend_error` when this backend ends it because its lock state
+    /// became unknown (a release whose unlock failed twice, a pooler) —
+    /// before it closes the socket.
+    fn loss_feed(&self) -> Option<LossFeed> {
+        Some(self.inner.feed.clone())
     }
 }

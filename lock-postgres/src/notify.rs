@@ -16,7 +16,7 @@ use tokio::time::timeout;
 use tokio_postgres::Client;
 
 use crate::error::{convert, timed_out};
-use crate::session::open_client;
+use crate::session::{open_client, Watch};
 use crate::{AdvisoryKey, PostgresConfig};
 
 /// The channel every release is announced on.
@@ -179,7 +179,8 @@ async fn listen(cfg: &PostgresConfig) -> Result<Listening, BackendError> {
     let what = "connecting the release listener";
     let waiters = Arc::new(Waiters::default());
     let connect = async {
-        let (client, driver) = open_client(cfg, what, Some(Arc::clone(&waiters))).await?;
+        let (client, driver) =
+            open_client(cfg, what, Watch::Listener(Arc::clone(&waiters))).await?;
         client
             .batch_execute(&format!("LISTEN {CHANNEL}"))
             .await

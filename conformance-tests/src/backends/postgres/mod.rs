@@ -4,9 +4,11 @@
 
 mod faults;
 mod input;
+mod interop;
 mod partition;
 mod saboteur;
 pub mod server;
+mod session_end;
 mod specific;
 mod waiters;
 
