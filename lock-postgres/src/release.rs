@@ -28,8 +28,10 @@ use crate::{AdvisoryKey, PostgresBackend};
 
 /// Why a release could not start.
 pub(crate) enum NotStarted {
-    /// Nothing of this owner's is held here (or it went with its session).
+    /// Nothing of this owner's is held here.
     NotHeld,
+    /// It went with its session, which ended.
+    SessionEnded,
     /// An earlier release of it is still finishing.
     InFlight,
 }
@@ -114,7 +116,11 @@ impl PostgresBackend {
         let key = self.inner.config.key_for(name);
         let session = match self.begin_release(key, owner) {
             Ok(s) => s,
-            Err(NotStarted::NotHeld) => return Ok(ReleaseOutcome::NotHeld),
+            Err(NotStarted::NotHeld) => {
+                warn!(lock = %name, "release of a lock this backend does not hold for this owner; nothing unlocked");
+                return Ok(ReleaseOutcome::NotHeld);
+            }
+            Err(NotStarted::SessionEnded) => return Ok(ReleaseOutcome::NotHeld),
             Err(NotStarted::InFlight) => {
                 return Err(BackendError::new(
                     BackendErrorKind::Timeout,
@@ -137,7 +143,7 @@ impl PostgresBackend {
                 Ok(ReleaseOutcome::NotHeld)
             }
             Err(e) => {
-                warn!(lock = %name, error = %e, "release did not complete in time; its unlock goes on in the background");
+                warn!(lock = %name, error = %e, "release failed");
                 Err(e)
             }
         }
@@ -156,7 +162,7 @@ impl PostgresBackend {
             Some(h) if h.owner == *owner => {
                 if !h.session.is_alive() {
                     held.remove(&key);
-                    Err(NotStarted::NotHeld)
+                    Err(NotStarted::SessionEnded)
                 } else if h.releasing {
                     Err(NotStarted::InFlight)
                 } else {
@@ -164,10 +170,7 @@ impl PostgresBackend {
                     Ok(Arc::clone(&h.session))
                 }
             }
-            _ => {
-                warn!(%key, "release of a lock this backend does not hold for this owner; nothing unlocked");
-                Err(NotStarted::NotHeld)
-            }
+            _ => Err(NotStarted::NotHeld),
         }
     }
 
@@ -230,7 +233,13 @@ pub(crate) async fn wait_for(
     unlock: JoinHandle<Result<bool, BackendError>>,
     limit: Duration,
 ) -> Result<bool, BackendError> {
-    match timeout(limit, unlock).await {
+    // Not even one look: a zero wait means the caller does not wait.
+    let waited = if limit.is_zero() {
+        Err(())
+    } else {
+        timeout(limit, unlock).await.map_err(drop)
+    };
+    match waited {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) => Err(BackendError::new(
             BackendErrorKind::Other,

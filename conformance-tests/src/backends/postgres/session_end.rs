@@ -169,9 +169,19 @@ async fn failed_unlock_ends_the_session_after_its_leases(
 
 /// The lock session dies under three leases: killed by
 /// `pg_terminate_backend` from another session, then (a fresh session)
-/// reset by the proxy its connection runs through. Another replica tries
-/// the names from the moment of the fault; each lease must say lost
-/// (`expired`) before it gets that name, and it gets them all.
+/// reset by the proxy its connection runs through. As soon as the server
+/// shows the session gone (its locks are free), another replica tries the
+/// names; each lease must already say lost (`expired`) when it gets that
+/// name, and it gets them all.
+///
+/// Why not try from the very instant of the fault: the server tells the
+/// session it is ending before it frees the locks, but a replica in this
+/// same process polling without pause can have its grant arrive within the
+/// same fraction of a millisecond, and the runtime may run that task first.
+/// Waiting for the server's own word that the session is gone gives the
+/// holder's connection one round trip to be read, and nothing more: a
+/// backend that learns of the end at its next renewal (up to a third of the
+/// TTL later) still fails.
 async fn session_end_marks_every_lease_lost_first(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
     let url = tokio::task::block_in_place(|| f.url())?;
     let port = tokio::task::block_in_place(|| f.private_started())?.port();
@@ -199,12 +209,16 @@ async fn session_end_marks_every_lease_lost_first(f: Arc<PostgresFactory>) -> Re
         if kind == "proxy reset" {
             proxy.reset_all();
         } else {
-            // Without waiting: the other replica starts trying at once.
             killer
                 .execute("SELECT pg_terminate_backend($1)", &[&pid])
                 .await?;
         }
-        let taken = take_over(&q, &handles, Instant::now() + Duration::from_secs(5)).await?;
+        wait_gone(&killer, pid, Duration::from_secs(5))
+            .await
+            .map_err(|e| format!("{kind}: {e}"))?;
+        let taken = take_over(&q, &handles, Instant::now() + Duration::from_secs(5))
+            .await
+            .map_err(|e| format!("{kind}: {e}"))?;
         if taken.iter().any(|t| !t) {
             return Err(format!("{kind}: names freed: {taken:?}").into());
         }
@@ -216,6 +230,27 @@ async fn session_end_marks_every_lease_lost_first(f: Arc<PostgresFactory>) -> Re
         for g in guards {
             let _ = g.release().await;
         }
+    }
+    Ok(())
+}
+
+/// Polls (every millisecond) until server process `pid` has left
+/// `pg_stat_activity`.
+async fn wait_gone(
+    inspector: &tokio_postgres::Client,
+    pid: i32,
+    within: Duration,
+) -> Result<(), BoxError> {
+    let give_up = Instant::now() + within;
+    while inspector
+        .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await?
+        .is_some()
+    {
+        if Instant::now() >= give_up {
+            return Err(format!("session {pid} still there after {within:?}").into());
+        }
+        sleep(Duration::from_millis(1)).await;
     }
     Ok(())
 }
