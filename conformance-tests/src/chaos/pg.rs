@@ -16,8 +16,8 @@
 //! the session that took it is open, whatever the client's TTL says. Where a
 //! TTL backend hands the lock to a successor while its holder is stopped or
 //! cut off, Postgres must not; and once the holder's own deadline has passed
-//! the library must let go of the server lock, not leave it orphaned behind a
-//! session nobody trusts. The pause, stall and partition cases assert
+//! the library must let go of the server lock (unlock it, or end the
+//! session), not leave it orphaned. The pause, stall and partition cases assert
 //! both; every case asserts the suite's I2 (no stale write accepted) and I5
 //! (no guarded write after the deadline), and that no lock is left behind.
 
@@ -203,6 +203,30 @@ impl Setup {
                 .expect("pg_stat_activity can be read")
                 .is_some();
             if !alive {
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether server process `pid` holds no advisory lock (or is gone)
+    /// within `within`.
+    async fn holds_nothing(&self, pid: i32, within: Duration) -> bool {
+        let give_up = Instant::now() + within;
+        loop {
+            let locks: i64 = self
+                .inspector
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+                    &[&pid],
+                )
+                .await
+                .expect("pg_locks can be read")
+                .get(0);
+            if locks == 0 {
                 return true;
             }
             if Instant::now() >= give_up {
@@ -439,7 +463,11 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
 /// on that session give up by the op timeout; the holder aborts by its
 /// local deadline with `backend_error`; the frozen session keeps the lock,
 /// so the successor, waiting from the moment of the freeze, gets it only
-/// after the thaw, and then within the op timeout.
+/// after the thaw, and then within the op timeout: the releases that timed
+/// out on the frozen session (the lost lease's, and the cleanup of an
+/// acquire that timed out) are still queued on it, and run on the thaw.
+/// The session itself may stay: it is healthy again, and a slow server is
+/// no reason to drop the other locks a process holds on it.
 async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
@@ -503,8 +531,9 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         );
         after_thaw.push(acquired_at - thaw_sent);
         assert!(
-            setup.session_ends(pid, op_timeout).await,
-            "the frozen session outlived its thaw: the library kept a session it gave up on"
+            setup.holds_nothing(pid, op_timeout + tol).await,
+            "the frozen session still holds a lock after its thaw: a release that timed out \
+             on it never ran"
         );
         assert!(
             acquired_at <= thaw_sent + op_timeout + tol,
