@@ -24,7 +24,11 @@ pub enum SslMode {
     Disable,
     /// TLS if the server offers it, without verifying the certificate.
     Prefer,
-    /// TLS, without verifying the certificate (encryption only).
+    /// TLS. Without a root certificate the server's certificate is not
+    /// verified (encryption only); with one
+    /// ([`PostgresConfigBuilder::root_certificate_file`], `sslrootcert`) its
+    /// chain must lead to that root, as under [`SslMode::VerifyCa`]: libpq's
+    /// rule, so that a URL means the same to this crate as to `psql`.
     Require,
     /// TLS with a certificate signed by a trusted root; the host name is not checked.
     VerifyCa,
@@ -412,13 +416,17 @@ impl PostgresConfigBuilder {
         self
     }
 
-    /// Trusts the PEM certificate(s) in `pem` as roots, in addition to the system's.
+    /// Trusts the PEM certificate(s) in `pem`, and only them, as roots (as
+    /// libpq's `sslrootcert` does). With [`SslMode::Require`] this turns on
+    /// verification of the chain (without the host name), as in libpq.
     pub fn root_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.inner.root_cert = Some(RootCert::Pem(pem.into()));
         self
     }
 
-    /// Trusts the PEM certificate(s) in the file at `path` (libpq's `sslrootcert`).
+    /// Trusts the PEM certificate(s) in the file at `path`, and only them, as
+    /// roots (libpq's `sslrootcert`). With [`SslMode::Require`] this turns on
+    /// verification of the chain (without the host name), as in libpq.
     pub fn root_certificate_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.inner.root_cert = Some(RootCert::File(path.into()));
         self

@@ -22,11 +22,29 @@
 //! (`renew_many`). The TTL is the client's failure-detection bound: a lease
 //! stays valid locally for one TTL after the last proof was requested.
 //!
-//! When the session has ended (`pg_terminate_backend`, `idle_session_timeout`,
-//! a broken connection), its locks are gone. The next renewal reports that at
-//! once, without waiting for the TTL: `Stolen` if another session holds the
-//! key by then, `Expired` if nobody does (or if that cannot be asked). Later
-//! acquires connect a fresh session.
+//! # When the session ends
+//!
+//! When the session ends (`pg_terminate_backend`, `idle_session_timeout`, a
+//! shutdown, a broken connection), the server frees every lock on it at
+//! once. The backend tells lock-core at that moment, through its
+//! [`LossFeed`](lock_core::LossFeed): every lease on the session is marked
+//! lost (`expired`) in every [`Locker`](lock_core::Locker), as soon as the
+//! task driving the connection sees it close or a statement fails with a
+//! connection or shutdown error. A terminating server sends its error
+//! before it frees the locks, so the holders hear of it before anyone else
+//! can be granted one of them. Later acquires connect a fresh session.
+//!
+//! # Releases that fail
+//!
+//! One session holds every lock of the backend, so ending it to clean up
+//! after one failed unlock would take all the others with it. A release
+//! whose unlock does not answer within the statement timeout (a slow but
+//! healthy server) or fails returns that error, and the session is kept:
+//! the key stays reserved for its owner while the unlock goes on in the
+//! background (waited for twice the statement timeout, then tried once
+//! more). Only if that fails too is the session ended, and then every lease
+//! on it is first marked lost (`backend_error`), before the socket closes
+//! and the server frees the locks.
 //!
 //! # TTL vs keepalive: why a vanished client stays safe
 //!
@@ -116,13 +134,19 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod acquire;
 mod backend;
 mod config;
 mod error;
 mod fencing;
 mod key;
+mod lifeline;
 mod notify;
+mod release;
+mod renew;
 mod session;
+#[cfg(feature = "test-util")]
+mod test_util;
 mod ticks;
 
 pub use backend::PostgresBackend;

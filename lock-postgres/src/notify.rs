@@ -16,7 +16,7 @@ use tokio::time::timeout;
 use tokio_postgres::Client;
 
 use crate::error::{convert, timed_out};
-use crate::session::open_client;
+use crate::session::{open_client, Watch};
 use crate::{AdvisoryKey, PostgresConfig};
 
 /// The channel every release is announced on.
@@ -28,31 +28,95 @@ pub(crate) fn payload(key: AdvisoryKey) -> String {
 }
 
 /// Waiters by the payload of the key they wait for.
+///
+/// An entry lives exactly as long as a signal for its key does: a release
+/// (or the end of the listening connection) removes it, and so does the
+/// last of its signals being dropped (a wait that timed out or was
+/// cancelled, a waiter that got the lock after it ended without a release
+/// announcement). The map holds O(live waiters) entries, however many waits
+/// came and went.
 #[derive(Debug, Default)]
-pub(crate) struct Waiters(Mutex<HashMap<String, Arc<Notify>>>);
+pub(crate) struct Waiters(Mutex<HashMap<String, Entry>>);
+
+/// The waiters of one key: their wake-up, and how many signals share it.
+#[derive(Debug, Default)]
+struct Entry {
+    notify: Arc<Notify>,
+    signals: usize,
+}
 
 impl Waiters {
-    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
         // One map operation per critical section: poison carries no half-state.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Wakes the waiters of the key named by `payload`.
     pub(crate) fn released(&self, payload: &str) {
-        if let Some(n) = self.map().remove(payload) {
-            n.notify_waiters();
+        if let Some(e) = self.map().remove(payload) {
+            e.notify.notify_waiters();
         }
     }
 
     /// Wakes every waiter (the listening connection ended).
     pub(crate) fn wake_all(&self) {
-        for (_, n) in self.map().drain() {
-            n.notify_waiters();
+        for (_, e) in self.map().drain() {
+            e.notify.notify_waiters();
         }
     }
 
-    fn register(&self, key: AdvisoryKey) -> Arc<Notify> {
-        Arc::clone(self.map().entry(payload(key)).or_default())
+    /// A signal that completes at the next release of `key` (or when the
+    /// listening connection ends), registered before this returns.
+    pub(crate) fn signal(self: &Arc<Self>, key: AdvisoryKey) -> ReleaseSignal {
+        let payload = payload(key);
+        let notify = {
+            let mut map = self.map();
+            let entry = map.entry(payload.clone()).or_default();
+            entry.signals += 1;
+            Arc::clone(&entry.notify)
+        };
+        let registration = Registration {
+            waiters: Arc::clone(self),
+            payload,
+            notify: Arc::clone(&notify),
+        };
+        let mut notified = Box::pin(notify.notified_owned());
+        // Enabled now, so a release between this call and the first poll
+        // still wakes the signal.
+        notified.as_mut().enable();
+        ReleaseSignal::new(async move {
+            let _registration = registration;
+            notified.await;
+        })
+    }
+
+    /// How many keys have waiters registered.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn len(&self) -> usize {
+        self.map().len()
+    }
+}
+
+/// One signal's share of its key's entry, given back when the signal is
+/// dropped, woken or not.
+struct Registration {
+    waiters: Arc<Waiters>,
+    payload: String,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut map = self.waiters.map();
+        // A release may have replaced the entry since; only ours is counted.
+        if let Some(e) = map.get_mut(&self.payload) {
+            if Arc::ptr_eq(&e.notify, &self.notify) {
+                e.signals = e.signals.saturating_sub(1);
+                if e.signals == 0 {
+                    map.remove(&self.payload);
+                }
+            }
+        }
     }
 }
 
@@ -95,9 +159,19 @@ impl ReleaseListener {
             .map(|l| Arc::clone(&l.waiters))
             .unwrap_or_default();
         drop(slot);
-        let mut notified = Box::pin(waiters.register(key).notified_owned());
-        notified.as_mut().enable();
-        Ok(ReleaseSignal::new(notified))
+        Ok(waiters.signal(key))
+    }
+}
+
+#[cfg(feature = "test-util")]
+impl ReleaseListener {
+    /// How many keys have waiters registered (0 before the first subscription).
+    pub(crate) async fn waiting_keys(&self) -> usize {
+        self.current
+            .lock()
+            .await
+            .as_ref()
+            .map_or(0, |l| l.waiters.len())
     }
 }
 
@@ -105,7 +179,8 @@ async fn listen(cfg: &PostgresConfig) -> Result<Listening, BackendError> {
     let what = "connecting the release listener";
     let waiters = Arc::new(Waiters::default());
     let connect = async {
-        let (client, driver) = open_client(cfg, what, Some(Arc::clone(&waiters))).await?;
+        let (client, driver) =
+            open_client(cfg, what, Watch::Listener(Arc::clone(&waiters))).await?;
         client
             .batch_execute(&format!("LISTEN {CHANNEL}"))
             .await
@@ -120,4 +195,53 @@ async fn listen(cfg: &PostgresConfig) -> Result<Listening, BackendError> {
         driver,
         waiters,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn key(i: u32) -> AdvisoryKey {
+        AdvisoryKey::new(7, i32::from_ne_bytes(i.to_ne_bytes()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timed_out_waits_leave_no_entries() {
+        let waiters = Arc::new(Waiters::default());
+        let live: Vec<ReleaseSignal> = (0..3).map(|i| waiters.signal(key(i))).collect();
+        for i in 0..100_000u32 {
+            // Distinct keys, and repeats of the live ones.
+            let signal = waiters.signal(key(i % 50_000));
+            let waited = tokio::time::timeout(Duration::from_millis(1), signal).await;
+            assert!(waited.is_err(), "nothing was released");
+        }
+        assert_eq!(waiters.len(), live.len(), "one entry per live waiter's key");
+        waiters.released(&payload(key(1)));
+        assert_eq!(waiters.len(), 2);
+        drop(live);
+        assert_eq!(waiters.len(), 0, "no entry outlives its waiters");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_wakes_every_waiter_of_its_key_only() {
+        let waiters = Arc::new(Waiters::default());
+        let (a1, a2, b) = (
+            waiters.signal(key(1)),
+            waiters.signal(key(1)),
+            waiters.signal(key(2)),
+        );
+        waiters.released(&payload(key(1)));
+        let woken = tokio::time::timeout(Duration::from_secs(1), async {
+            a1.await;
+            a2.await;
+        })
+        .await;
+        assert!(woken.is_ok(), "both waiters of the released key wake");
+        assert!(tokio::time::timeout(Duration::from_secs(1), b)
+            .await
+            .is_err());
+        assert_eq!(waiters.len(), 0, "the last waiter gone, its entry went too");
+    }
 }

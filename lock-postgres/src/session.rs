@@ -1,11 +1,10 @@
 //! The dedicated lock session: one connection, kept open, that holds locks.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use lock_core::BackendError;
+use lock_core::{BackendError, LossReason};
 use native_tls::{Certificate, TlsConnector};
 use postgres_native_tls::MakeTlsConnector;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -18,6 +17,7 @@ use tracing::{debug, warn};
 
 use crate::config::{PostgresConfig, RootCert, SslMode};
 use crate::error::{config, convert, pooler, protocol, timed_out};
+use crate::lifeline::{Lifeline, OnEnd, SessionId};
 use crate::notify::Waiters;
 
 /// One server session: a connection whose server process (`pid`) holds this
@@ -26,7 +26,7 @@ pub(crate) struct LockSession {
     client: Client,
     pid: i32,
     statement_timeout: Duration,
-    dead: AtomicBool,
+    lifeline: Arc<Lifeline>,
     driver: JoinHandle<()>,
     /// The hot statements (lock, unlock), prepared once per session: their
     /// executions then skip parsing and planning on the server.
@@ -36,6 +36,7 @@ pub(crate) struct LockSession {
 impl std::fmt::Debug for LockSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockSession")
+            .field("id", &self.id())
             .field("pid", &self.pid)
             .field("alive", &self.is_alive())
             .finish()
@@ -49,9 +50,9 @@ pub(crate) type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
 
 impl LockSession {
     /// Connects, sets the session up and learns its server pid, all within
-    /// the connect timeout.
-    pub(crate) async fn connect(cfg: &PostgresConfig) -> Result<Self, BackendError> {
-        match timeout(cfg.connect_timeout, Self::open(cfg)).await {
+    /// the connect timeout. `on_end` is told once when the session ends.
+    pub(crate) async fn connect(cfg: &PostgresConfig, on_end: OnEnd) -> Result<Self, BackendError> {
+        match timeout(cfg.connect_timeout, Self::open(cfg, Lifeline::new(on_end))).await {
             Ok(result) => result,
             Err(_) => Err(timed_out(
                 "connecting the Postgres lock session",
@@ -60,9 +61,10 @@ impl LockSession {
         }
     }
 
-    async fn open(cfg: &PostgresConfig) -> Result<Self, BackendError> {
+    async fn open(cfg: &PostgresConfig, lifeline: Arc<Lifeline>) -> Result<Self, BackendError> {
+        let watch = Watch::Session(Arc::clone(&lifeline));
         let (client, driver) =
-            open_client(cfg, "connecting the Postgres lock session", None).await?;
+            open_client(cfg, "connecting the Postgres lock session", watch).await?;
         // Server-side dead-client detection, derived from the longest TTL
         // (see the crate docs), and a server-side bound on every statement.
         let setup = format!(
@@ -78,7 +80,7 @@ impl LockSession {
             client,
             pid: 0,
             statement_timeout: cfg.statement_timeout,
-            dead: AtomicBool::new(false),
+            lifeline,
             driver,
             prepared: Mutex::new(HashMap::new()),
         };
@@ -99,16 +101,27 @@ impl LockSession {
         self.pid
     }
 
-    /// False once the connection broke, the server ended the session, or it
-    /// was terminated here; its locks are gone then.
-    pub(crate) fn is_alive(&self) -> bool {
-        !self.dead.load(Ordering::SeqCst) && !self.client.is_closed()
+    /// The session's id within this process.
+    pub(crate) fn id(&self) -> SessionId {
+        self.lifeline.id()
     }
 
-    /// Ends the session by closing its socket; the server then frees every
-    /// lock it holds. Used when the session's lock state became unknown.
-    pub(crate) fn terminate(&self) {
-        self.dead.store(true, Ordering::SeqCst);
+    /// False once the connection broke, the server ended the session, or it
+    /// was terminated here; its locks are gone then. It turns false only
+    /// through the lifeline, after every lease on the session was told: the
+    /// driver ends the lifeline as soon as the connection closes, and a
+    /// statement that fails on the closed connection meanwhile does too.
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.lifeline.has_ended()
+    }
+
+    /// Ends the session on purpose, when its lock state became unknown:
+    /// first the backend marks every lease on it lost (`reason`), then the
+    /// socket closes and the server frees every lock the session holds. In
+    /// that order, no other client can be granted one of those locks while
+    /// a lease here still says "held".
+    pub(crate) fn terminate(&self, reason: LossReason) {
+        self.lifeline.end(reason);
         self.driver.abort();
     }
 
@@ -141,6 +154,18 @@ impl LockSession {
         sql: &'static str,
         params: &Params<'_>,
     ) -> Result<Vec<Row>, BackendError> {
+        self.query_prepared_within(what, sql, params, self.statement_timeout)
+            .await
+    }
+
+    /// As [`LockSession::query_prepared`], waiting at most `limit`.
+    pub(crate) async fn query_prepared_within(
+        &self,
+        what: &str,
+        sql: &'static str,
+        params: &Params<'_>,
+        limit: Duration,
+    ) -> Result<Vec<Row>, BackendError> {
         let cached = self
             .prepared
             .lock()
@@ -163,10 +188,11 @@ impl LockSession {
             };
             self.client.query(&statement, &values).await
         };
-        match timeout(self.statement_timeout, run).await {
-            Err(_) => Err(timed_out(what, self.statement_timeout)),
+        match timeout(limit, run).await {
+            Err(_) => Err(timed_out(what, limit)),
             Ok(Err(e)) if e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => {
-                self.dead.store(true, Ordering::SeqCst);
+                // Refused for good: nothing here can be renewed on it.
+                self.lifeline.end(LossReason::BackendError);
                 Err(config(format!(
                     "{what}: a statement prepared on this session is gone: a transaction-mode \
                      pooler (such as PgBouncer with pool_mode=transaction) sits in front of the \
@@ -212,7 +238,8 @@ impl LockSession {
             actual = pid,
             "pg_backend_pid() changed: a transaction-mode pooler is in the way"
         );
-        self.dead.store(true, Ordering::SeqCst);
+        // Refused for good: nothing here can be renewed on it.
+        self.lifeline.end(LossReason::BackendError);
         Err(pooler(self.pid, pid))
     }
 
@@ -222,7 +249,9 @@ impl LockSession {
         // the socket has not closed yet.
         let ended = e.code().is_some_and(|c| c.code().starts_with("57P"));
         if ended || e.is_closed() {
-            self.dead.store(true, Ordering::SeqCst);
+            // The server freed every lock of the session: the leases on it
+            // vanished, as a renewal would find (`expired`).
+            self.lifeline.end(LossReason::Expired);
         }
     }
 }
@@ -235,18 +264,28 @@ impl Drop for LockSession {
     }
 }
 
+/// Who the task driving a connection tells what it sees.
+#[derive(Debug)]
+pub(crate) enum Watch {
+    /// A lock session: its lifeline learns when the connection ends.
+    Session(Arc<Lifeline>),
+    /// The release listener: its waiters get the notifications, and are all
+    /// woken when the connection ends.
+    Listener(Arc<Waiters>),
+}
+
 /// Connects a client with the configured TLS, and spawns the task that
-/// drives its connection, handing notifications to `waiters` if given.
+/// drives its connection, reporting to `watch`.
 pub(crate) async fn open_client(
     cfg: &PostgresConfig,
     what: &str,
-    waiters: Option<Arc<Waiters>>,
+    watch: Watch,
 ) -> Result<(Client, JoinHandle<()>), BackendError> {
     let mut pg = cfg.pg.clone();
     pg.connect_timeout(cfg.connect_timeout);
     if cfg.ssl_mode == SslMode::Disable {
         let (client, conn) = pg.connect(NoTls).await.map_err(|e| convert(what, e))?;
-        Ok((client, tokio::spawn(drive(conn, waiters))))
+        Ok((client, tokio::spawn(drive(conn, watch))))
     } else {
         pg.ssl_mode(match cfg.ssl_mode {
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -254,11 +293,11 @@ pub(crate) async fn open_client(
         });
         let tls = tls_connector(cfg)?;
         let (client, conn) = pg.connect(tls).await.map_err(|e| convert(what, e))?;
-        Ok((client, tokio::spawn(drive(conn, waiters))))
+        Ok((client, tokio::spawn(drive(conn, watch))))
     }
 }
 
-async fn drive<S, T>(mut conn: Connection<S, T>, waiters: Option<Arc<Waiters>>)
+async fn drive<S, T>(mut conn: Connection<S, T>, watch: Watch)
 where
     S: AsyncRead + AsyncWrite + Unpin,
     T: AsyncRead + AsyncWrite + Unpin,
@@ -266,7 +305,7 @@ where
     loop {
         match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
             Some(Ok(AsyncMessage::Notification(n))) => {
-                if let Some(w) = &waiters {
+                if let Watch::Listener(w) = &watch {
                     w.released(n.payload());
                 }
             }
@@ -278,26 +317,38 @@ where
             None => break,
         }
     }
-    if let Some(w) = &waiters {
+    match &watch {
+        // The server ended the session (a terminated backend, an idle
+        // timeout, a shutdown) or the connection broke: either way its
+        // locks are gone now, and every lease on it is told so at once,
+        // not at its next renewal. A terminating server sends its error
+        // before it frees the locks, so the leases hear of it first.
+        Watch::Session(line) => line.end(LossReason::Expired),
         // Releases may be missed from now on: wake everyone to poll.
-        w.wake_all();
+        Watch::Listener(w) => w.wake_all(),
     }
 }
 
 fn tls_connector(cfg: &PostgresConfig) -> Result<MakeTlsConnector, BackendError> {
     let mut builder = TlsConnector::builder();
-    match cfg.ssl_mode {
-        SslMode::Prefer | SslMode::Require => {
+    match (cfg.ssl_mode, cfg.root_cert.is_some()) {
+        // libpq: `require` with a root certificate verifies the chain, as
+        // `verify-ca` does; otherwise it only encrypts.
+        (SslMode::Prefer, _) | (SslMode::Require, false) => {
             builder
                 .danger_accept_invalid_certs(true)
                 .danger_accept_invalid_hostnames(true);
         }
-        SslMode::VerifyCa => {
+        (SslMode::VerifyCa, _) | (SslMode::Require, true) => {
             builder.danger_accept_invalid_hostnames(true);
         }
-        SslMode::VerifyFull | SslMode::Disable => {}
+        (SslMode::VerifyFull | SslMode::Disable, _) => {}
     }
     if let Some(root) = &cfg.root_cert {
+        // As libpq's `sslrootcert`: the given roots only. Without a host
+        // name check (`verify-ca`, `require`), trusting every system root
+        // would accept any publicly issued certificate.
+        builder.disable_built_in_roots(true);
         let pem = match root {
             RootCert::Pem(pem) => pem.clone(),
             RootCert::File(path) => std::fs::read(path).map_err(|e| {

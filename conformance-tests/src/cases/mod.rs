@@ -18,7 +18,10 @@ mod watchdog;
 
 use std::time::Duration;
 
+use lock_core::{Expiry, LossReason, RenewalOutcome};
+
 use crate::suite::{Case, CaseFn, Requires};
+use crate::Ctx;
 
 macro_rules! case {
     ($module:ident :: $name:ident, $req:expr) => {
@@ -191,4 +194,19 @@ pub(crate) fn assert_between(what: &str, actual: Duration, low: Duration, high: 
         actual >= low && actual <= high,
         "{what}: {actual:?} is outside [{low:?}, {high:?}]"
     );
+}
+
+/// What a holder reports after [`Saboteur::steal`](crate::Saboteur::steal),
+/// and which renewal outcome it counts for it: `stolen` found by a renewal,
+/// except on a session backend that pushes losses. There a theft must end
+/// the holder's session first, and the holder is told of that end
+/// (`expired`, no renewal involved) before the thief can be granted the
+/// lock, so it never sees the lock held by another.
+pub(crate) fn theft_seen_as(ctx: &Ctx) -> (LossReason, Option<RenewalOutcome>) {
+    let caps = ctx.factory().capabilities();
+    if caps.expiry == Expiry::Session && caps.loss_push {
+        (LossReason::Expired, None)
+    } else {
+        (LossReason::Stolen, Some(RenewalOutcome::Stolen))
+    }
 }

@@ -1,10 +1,11 @@
 //! X4: the proxy resets every connection every 500 ms while holders in
 //! separate replicas acquire, write, renew and release through it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::{Error, LockName, LockOptions, LossReason};
+use lock_core::{Error, Expiry, LeaseHandle, LockName, LockOptions, LossReason};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, Instant};
 
@@ -32,6 +33,24 @@ struct Shared {
     resource: Resource,
     sections: OverlapObserver,
     acquisitions: Mutex<Vec<(Instant, u64)>>,
+    /// The lease of the latest holder, to ask at the next acquisition.
+    holder: Mutex<Option<LeaseHandle>>,
+    /// Acquisitions granted while the previous holder's lease still said
+    /// held: what the library let two replicas believe at once, whatever
+    /// their jobs did with it.
+    known_overlaps: AtomicUsize,
+}
+
+impl Shared {
+    /// Records a new holder, counting a known overlap if the previous
+    /// holder's lease still says held now that another replica has the lock.
+    fn acquired(&self, lease: LeaseHandle) {
+        let mut holder = self.holder.lock().expect("holder");
+        if holder.as_ref().is_some_and(LeaseHandle::is_held) {
+            self.known_overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        *holder = Some(lease);
+    }
 }
 
 /// What the workers saw.
@@ -111,6 +130,7 @@ async fn worker(
                 continue;
             }
         };
+        shared.acquired(guard.handle());
         let token = guard.fencing_token().expect("the backend fences");
         shared
             .acquisitions
@@ -123,6 +143,11 @@ async fn worker(
         let hold_until = (Instant::now() + hold).min(until);
         let mut writes = 0;
         let mut lost = None;
+        // As a job should: act on the loss when told, not at the next write.
+        let handle = guard.handle();
+        let told = handle.lost();
+        tokio::pin!(told);
+        let mut was_told = false;
         while Instant::now() < hold_until {
             let deadline = guard.remaining_validity().map(|r| Instant::now() + r);
             if guard.assert_held().is_err() {
@@ -134,7 +159,10 @@ async fn worker(
             shared.resource.log.record(Instant::now(), deadline);
             shared.resource.write(token);
             writes += 1;
-            sleep(WRITE_EVERY).await;
+            tokio::select! {
+                () = sleep(WRITE_EVERY) => {}
+                _ = &mut told, if !was_told => was_told = true,
+            }
         }
         shared.sections.exit();
         let released_at = Instant::now();
@@ -214,8 +242,10 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
     let mut next = started + FLAP_EVERY;
     while next < until {
         sleep_until(next).await;
-        proxy.reset_all();
+        // Stamped first: a holder may hear of the reset before this task
+        // runs again.
         *last_reset.lock().expect("last reset") = Instant::now();
+        proxy.reset_all();
         resets += 1;
         next += FLAP_EVERY;
     }
@@ -256,9 +286,13 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
         row.after_deadline += shared.resource.log.after_deadline();
         row.overlaps += usize::try_from(shared.sections.overlaps()).unwrap_or(usize::MAX);
     }
+    let known: usize = names
+        .iter()
+        .map(|(_, s)| s.known_overlaps.load(Ordering::SeqCst))
+        .sum();
     row.abort = seen.losses.iter().map(|(_, since)| *since).collect();
     let summary = format!(
-        "{row:?}; false aborts {:?}; acquire errors {}, release errors {}; tasks {} -> {}, fds {} -> {}",
+        "{row:?}; known overlaps {known}; false aborts {:?}; acquire errors {}, release errors {}; tasks {} -> {}, fds {} -> {}",
         seen.losses, seen.acquire_errors, seen.release_errors, baseline.0, after.0, baseline.1, after.1
     );
     eprintln!("{} chaos_flap: {summary}", row.backend);
@@ -274,7 +308,8 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
     // lease nobody let lapse. On a session backend a reset ends the session,
     // and the server frees its locks at once: the loss is real and may show
     // as expired or stolen (a successor got in first).
-    let session = ctx.factory().capabilities().expiry == lock_core::Expiry::Session;
+    let caps = ctx.factory().capabilities();
+    let session = caps.expiry == Expiry::Session;
     for (reason, _) in &seen.losses {
         assert!(
             *reason == LossReason::BackendError
@@ -282,8 +317,23 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
             "a lease was lost ({reason:?}) with no fault on the server: {summary}"
         );
     }
-    // Raw overlaps are reported, not asserted: a holder notices its
-    // deadline at its next write, a scheduling delay after it.
+    // No replica may get a lock while the lease of the one before still
+    // says held. A TTL backend's server forgets a lease only after the
+    // holder's local deadline. A session backend that pushes losses tells
+    // the holder as soon as its connection ends, which a reset makes happen
+    // at both ends at once; every other replica's connection was reset with
+    // it, so a successor needs several round trips to reconnect before it
+    // can be granted that lock. A session backend without the push learns
+    // only at the next renewal: that window is what the figures then show.
+    if !session || caps.loss_push {
+        assert_eq!(
+            known, 0,
+            "a lock was granted while its lease said held: {summary}"
+        );
+    }
+    // Raw overlaps (sections by the monotonic clock) are reported, not
+    // asserted: the job leaves its section when its task next runs after
+    // being told, a scheduling delay that a loaded machine can stretch.
     assert!(
         row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0,
         "unsafe writes or leaks: {summary}"

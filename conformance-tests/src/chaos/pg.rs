@@ -9,14 +9,15 @@
 //!   proxy, which blackholes it for 2 × TTL while nftables drops the proxy's
 //!   leg to the server, so that the server hears nothing either;
 //! - X8 `chaos_session_kill`: `pg_terminate_backend` of the holder's session
-//!   at a random idle point, and while a renewal is in flight.
+//!   at a random idle point, and while a renewal is in flight; the holder is
+//!   told before the successor can get the lock.
 //!
 //! Postgres locks are session-scoped: the server keeps a lock for as long as
 //! the session that took it is open, whatever the client's TTL says. Where a
 //! TTL backend hands the lock to a successor while its holder is stopped or
 //! cut off, Postgres must not; and once the holder's own deadline has passed
-//! the library must let go of the server lock, not leave it orphaned behind a
-//! session nobody trusts. The pause, stall and partition cases assert
+//! the library must let go of the server lock (unlock it, or end the
+//! session), not leave it orphaned. The pause, stall and partition cases assert
 //! both; every case asserts the suite's I2 (no stale write accepted) and I5
 //! (no guarded write after the deadline), and that no lock is left behind.
 
@@ -202,6 +203,30 @@ impl Setup {
                 .expect("pg_stat_activity can be read")
                 .is_some();
             if !alive {
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether server process `pid` holds no advisory lock (or is gone)
+    /// within `within`.
+    async fn holds_nothing(&self, pid: i32, within: Duration) -> bool {
+        let give_up = Instant::now() + within;
+        loop {
+            let locks: i64 = self
+                .inspector
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+                    &[&pid],
+                )
+                .await
+                .expect("pg_locks can be read")
+                .get(0);
+            if locks == 0 {
                 return true;
             }
             if Instant::now() >= give_up {
@@ -438,7 +463,11 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
 /// on that session give up by the op timeout; the holder aborts by its
 /// local deadline with `backend_error`; the frozen session keeps the lock,
 /// so the successor, waiting from the moment of the freeze, gets it only
-/// after the thaw, and then within the op timeout.
+/// after the thaw, and then within the op timeout: the releases that timed
+/// out on the frozen session (the lost lease's, and the cleanup of an
+/// acquire that timed out) are still queued on it, and run on the thaw.
+/// The session itself may stay: it is healthy again, and a slow server is
+/// no reason to drop the other locks a process holds on it.
 async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
@@ -502,8 +531,9 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         );
         after_thaw.push(acquired_at - thaw_sent);
         assert!(
-            setup.session_ends(pid, op_timeout).await,
-            "the frozen session outlived its thaw: the library kept a session it gave up on"
+            setup.holds_nothing(pid, op_timeout + tol).await,
+            "the frozen session still holds a lock after its thaw: a release that timed out \
+             on it never ran"
         );
         assert!(
             acquired_at <= thaw_sent + op_timeout + tol,
@@ -664,10 +694,15 @@ async fn recv_queue(port: u16, pid: i32) -> usize {
 /// X8: the holder's session is killed with `pg_terminate_backend`, at a
 /// random idle point or while a renewal is in flight (the server process is
 /// stopped until the renewal is in its socket, then terminated and resumed).
-/// The successor starts at the kill, so it usually gets the lock before the
-/// holder knows (a raw overlap, reported); the fenced store must reject the
-/// holder's writes from the successor's first write on. The holder aborts
-/// within renew interval + op timeout of the kill.
+/// The successor starts at the kill. A terminating server sends its error
+/// to the session before it frees the session's locks, and the library
+/// marks the lease lost on that error: after an idle kill, when the
+/// successor's acquire returns, the holder's lease must already say lost
+/// (no raw overlap, asserted). After a kill during a renewal the successor's
+/// grant can arrive in the same instant as the holder's notice, so an overlap
+/// of a fraction of a millisecond stays possible (counted). The fenced store
+/// must reject the holder's writes from the successor's first write on. The
+/// holder aborts within renew interval + op timeout of the kill.
 async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
@@ -728,17 +763,21 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
                     opts.clone(),
                     Arc::clone(&resource),
                 );
+                let old = holder.handle.clone();
                 tokio::spawn(async move {
                     let guard = s
                         .locker
                         .lock(&n, &o.with_acquire_timeout(ttl * 2))
                         .await
                         .expect("the successor acquires after the kill");
+                    // Asked first, stamped after: a lease that says lost
+                    // here was lost before `acquired_at`.
+                    let overlapped = old.is_held();
                     let acquired_at = Instant::now();
                     let token = guard.handle().fencing_token().expect("fenced");
                     assert!(r.write(token), "the successor's first write is accepted");
                     // From here on the store knows the newer token.
-                    (acquired_at, Instant::now(), guard)
+                    (acquired_at, overlapped, Instant::now(), guard)
                 })
             };
             let (lost_at, reason) = holder
@@ -752,10 +791,26 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
                 matches!(reason, LossReason::Expired | LossReason::Stolen),
                 "a killed session is reported as {reason}"
             );
-            let (acquired_at, fenced_from, succ) = waiter.await.expect("successor task");
-            if acquired_at < lost_at {
-                row.overlaps += 1;
-            }
+            let (acquired_at, overlapped, fenced_from, succ) =
+                waiter.await.expect("successor task");
+            // The holder's watcher task may stamp `lost_at` after
+            // `acquired_at` (a scheduling delay) although the lease said
+            // lost by then: the overlap is whether it still said held.
+            row.overlaps += usize::from(overlapped);
+            // After an idle kill the successor starts once the killed
+            // process is gone, a round trip at least after the farewell
+            // reached the holder's socket. A kill during a renewal lets the
+            // successor's polls race the process's exit: its grant can
+            // reach this process a fraction of a millisecond after the
+            // holder's farewell, and which of the two the process handles
+            // first is its scheduler's choice (counted, not asserted).
+            assert!(
+                in_renewal || !overlapped,
+                "the successor got the lock {:?} after the kill while the killed session's lease \
+                 still said held (the holder learnt of it {:?} after the kill)",
+                acquired_at - killed_at,
+                lost_at - killed_at
+            );
             let token = succ.handle().fencing_token().expect("fenced");
             assert!(token > holder.token, "the successor's token is newer");
             let (old, writes) = holder.writes(ttl).await;

@@ -56,6 +56,55 @@ pub(super) async fn tls_verify_full(f: Arc<PostgresFactory>) -> Result<(), BoxEr
     }
 }
 
+/// `sslmode=require` with a root certificate verifies the chain, as libpq
+/// does (it then behaves like `verify-ca`): a server certificate signed by
+/// another CA is refused, by URL and by builder; the right CA is accepted;
+/// plain `require` (no root certificate) still encrypts without verifying.
+pub(super) async fn tls_require_with_root_verifies(
+    f: Arc<PostgresFactory>,
+) -> Result<(), BoxError> {
+    let started = tokio::task::block_in_place(|| f.private_started())?;
+    let url = started.url("postgres");
+    let (ca, other) = (started.ca_file(), started.other_ca_file());
+    let refused = |what: &str, r: Result<PostgresBackend, lock_core::BackendError>| match r {
+        Err(e) if e.kind() == BackendErrorKind::Config => Ok(()),
+        Err(e) => Err(format!("{what}: gave {e} (kind {:?})", e.kind())),
+        Ok(_) => Err(format!("{what}: a certificate of another CA was accepted")),
+    };
+
+    let wrong = format!("{url}?sslmode=require&sslrootcert={}", other.display());
+    let by_url = PostgresBackend::connect(f.builder_for(&wrong)?.build()?).await;
+    refused("require + sslrootcert of another CA (URL)", by_url)?;
+    let config = f
+        .builder_for(&url)?
+        .ssl_mode(SslMode::Require)
+        .root_certificate_file(other)
+        .build()?;
+    refused(
+        "require + a root certificate of another CA (builder)",
+        PostgresBackend::connect(config).await,
+    )?;
+
+    let right = format!("{url}?sslmode=require&sslrootcert={}", ca.display());
+    PostgresBackend::connect(f.builder_for(&right)?.build()?)
+        .await
+        .map_err(|e| format!("require + the server's CA was refused: {e}"))?;
+    let plain = format!("{url}?sslmode=require");
+    let backend = PostgresBackend::connect(f.builder_for(&plain)?.build()?)
+        .await
+        .map_err(|e| format!("plain require was refused: {e}"))?;
+    let inspector = plain_session(&url, f.application_name()).await?;
+    let pid = backend.session_pid().await?;
+    let ssl: bool = inspector
+        .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&pid])
+        .await?
+        .get(0);
+    if !ssl {
+        return Err("the plain require session is not encrypted".into());
+    }
+    Ok(())
+}
+
 /// Malformed URL, wrong credentials, missing database, server down or
 /// silent, role without CREATE for the fencing sequence, TTL above the
 /// bound: each a typed error naming the problem, never a hang.

@@ -4,10 +4,13 @@
 
 mod faults;
 mod input;
+mod interop;
 mod partition;
 mod saboteur;
 pub mod server;
+mod session_end;
 mod specific;
+mod waiters;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -49,6 +49,7 @@ fn id_of(flag: &str) -> Result<u32, BoxError> {
 pub struct Started {
     server: ServerProcess,
     ca: PathBuf,
+    other_ca: PathBuf,
     _cluster: TempDir,
 }
 
@@ -63,9 +64,14 @@ impl Started {
         format!("postgres://{user}@127.0.0.1:{}/postgres", self.port())
     }
 
-    /// The self-signed certificate the server presents (also its own CA).
+    /// The CA that signed the certificate the server presents.
     pub fn ca_file(&self) -> &Path {
         &self.ca
+    }
+
+    /// A CA that signed nothing the server presents.
+    pub fn other_ca_file(&self) -> &Path {
+        &self.other_ca
     }
 }
 
@@ -115,7 +121,7 @@ impl PrivatePostgres {
             &hba,
             format!("host all {ROLE_WITH_PASSWORD} 127.0.0.1/32 scram-sha-256\n{old}"),
         )?;
-        let ca = make_certificate(cluster.path(), &data, uid, gid)?;
+        let certs = make_certificate(cluster.path(), &data, uid, gid)?;
         let spec = ServerSpec {
             program: bin.join("postgres"),
             args: [
@@ -150,7 +156,8 @@ impl PrivatePostgres {
         let server = ServerProcess::start(spec)?;
         let started = Started {
             server,
-            ca,
+            ca: certs.ca,
+            other_ca: certs.other_ca,
             _cluster: cluster,
         };
         wait_ready(&bin, started.port())?;
@@ -177,8 +184,14 @@ impl UidGid for Command {
 }
 
 /// A CA-signed certificate for 127.0.0.1/localhost, installed as the
-/// server's; returns the CA for clients to trust.
-fn make_certificate(dir: &Path, data: &Path, uid: u32, gid: u32) -> Result<PathBuf, BoxError> {
+/// server's; returns the test certificates (the CA for clients to trust,
+/// and an unrelated CA).
+fn make_certificate(
+    dir: &Path,
+    data: &Path,
+    uid: u32,
+    gid: u32,
+) -> Result<crate::harness::certs::TestCerts, BoxError> {
     let certs = crate::harness::certs::test_certs(dir, "server")?;
     let (crt, key) = (data.join("server.crt"), data.join("server.key"));
     std::fs::copy(&certs.cert, &crt)?;
@@ -188,7 +201,7 @@ fn make_certificate(dir: &Path, data: &Path, uid: u32, gid: u32) -> Result<PathB
     }
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
-    Ok(certs.ca)
+    Ok(certs)
 }
 
 fn wait_ready(bin: &Path, port: u16) -> Result<(), BoxError> {

@@ -8,16 +8,14 @@ use std::time::Duration;
 use libtest_mimic::{Failed, Trial};
 use lock_core::{
     AcquireAttempt, Error, LeaseHandle, LockBackend, LockMetrics, LockName, LockOptions, Locker,
-    LossReason, OwnerToken, ReleaseOutcome, RunOutcome,
+    OwnerToken, ReleaseOutcome, RunOutcome,
 };
-use lock_postgres::{AdvisoryKey, PostgresBackend};
+use lock_postgres::PostgresBackend;
 use prometheus::Registry;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::oneshot;
 use tokio::time::{sleep, timeout, Instant};
 
-use super::server::ROLE_IDLER;
-use super::{faults, holder_pid, input, partition, plain_session, terminate, PostgresFactory, TTL};
+use super::{faults, input, interop, partition, plain_session, session_end, PostgresFactory, TTL};
 use crate::harness::in_ci;
 use crate::{BoxError, Suite};
 
@@ -43,7 +41,7 @@ fn run(factory: Arc<PostgresFactory>, body: Body) -> Result<(), Failed> {
     outcome
 }
 
-fn add(suite: &mut Suite, factory: &Arc<PostgresFactory>, name: &str, body: Body) {
+pub(super) fn add(suite: &mut Suite, factory: &Arc<PostgresFactory>, name: &str, body: Body) {
     let f = Arc::clone(factory);
     let full = format!("{}::{name}", lock_core_name(&f));
     suite.push(Trial::test(full, move || run(f, body)));
@@ -56,17 +54,11 @@ fn lock_core_name(f: &PostgresFactory) -> &str {
 
 /// The Postgres-specific trials.
 pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
-    add(suite, f, "terminate_backend_aborts_the_job", |f| {
-        Box::pin(terminate_backend_aborts_the_job(f))
-    });
-    add(suite, f, "idle_session_timeout_is_detected", |f| {
-        Box::pin(idle_session_timeout_is_detected(f))
-    });
     add(suite, f, "psql_pairs_interoperate", |f| {
-        Box::pin(psql_pairs_interoperate(f))
+        Box::pin(interop::psql_pairs_interoperate(f))
     });
     add(suite, f, "golden_keys_on_the_server", |f| {
-        Box::pin(golden_keys_on_the_server(f))
+        Box::pin(interop::golden_keys_on_the_server(f))
     });
     add(suite, f, "two_lockers_one_backend_exclude", |f| {
         Box::pin(two_lockers_one_backend_exclude(f))
@@ -77,8 +69,15 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "release_wakes_a_subscriber", |f| {
         Box::pin(release_wakes_a_subscriber(f))
     });
+    session_end::register(suite, f);
+    add(suite, f, "release_waiters_stay_bounded", |f| {
+        Box::pin(super::waiters::release_waiters_stay_bounded(f))
+    });
     add(suite, f, "tls_verify_full", |f| {
         Box::pin(input::tls_verify_full(f))
+    });
+    add(suite, f, "tls_require_with_root_verifies", |f| {
+        Box::pin(input::tls_require_with_root_verifies(f))
     });
     add(suite, f, "bad_input_gets_typed_errors", |f| {
         Box::pin(input::bad_input_gets_typed_errors(f))
@@ -178,256 +177,6 @@ pub(super) async fn hold(
         .map_err(|_| "the job did not start")?
         .map_err(|_| "the job was not entered")?;
     Ok((lease, run))
-}
-
-/// Kills our lock session with `pg_terminate_backend`, another session then
-/// takes the lock; the job must abort within one renewal interval. Prints
-/// the measured latency from the kill to the abort.
-async fn terminate_backend_aborts_the_job(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
-    let url = tokio::task::block_in_place(|| f.url())?;
-    let killer = plain_session(&url, f.application_name()).await?;
-    let interval = LockOptions::new(TTL).renew_interval();
-    let bound = interval + Duration::from_millis(400);
-    let mut latencies = Vec::new();
-    for round in 0..8u32 {
-        let a = Arc::new(backend_as(&f, "postgres").await?);
-        let b = Arc::new(backend_as(&f, "postgres").await?);
-        let (la, lb) = (locker(a.clone())?, locker(b.clone())?);
-        let n = name(&f, "terminated");
-        let (lease, run) = hold(&la, &n).await?;
-        // Spread the kills over the renewal cycle.
-        sleep(Duration::from_millis(100 + u64::from(round) * 61)).await;
-        let pid = a.session_pid().await?;
-        let killed_at = Instant::now();
-        terminate(&killer, pid).await?;
-        let successor = lb.try_lock(&n, &LockOptions::new(TTL)).await?;
-        let reason = timeout(bound * 2, lease.lost())
-            .await
-            .map_err(|_| format!("round {round}: the job was not told within {:?}", bound * 2))?;
-        let latency = killed_at.elapsed();
-        if !matches!(reason, LossReason::Stolen | LossReason::Expired) {
-            return Err(format!("round {round}: loss reason {reason}").into());
-        }
-        if latency > bound {
-            return Err(format!(
-                "round {round}: abort {latency:?} after the kill (bound {bound:?})"
-            )
-            .into());
-        }
-        match run.await? {
-            Ok(RunOutcome::Aborted(_)) => {}
-            other => {
-                return Err(format!("round {round}: expected an aborted run, got {other:?}").into())
-            }
-        }
-        successor.release().await?;
-        latencies.push(latency);
-    }
-    latencies.sort();
-    println!(
-        "postgres: pg_terminate_backend -> job abort over {} kills (renew every {interval:?}): \
-         min {:?}, median {:?}, max {:?}",
-        latencies.len(),
-        latencies[0],
-        latencies[latencies.len() / 2],
-        latencies[latencies.len() - 1]
-    );
-    Ok(())
-}
-
-/// A role with `idle_session_timeout = 300ms`: the server ends the lock
-/// session between renewals; the holder learns it at the next renewal.
-async fn idle_session_timeout_is_detected(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
-    let idle = Duration::from_millis(300);
-    let interval = LockOptions::new(TTL).renew_interval();
-    let a = Arc::new(backend_as(&f, ROLE_IDLER).await?);
-    let la = locker(a.clone())?;
-    let n = name(&f, "idle");
-    let (lease, run) = hold(&la, &n).await?;
-    let acquired = Instant::now();
-    let reason = timeout(TTL * 2, lease.lost())
-        .await
-        .map_err(|_| "the idle-timed-out session was not noticed")?;
-    let since_kill = acquired.elapsed().saturating_sub(idle);
-    if reason != LossReason::Expired {
-        return Err(format!("expected expired, got {reason}").into());
-    }
-    if since_kill > interval + Duration::from_millis(400) {
-        return Err(
-            format!("noticed {since_kill:?} after the idle timeout at the earliest").into(),
-        );
-    }
-    if !matches!(run.await?, Ok(RunOutcome::Aborted(LossReason::Expired))) {
-        return Err("the run was not aborted".into());
-    }
-    let b = locker(Arc::new(backend_as(&f, "postgres").await?))?;
-    b.try_lock(&n, &LockOptions::new(TTL))
-        .await?
-        .release()
-        .await?;
-    println!(
-        "postgres: idle_session_timeout loss noticed {since_kill:?} after the server's timeout"
-    );
-    Ok(())
-}
-
-/// A `psql` holding `pg_try_advisory_lock(a, b)` excludes us and vice versa;
-/// the `bigint` form with the same bits is a different lock.
-async fn psql_pairs_interoperate(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
-    let url = tokio::task::block_in_place(|| f.url())?;
-    let n = name(&f, "psql");
-    let key = AdvisoryKey::new(
-        i32::from_ne_bytes(getrandom::u32().unwrap_or(1).to_ne_bytes()),
-        i32::from_ne_bytes(getrandom::u32().unwrap_or(2).to_ne_bytes()),
-    );
-    let config = f.builder_for(&url)?.explicit_key(n.clone(), key).build()?;
-    let ours = PostgresBackend::connect(config).await?;
-    let mut psql = Psql::spawn(&url, f.application_name()).await?;
-    let (a, b) = (key.key1, key.key2);
-    let pair = format!("pg_try_advisory_lock({a}, {b})");
-    let big = format!("(({a})::bigint << 32) | ({b}::bigint & 4294967295)");
-    let token = OwnerToken::generate()?;
-
-    expect(
-        psql.ask(&format!("SELECT {pair};")).await?,
-        "t",
-        "psql takes the pair",
-    )?;
-    if ours.try_acquire(&n, &token, TTL).await? != AcquireAttempt::Held {
-        return Err("we acquired a pair psql holds".into());
-    }
-    expect(
-        psql.ask(&format!("SELECT pg_advisory_unlock({a}, {b});"))
-            .await?,
-        "t",
-        "psql unlocks",
-    )?;
-    if !matches!(
-        ours.try_acquire(&n, &token, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("we could not acquire the freed pair".into());
-    }
-    expect(
-        psql.ask(&format!("SELECT {pair};")).await?,
-        "f",
-        "psql is excluded by us",
-    )?;
-    let bigint = format!("SELECT pg_try_advisory_lock({big}), pg_advisory_unlock({big});");
-    expect(
-        psql.ask(&bigint).await?,
-        "t|t",
-        "the bigint form is another key space",
-    )?;
-    if ours.release(&n, &token).await? != ReleaseOutcome::Released {
-        return Err("release did not report released".into());
-    }
-    expect(
-        psql.ask(&format!("SELECT {pair};")).await?,
-        "t",
-        "psql takes it after our release",
-    )?;
-    psql.quit().await
-}
-
-fn expect(actual: String, want: &str, what: &str) -> Result<(), BoxError> {
-    if actual == want {
-        Ok(())
-    } else {
-        Err(format!("{what}: psql said {actual:?}, expected {want:?}").into())
-    }
-}
-
-/// A long-lived `psql` session driven line by line.
-struct Psql {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-}
-
-impl Psql {
-    async fn spawn(url: &str, app: &str) -> Result<Self, BoxError> {
-        let mut child = tokio::process::Command::new("psql")
-            .args([url, "-At", "-v", "ON_ERROR_STOP=1"])
-            .env("PGAPPNAME", app)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdin = child.stdin.take().ok_or("psql stdin")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or("psql stdout")?).lines();
-        Ok(Self {
-            child,
-            stdin,
-            stdout,
-        })
-    }
-
-    async fn ask(&mut self, sql: &str) -> Result<String, BoxError> {
-        self.stdin.write_all(format!("{sql}\n").as_bytes()).await?;
-        self.stdin.flush().await?;
-        let line = timeout(Duration::from_secs(5), self.stdout.next_line())
-            .await
-            .map_err(|_| format!("psql did not answer {sql}"))??;
-        line.ok_or_else(|| format!("psql exited on {sql}").into())
-    }
-
-    async fn quit(mut self) -> Result<(), BoxError> {
-        self.stdin.write_all(b"\\q\n").await?;
-        drop(self.stdin);
-        match timeout(Duration::from_secs(5), self.child.wait()).await {
-            Ok(status) => {
-                status?;
-                Ok(())
-            }
-            Err(_) => {
-                self.child.kill().await?;
-                Err("psql did not exit".into())
-            }
-        }
-    }
-}
-
-/// The documented mapping is what the server sees: a golden name shows up
-/// in `pg_locks` with the golden key.
-async fn golden_keys_on_the_server(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
-    let url = tokio::task::block_in_place(|| f.url())?;
-    let config = f
-        .builder_for(&url)?
-        .namespace("lock")
-        .fencing(false)
-        .build()?;
-    let backend = PostgresBackend::connect(config).await?;
-    let n = LockName::new("job")?;
-    let golden = AdvisoryKey::new(-711_063_049, 1_043_648_169);
-    let token = OwnerToken::generate()?;
-    if !matches!(
-        backend.try_acquire(&n, &token, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("the golden name was held".into());
-    }
-    let inspector = plain_session(&url, f.application_name()).await?;
-    let pid = backend.session_pid().await?;
-    let rows = inspector
-        .query(
-            "SELECT classid::int8, objid::int8, objsubid::int4 FROM pg_locks \
-             WHERE locktype = 'advisory' AND pid = $1",
-            &[&pid],
-        )
-        .await?;
-    let seen: Vec<(i64, i64, i32)> = rows
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    backend.release(&n, &token).await?;
-    if seen != [(golden.classid(), golden.objid(), 2)] {
-        return Err(format!("pg_locks shows {seen:?} for the golden key {golden}").into());
-    }
-    if holder_pid(&inspector, golden).await?.is_some() {
-        return Err("the golden key is still held after release".into());
-    }
-    Ok(())
 }
 
 /// Advisory locks are re-entrant per session; two `Locker`s over one

@@ -1,0 +1,356 @@
+//! Every lease of a process lives on one lock session, and when that
+//! session ends the server frees all of them at once. These trials check
+//! that no lease on it still says "held" by the time another replica can
+//! take its name: after a release that failed, and after the connection died.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    AcquireAttempt, LeaseHandle, LockBackend, LockName, LockOptions, LossReason, OwnerToken,
+    RunOutcome,
+};
+use lock_postgres::PostgresBackend;
+use tokio::time::{sleep, timeout, Instant};
+
+use super::server::ROLE_IDLER;
+use super::specific::{add, backend_as, hold, locker, name};
+use super::{plain_session, terminate, PostgresFactory, OP_TIMEOUT, TTL};
+use crate::proxy::FaultProxy;
+use crate::{BoxError, Suite};
+
+/// The trials of this module.
+pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
+    add(suite, f, "terminate_backend_aborts_the_job", |f| {
+        Box::pin(terminate_backend_aborts_the_job(f))
+    });
+    add(suite, f, "idle_session_timeout_is_detected", |f| {
+        Box::pin(idle_session_timeout_is_detected(f))
+    });
+    add(suite, f, "slow_release_keeps_the_session", |f| {
+        Box::pin(slow_release_keeps_the_session(f))
+    });
+    add(
+        suite,
+        f,
+        "failed_unlock_ends_the_session_after_its_leases",
+        |f| Box::pin(failed_unlock_ends_the_session_after_its_leases(f)),
+    );
+    add(suite, f, "session_end_marks_every_lease_lost_first", |f| {
+        Box::pin(session_end_marks_every_lease_lost_first(f))
+    });
+}
+
+/// How long a failed release may take to settle in the background: its
+/// unlock, waited for twice the statement timeout, and one more attempt.
+const SETTLE: Duration = Duration::from_millis(3 * OP_TIMEOUT.as_millis() as u64 + 500);
+
+/// Another replica tries to take every name until it has them all or
+/// `until` passes. Whenever it gets one, the lease that held that name must
+/// already report lost: otherwise two holders believed they held it at
+/// once. Returns which names it took (it releases them).
+async fn take_over(
+    other: &PostgresBackend,
+    leases: &[(LockName, LeaseHandle)],
+    until: Instant,
+) -> Result<Vec<bool>, BoxError> {
+    let token = OwnerToken::generate()?;
+    let mut taken = vec![false; leases.len()];
+    while Instant::now() < until && taken.iter().any(|t| !t) {
+        for (i, (n, lease)) in leases.iter().enumerate() {
+            if taken[i] {
+                continue;
+            }
+            if let AcquireAttempt::Acquired(_) = other.try_acquire(n, &token, TTL).await? {
+                if lease.is_held() {
+                    return Err(format!(
+                        "another replica took {n} while its lease here still said held"
+                    )
+                    .into());
+                }
+                taken[i] = true;
+            }
+        }
+        sleep(Duration::from_millis(2)).await;
+    }
+    for ((n, _), t) in leases.iter().zip(&taken) {
+        if *t {
+            other.release(n, &token).await?;
+        }
+    }
+    Ok(taken)
+}
+
+/// Two leases A and B on one backend's session; A's release stops waiting
+/// for its unlock at once, as a client-side statement timeout on a slow but
+/// healthy server does. B must never say "held" while another replica can
+/// take its name. The session is kept: B stays held and renewed, and A's
+/// name is freed once its unlock completes, within the settle bound.
+async fn slow_release_keeps_the_session(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
+    let p = Arc::new(backend_as(&f, "postgres").await?);
+    let q = backend_as(&f, "postgres").await?;
+    let lp = locker(p.clone())?;
+    let opts = LockOptions::new(TTL);
+    let (na, nb) = (name(&f, "slow-release-a"), name(&f, "slow-release-b"));
+    let a = lp.try_lock(&na, &opts).await?;
+    let b = lp.try_lock(&nb, &opts).await?;
+    let pid = p.session_pid().await?;
+    p.stall_next_release(&na);
+    if a.release().await.is_ok() {
+        return Err("a release that stopped waiting reported success".into());
+    }
+    let watched = [(nb.clone(), b.handle())];
+    let taken = take_over(&q, &watched, Instant::now() + SETTLE).await?;
+    if taken[0] {
+        return Err("B's lock was freed by a release of A (B did report lost first)".into());
+    }
+    b.handle()
+        .assert_held()
+        .map_err(|e| format!("B was lost over A's slow release: {e}"))?;
+    if p.session_pid().await? != pid {
+        return Err("the lock session was replaced over a slow release".into());
+    }
+    if !freed_by(&q, &na, Instant::now() + SETTLE).await? {
+        return Err(format!("A's lock was still held {SETTLE:?} after its slow release").into());
+    }
+    b.release().await?;
+    Ok(())
+}
+
+/// Whether another replica can take `n` before `until` (it releases it).
+async fn freed_by(other: &PostgresBackend, n: &LockName, until: Instant) -> Result<bool, BoxError> {
+    let token = OwnerToken::generate()?;
+    loop {
+        if let AcquireAttempt::Acquired(_) = other.try_acquire(n, &token, TTL).await? {
+            other.release(n, &token).await?;
+            return Ok(true);
+        }
+        if Instant::now() >= until {
+            return Ok(false);
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A's unlock fails twice (its attempt and the bounded retry): the lock
+/// state of the session is unknown, so the backend ends it, and must first
+/// mark every lease on it lost (`backend_error`): B says lost before
+/// another replica can take its name, and both names are free once the
+/// session is gone.
+async fn failed_unlock_ends_the_session_after_its_leases(
+    f: Arc<PostgresFactory>,
+) -> Result<(), BoxError> {
+    let p = Arc::new(backend_as(&f, "postgres").await?);
+    let q = backend_as(&f, "postgres").await?;
+    let lp = locker(p.clone())?;
+    let opts = LockOptions::new(TTL);
+    let (na, nb) = (name(&f, "failed-unlock-a"), name(&f, "failed-unlock-b"));
+    let a = lp.try_lock(&na, &opts).await?;
+    let b = lp.try_lock(&nb, &opts).await?;
+    let handles = [(na.clone(), a.handle()), (nb.clone(), b.handle())];
+    p.fail_next_unlocks(&na, 2);
+    if a.release().await.is_ok() {
+        return Err("a release whose unlock failed reported success".into());
+    }
+    let taken = take_over(&q, &handles, Instant::now() + SETTLE).await?;
+    if taken != [true, true] {
+        return Err(format!("names freed after the session ended: {taken:?}").into());
+    }
+    match b.handle().loss_reason() {
+        Some(LossReason::BackendError) => {}
+        other => return Err(format!("B's lease ended as {other:?}").into()),
+    }
+    if b.release().await.is_ok() {
+        return Err("B's release succeeded after its session was ended".into());
+    }
+    Ok(())
+}
+
+/// The lock session dies under three leases: killed by
+/// `pg_terminate_backend` from another session, then (a fresh session)
+/// reset by the proxy its connection runs through. As soon as the server
+/// shows the session gone (its locks are free), another replica tries the
+/// names; each lease must already say lost (`expired`) when it gets that
+/// name, and it gets them all.
+///
+/// Why not try from the very instant of the fault: the server tells the
+/// session it is ending before it frees the locks, but a replica in this
+/// same process polling without pause can have its grant arrive within the
+/// same fraction of a millisecond, and the runtime may run that task first.
+/// Waiting for the server's own word that the session is gone gives the
+/// holder's connection one round trip to be read, and nothing more: a
+/// backend that learns of the end at its next renewal (up to a third of the
+/// TTL later) still fails.
+async fn session_end_marks_every_lease_lost_first(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
+    let url = tokio::task::block_in_place(|| f.url())?;
+    let port = tokio::task::block_in_place(|| f.private_started())?.port();
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let killer = plain_session(&url, f.application_name()).await?;
+    let q = backend_as(&f, "postgres").await?;
+    let opts = LockOptions::new(TTL);
+    for kind in ["pg_terminate_backend", "proxy reset"] {
+        let p = if kind == "proxy reset" {
+            let via = format!("postgres://postgres@{}/postgres", proxy.addr());
+            Arc::new(PostgresBackend::connect(f.builder_for(&via)?.build()?).await?)
+        } else {
+            Arc::new(backend_as(&f, "postgres").await?)
+        };
+        let lp = locker(p.clone())?;
+        let mut guards = Vec::new();
+        let mut handles = Vec::new();
+        for i in 0..3 {
+            let n = name(&f, &format!("session-end-{i}"));
+            let g = lp.try_lock(&n, &opts).await?;
+            handles.push((n, g.handle()));
+            guards.push(g);
+        }
+        let pid = p.session_pid().await?;
+        if kind == "proxy reset" {
+            proxy.reset_all();
+        } else {
+            killer
+                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await?;
+        }
+        wait_gone(&killer, pid, Duration::from_secs(5))
+            .await
+            .map_err(|e| format!("{kind}: {e}"))?;
+        let taken = take_over(&q, &handles, Instant::now() + Duration::from_secs(5))
+            .await
+            .map_err(|e| format!("{kind}: {e}"))?;
+        if taken.iter().any(|t| !t) {
+            return Err(format!("{kind}: names freed: {taken:?}").into());
+        }
+        for (n, h) in &handles {
+            if h.loss_reason() != Some(LossReason::Expired) {
+                return Err(format!("{kind}: {n} ended as {:?}", h.loss_reason()).into());
+            }
+        }
+        for g in guards {
+            let _ = g.release().await;
+        }
+    }
+    Ok(())
+}
+
+/// Polls (every millisecond) until server process `pid` has left
+/// `pg_stat_activity`.
+async fn wait_gone(
+    inspector: &tokio_postgres::Client,
+    pid: i32,
+    within: Duration,
+) -> Result<(), BoxError> {
+    let give_up = Instant::now() + within;
+    while inspector
+        .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await?
+        .is_some()
+    {
+        if Instant::now() >= give_up {
+            return Err(format!("session {pid} still there after {within:?}").into());
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
+/// Kills our lock session with `pg_terminate_backend`, another session then
+/// takes the lock; the job must have been told before that (the session's
+/// end is pushed, not found by the next renewal), and abort within one
+/// renewal interval at the very latest. Prints the measured latency from
+/// the kill to the abort.
+async fn terminate_backend_aborts_the_job(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
+    let url = tokio::task::block_in_place(|| f.url())?;
+    let killer = plain_session(&url, f.application_name()).await?;
+    let interval = LockOptions::new(TTL).renew_interval();
+    let bound = interval + Duration::from_millis(400);
+    let mut latencies = Vec::new();
+    for round in 0..8u32 {
+        let a = Arc::new(backend_as(&f, "postgres").await?);
+        let b = Arc::new(backend_as(&f, "postgres").await?);
+        let (la, lb) = (locker(a.clone())?, locker(b.clone())?);
+        let n = name(&f, "terminated");
+        let (lease, run) = hold(&la, &n).await?;
+        // Spread the kills over the renewal cycle.
+        sleep(Duration::from_millis(100 + u64::from(round) * 61)).await;
+        let pid = a.session_pid().await?;
+        let killed_at = Instant::now();
+        terminate(&killer, pid).await?;
+        let successor = lb.try_lock(&n, &LockOptions::new(TTL)).await?;
+        if lease.is_held() {
+            return Err(format!(
+                "round {round}: another session got the lock while the killed session's lease \
+                 still said held"
+            )
+            .into());
+        }
+        let reason = timeout(bound * 2, lease.lost())
+            .await
+            .map_err(|_| format!("round {round}: the job was not told within {:?}", bound * 2))?;
+        let latency = killed_at.elapsed();
+        if !matches!(reason, LossReason::Stolen | LossReason::Expired) {
+            return Err(format!("round {round}: loss reason {reason}").into());
+        }
+        if latency > bound {
+            return Err(format!(
+                "round {round}: abort {latency:?} after the kill (bound {bound:?})"
+            )
+            .into());
+        }
+        match run.await? {
+            Ok(RunOutcome::Aborted(_)) => {}
+            other => {
+                return Err(format!("round {round}: expected an aborted run, got {other:?}").into())
+            }
+        }
+        successor.release().await?;
+        latencies.push(latency);
+    }
+    latencies.sort();
+    println!(
+        "postgres: pg_terminate_backend -> job abort over {} kills (renew every {interval:?}): \
+         min {:?}, median {:?}, max {:?}",
+        latencies.len(),
+        latencies[0],
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    Ok(())
+}
+
+/// A role with `idle_session_timeout = 300ms`: the server ends the lock
+/// session between renewals; the holder learns it at the next renewal.
+async fn idle_session_timeout_is_detected(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
+    let idle = Duration::from_millis(300);
+    let interval = LockOptions::new(TTL).renew_interval();
+    let a = Arc::new(backend_as(&f, ROLE_IDLER).await?);
+    let la = locker(a.clone())?;
+    let n = name(&f, "idle");
+    let (lease, run) = hold(&la, &n).await?;
+    let acquired = Instant::now();
+    let reason = timeout(TTL * 2, lease.lost())
+        .await
+        .map_err(|_| "the idle-timed-out session was not noticed")?;
+    let since_kill = acquired.elapsed().saturating_sub(idle);
+    if reason != LossReason::Expired {
+        return Err(format!("expected expired, got {reason}").into());
+    }
+    if since_kill > interval + Duration::from_millis(400) {
+        return Err(
+            format!("noticed {since_kill:?} after the idle timeout at the earliest").into(),
+        );
+    }
+    if !matches!(run.await?, Ok(RunOutcome::Aborted(LossReason::Expired))) {
+        return Err("the run was not aborted".into());
+    }
+    let b = locker(Arc::new(backend_as(&f, "postgres").await?))?;
+    b.try_lock(&n, &LockOptions::new(TTL))
+        .await?
+        .release()
+        .await?;
+    println!(
+        "postgres: idle_session_timeout loss noticed {since_kill:?} after the server's timeout"
+    );
+    Ok(())
+}

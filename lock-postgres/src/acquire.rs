@@ -1,0 +1,213 @@
+//! Acquiring: the lock attempt, with the fencing token in the same round
+//! trip once the sequence is known to exist.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{AcquireAttempt, BackendError, BackendErrorKind, Lease, LockName, OwnerToken};
+use tokio_postgres::types::Type;
+use tracing::warn;
+
+use crate::backend::Holding;
+use crate::error::{config, protocol};
+use crate::release::wait_for;
+use crate::session::LockSession;
+use crate::{AdvisoryKey, PostgresBackend};
+
+const TRY_LOCK: &str = "SELECT pg_backend_pid(), \
+     CASE WHEN pg_backend_pid() = $3 THEN pg_try_advisory_lock($1, $2) END";
+
+/// The lock attempt and, only when it succeeded, the fencing token, in one
+/// round trip. The subquery holds a volatile call, so the planner keeps it
+/// apart and `pg_try_advisory_lock` runs once per execution.
+const TRY_LOCK_FENCED: &str = "SELECT s.pid, s.got, \
+     CASE WHEN s.got THEN nextval($4::text::regclass) END \
+     FROM (SELECT pg_backend_pid() AS pid, \
+       CASE WHEN pg_backend_pid() = $3 THEN pg_try_advisory_lock($1, $2) END AS got) s";
+
+impl PostgresBackend {
+    /// One acquire attempt ([`LockBackend::try_acquire`](lock_core::LockBackend::try_acquire)).
+    pub(crate) async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let cfg = &self.inner.config;
+        if ttl > cfg.max_ttl {
+            return Err(config(format!(
+                "TTL {ttl:?} is above this backend's max_ttl of {:?}: the server could free the \
+                 lock of a vanished holder before the holder's TTL ran out; raise max_ttl",
+                cfg.max_ttl
+            )));
+        }
+        let key = cfg.key_for(name);
+        let session = self.session().await?;
+        {
+            let mut held = self.held();
+            if let Some(h) = held.get(&key) {
+                // Advisory locks are re-entrant per session: the server would
+                // grant this, so the exclusion between owners sharing the
+                // session is enforced here.
+                if h.session.is_alive() {
+                    return Ok(AcquireAttempt::Held);
+                }
+            }
+            // Recorded before the statement leaves, so a release for this
+            // owner after a dropped or failed attempt unlocks what the
+            // statement may have taken.
+            held.insert(
+                key,
+                Holding {
+                    owner: *owner,
+                    session: Arc::clone(&session),
+                    releasing: false,
+                },
+            );
+        }
+        if cfg.fencing && self.inner.fence_ready.load(Ordering::Relaxed) {
+            match self.try_lock_fenced(&session, key, owner).await {
+                Err(e) if e.message().contains("42P01") => {
+                    // The sequence was dropped since: the lock may have been
+                    // taken before nextval failed (session locks ignore the
+                    // statement's failure). Give it back and take the path
+                    // that creates the sequence.
+                    self.inner.fence_ready.store(false, Ordering::Relaxed);
+                    let limit = cfg.statement_timeout;
+                    if let Err(unlock) = self.unlock(&session, key, false, limit).await {
+                        warn!(error = %unlock, "could not unlock after a missing fencing sequence");
+                        self.give_back(key, owner).await;
+                        return Err(unlock);
+                    }
+                }
+                other => return self.still_alive(&session, other),
+            }
+        }
+        let pid = session.pid();
+        let rows = session
+            .query_prepared(
+                "pg_try_advisory_lock",
+                TRY_LOCK,
+                &[
+                    (&key.key1, Type::INT4),
+                    (&key.key2, Type::INT4),
+                    (&pid, Type::INT4),
+                ],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
+        if !self.granted(&session, row, key, owner)? {
+            return Ok(AcquireAttempt::Held);
+        }
+        if !cfg.fencing {
+            return self.still_alive(&session, Ok(AcquireAttempt::Acquired(Lease::new(None))));
+        }
+        match self.fencing_token(&session).await {
+            Ok(token) => {
+                self.inner.fence_ready.store(true, Ordering::Relaxed);
+                let lease = Lease::new(Some(token));
+                self.still_alive(&session, Ok(AcquireAttempt::Acquired(lease)))
+            }
+            Err(e) => {
+                self.give_back(key, owner).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A grant is only worth returning if its session did not end since:
+    /// a lease the session's end was already reported for would go
+    /// unreported, and say "held" until its first renewal.
+    fn still_alive(
+        &self,
+        session: &LockSession,
+        attempt: Result<AcquireAttempt, BackendError>,
+    ) -> Result<AcquireAttempt, BackendError> {
+        match attempt {
+            Ok(AcquireAttempt::Acquired(_)) if !session.is_alive() => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                "the lock session ended as the lock was granted; the lock went with it",
+            )),
+            other => other,
+        }
+    }
+
+    /// Reads a lock attempt's row: whether the lock was granted. When it was
+    /// not (or the session is not the one the statement was meant for, whose
+    /// guard then kept the lock from being taken), the holding recorded for
+    /// `owner` is dropped.
+    fn granted(
+        &self,
+        session: &LockSession,
+        row: &tokio_postgres::Row,
+        key: AdvisoryKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        if let Err(e) = session.check_pid(row) {
+            self.take_holding(key, owner);
+            return Err(e);
+        }
+        let got: Option<bool> = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
+        if got != Some(true) {
+            self.take_holding(key, owner);
+        }
+        Ok(got == Some(true))
+    }
+
+    /// Gives back a lock taken without its fencing token (the lease is
+    /// unusable), as a release does: waits at most the statement timeout,
+    /// and the unlock settles in the background if slower.
+    async fn give_back(&self, key: AdvisoryKey, owner: &OwnerToken) {
+        if let Ok(session) = self.begin_release(key, owner) {
+            let unlock = self.start_unlock(session, key, *owner, false);
+            if let Err(e) = wait_for(unlock, self.inner.config.statement_timeout).await {
+                warn!(error = %e, "giving back a lock taken without its fencing token did not complete in time");
+            }
+        }
+    }
+
+    /// One round trip: the lock attempt and, if it succeeded, the fencing
+    /// token. The caller has recorded the holding for `owner`.
+    async fn try_lock_fenced(
+        &self,
+        session: &LockSession,
+        key: AdvisoryKey,
+        owner: &OwnerToken,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let cfg = &self.inner.config;
+        let seq = cfg.qualified(&cfg.fence_sequence);
+        let pid = session.pid();
+        let rows = session
+            .query_prepared(
+                "pg_try_advisory_lock with a fencing token",
+                TRY_LOCK_FENCED,
+                &[
+                    (&key.key1, Type::INT4),
+                    (&key.key2, Type::INT4),
+                    (&pid, Type::INT4),
+                    (&seq.as_str(), Type::TEXT),
+                ],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
+        if !self.granted(session, row, key, owner)? {
+            return Ok(AcquireAttempt::Held);
+        }
+        let token: Option<i64> = row.try_get(2).map_err(|e| protocol(e.to_string()))?;
+        let token = token
+            .and_then(|t| u64::try_from(t).ok())
+            .ok_or_else(|| protocol(format!("the fencing sequence returned {token:?}")));
+        match token {
+            Ok(t) => Ok(AcquireAttempt::Acquired(Lease::new(Some(t)))),
+            Err(e) => {
+                self.give_back(key, owner).await;
+                Err(e)
+            }
+        }
+    }
+}

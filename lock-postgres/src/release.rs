@@ -1,0 +1,254 @@
+//! Releasing: the unlock, with the release announcement in the same
+//! statement, run to a known outcome.
+//!
+//! A release whose unlock did not answer in time (a client-side statement
+//! timeout on a slow server) or failed leaves the session's lock count
+//! unknown. The session is kept: the key stays reserved for its owner (no
+//! other owner of this backend takes it on this session) while the unlock
+//! goes on in a task of its own, waited for twice the statement timeout,
+//! then tried once more (a second unlock can only free this owner's lock,
+//! since nothing else took the key meanwhile). Only if that fails too is the
+//! session ended, and then every lease on it is marked lost first. A slow
+//! release therefore costs the other locks of the process nothing, and a
+//! failed one never leaves them saying "held" after the server freed them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{BackendError, BackendErrorKind, LockName, LossReason, OwnerToken, ReleaseOutcome};
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_postgres::types::Type;
+use tracing::warn;
+
+use crate::error::{protocol, timed_out};
+use crate::notify::{payload, CHANNEL};
+use crate::session::LockSession;
+use crate::{AdvisoryKey, PostgresBackend};
+
+/// Why a release could not start.
+pub(crate) enum NotStarted {
+    /// Nothing of this owner's is held here.
+    NotHeld,
+    /// It went with its session, which ended.
+    SessionEnded,
+    /// An earlier release of it is still finishing.
+    InFlight,
+}
+
+const UNLOCK: &str = "SELECT pg_backend_pid(), \
+     CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END";
+
+/// The unlock and, only when it freed the lock, the release announcement, in
+/// one round trip (the notification leaves when the statement commits).
+const UNLOCK_NOTIFY: &str = "SELECT s.pid, s.freed, \
+     CASE WHEN s.freed THEN pg_notify($4, $5)::text END \
+     FROM (SELECT pg_backend_pid() AS pid, \
+       CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END AS freed) s";
+
+impl PostgresBackend {
+    /// Unlocks `key` on `session`, waiting at most `limit`; with `announce`,
+    /// the same statement tells waiters (best effort: a waiter that misses
+    /// it finds the lock free at its next poll). The caller holds the key's
+    /// reservation.
+    pub(crate) async fn unlock(
+        &self,
+        session: &LockSession,
+        key: AdvisoryKey,
+        announce: bool,
+        limit: Duration,
+    ) -> Result<bool, BackendError> {
+        #[cfg(feature = "test-util")]
+        if let Some(e) = self.inner.faults.unlock_error(key) {
+            return Err(e);
+        }
+        let pid = session.pid();
+        let text = payload(key);
+        let what = "releasing an advisory lock";
+        let rows = if announce {
+            session
+                .query_prepared_within(
+                    what,
+                    UNLOCK_NOTIFY,
+                    &[
+                        (&key.key1, Type::INT4),
+                        (&key.key2, Type::INT4),
+                        (&pid, Type::INT4),
+                        (&CHANNEL, Type::TEXT),
+                        (&text.as_str(), Type::TEXT),
+                    ],
+                    limit,
+                )
+                .await?
+        } else {
+            session
+                .query_prepared_within(
+                    what,
+                    UNLOCK,
+                    &[
+                        (&key.key1, Type::INT4),
+                        (&key.key2, Type::INT4),
+                        (&pid, Type::INT4),
+                    ],
+                    limit,
+                )
+                .await?
+        };
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("pg_advisory_unlock returned no row"))?;
+        session.check_pid(row)?;
+        row.try_get::<_, Option<bool>>(1)
+            .map_err(|e| protocol(e.to_string()))
+            .map(|v| v.unwrap_or(false))
+    }
+
+    /// One release ([`LockBackend::release`](lock_core::LockBackend::release)).
+    ///
+    /// Returns within the statement timeout; a slower unlock finishes in
+    /// the background (see the module docs). Cancel safe: once started, the
+    /// unlock runs to its end whether or not this future is polled.
+    pub(crate) async fn release_lock(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        let key = self.inner.config.key_for(name);
+        let session = match self.begin_release(key, owner) {
+            Ok(s) => s,
+            Err(NotStarted::NotHeld) => {
+                warn!(lock = %name, "release of a lock this backend does not hold for this owner; nothing unlocked");
+                return Ok(ReleaseOutcome::NotHeld);
+            }
+            Err(NotStarted::SessionEnded) => return Ok(ReleaseOutcome::NotHeld),
+            Err(NotStarted::InFlight) => {
+                return Err(BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!("releasing {name}: an earlier release of it is still finishing"),
+                ))
+            }
+        };
+        let unlock = self.start_unlock(session, key, *owner, self.inner.config.release_notify);
+        #[cfg(feature = "test-util")]
+        let wait = self
+            .inner
+            .faults
+            .release_wait(key, self.inner.config.statement_timeout);
+        #[cfg(not(feature = "test-util"))]
+        let wait = self.inner.config.statement_timeout;
+        match wait_for(unlock, wait).await {
+            Ok(true) => Ok(ReleaseOutcome::Released),
+            Ok(false) => {
+                warn!(lock = %name, "pg_advisory_unlock found nothing to unlock on this session");
+                Ok(ReleaseOutcome::NotHeld)
+            }
+            Err(e) => {
+                warn!(lock = %name, error = %e, "release failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks `owner`'s holding of `key` as being released and returns its
+    /// session. A holding whose session ended is forgotten: its lock went
+    /// with the session.
+    pub(crate) fn begin_release(
+        &self,
+        key: AdvisoryKey,
+        owner: &OwnerToken,
+    ) -> Result<Arc<LockSession>, NotStarted> {
+        let mut held = self.held();
+        match held.get_mut(&key) {
+            Some(h) if h.owner == *owner => {
+                if !h.session.is_alive() {
+                    held.remove(&key);
+                    Err(NotStarted::SessionEnded)
+                } else if h.releasing {
+                    Err(NotStarted::InFlight)
+                } else {
+                    h.releasing = true;
+                    Ok(Arc::clone(&h.session))
+                }
+            }
+            _ => Err(NotStarted::NotHeld),
+        }
+    }
+
+    /// Runs the unlock of `key`, reserved for `owner` by
+    /// [`PostgresBackend::begin_release`], to a known outcome in a task of
+    /// its own; the reservation ends with it.
+    pub(crate) fn start_unlock(
+        &self,
+        session: Arc<LockSession>,
+        key: AdvisoryKey,
+        owner: OwnerToken,
+        announce: bool,
+    ) -> JoinHandle<Result<bool, BackendError>> {
+        let backend = self.clone();
+        tokio::spawn(async move {
+            let outcome = backend.settle_unlock(&session, key, announce).await;
+            backend.take_holding(key, &owner);
+            outcome
+        })
+    }
+
+    /// The unlock, then (if its outcome stays unknown on a live session) one
+    /// more, then the end of the session. Bounded by three statement
+    /// timeouts.
+    async fn settle_unlock(
+        &self,
+        session: &LockSession,
+        key: AdvisoryKey,
+        announce: bool,
+    ) -> Result<bool, BackendError> {
+        let limit = self.inner.config.statement_timeout;
+        let first = match self.unlock(session, key, announce, limit * 2).await {
+            Ok(freed) => return Ok(freed),
+            // Its end was reported for every lease on it; the lock is gone.
+            Err(e) if !session.is_alive() => return Err(e),
+            Err(e) => e,
+        };
+        // Whether the first ran is unknown. It runs before this one on the
+        // connection if it ran at all, and the key stayed reserved, so this
+        // one can only free the same lock, once.
+        match self.unlock(session, key, announce, limit).await {
+            Ok(_) => Ok(true),
+            Err(_) if !session.is_alive() => Err(first),
+            Err(second) => {
+                warn!(
+                    pid = session.pid(),
+                    error = %second,
+                    "an unlock failed twice; ending the lock session, whose other leases are marked lost first"
+                );
+                session.terminate(LossReason::BackendError);
+                Err(first)
+            }
+        }
+    }
+}
+
+/// Waits at most `limit` for an unlock started by
+/// [`PostgresBackend::start_unlock`]; it goes on if this gives up.
+pub(crate) async fn wait_for(
+    unlock: JoinHandle<Result<bool, BackendError>>,
+    limit: Duration,
+) -> Result<bool, BackendError> {
+    // Not even one look: a zero wait means the caller does not wait.
+    let waited = if limit.is_zero() {
+        Err(())
+    } else {
+        timeout(limit, unlock).await.map_err(drop)
+    };
+    match waited {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(e)) => Err(BackendError::new(
+            BackendErrorKind::Other,
+            format!("releasing an advisory lock: the unlock task ended abnormally ({e})"),
+        )),
+        Err(_) => Err(timed_out(
+            "releasing an advisory lock (the unlock goes on in the background, its key reserved \
+             until it is known to have run)",
+            limit,
+        )),
+    }
+}
