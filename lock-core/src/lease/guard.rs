@@ -83,15 +83,21 @@ impl LockGuard {
     /// # Errors
     ///
     /// As [`LockGuard::release`]; also [`Error::Config`] for a zero `hold` or
-    /// one longer than a year (the lock is then released at once).
+    /// one longer than a year (the lock is then released before this returns).
     ///
     /// # Cancel safety
     ///
     /// If the future is dropped, the guard is dropped and the lock released.
     pub async fn retain_for(mut self, hold: Duration) -> Result<()> {
         if hold.is_zero() || hold > MAX_TTL {
+            // Released before the error is returned, so the caller may take
+            // the lock again at once, on this backend or any other.
+            let released = match self.release().await {
+                Ok(()) => "the lock was released instead".to_owned(),
+                Err(e) => format!("releasing the lock instead failed too: {e}"),
+            };
             return Err(Error::Config(format!(
-                "retain_for needs a hold between 1 ns and {MAX_TTL:?}, got {hold:?}; the lock was released instead"
+                "retain_for needs a hold between 1 ns and {MAX_TTL:?}, got {hold:?}; {released}"
             )));
         }
         self.stop_renewing();
