@@ -10,7 +10,7 @@ use crate::Error;
 /// source, so a token is never reused. Renew and release compare on it, which
 /// is what stops a stale holder from extending or deleting a successor's lock.
 /// A token is a capability: anyone who knows it can release the lease, so its
-/// `Debug` form shows only a prefix, and metrics never carry it.
+/// `Display` and `Debug` forms show only a prefix, and metrics never carry it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnerToken([u8; 16]);
 
@@ -74,9 +74,11 @@ fn hex_value(c: u8) -> Option<u8> {
     }
 }
 
+/// Shows an 8-character prefix (enough to tell tokens apart in logs), never
+/// the whole capability; [`OwnerToken::to_hex`] is the full form.
 impl fmt::Display for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
+        write!(f, "{}…", &self.to_hex()[..8])
     }
 }
 
@@ -97,7 +99,10 @@ mod tests {
         assert_eq!(OwnerToken::from_hex(&token.to_hex()), Some(token));
         assert_eq!(OwnerToken::from_hex("xyz"), None);
         assert_eq!(OwnerToken::from_hex(&"g".repeat(32)), None);
-        assert!(!format!("{token:?}").contains(&token.to_hex()));
+        for shown in [format!("{token:?}"), format!("{token}"), token.to_string()] {
+            assert!(!shown.contains(&token.to_hex()[..9]), "{shown}");
+            assert!(shown.contains(&token.to_hex()[..8]), "{shown}");
+        }
         Ok(())
     }
 
