@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    AcquireAttempt, BackendError, Capabilities, LeaseStatus, LockBackend, LockName, OwnerToken,
-    ReleaseOutcome, ReleaseSignal, RenewRequest,
+    backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
+    BackendError, Capabilities, LockBackend, LockName, OwnerToken,
 };
 use tokio::time::Instant;
 
@@ -182,7 +182,7 @@ impl LockBackend for FaultyBackend {
         self.inner.subscribe_release(name).await
     }
 
-    fn loss_feed(&self) -> Option<lock_core::LossFeed> {
+    fn loss_feed(&self) -> Option<lock_core::backend::LossFeed> {
         self.inner.loss_feed()
     }
 }

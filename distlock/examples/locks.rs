@@ -48,9 +48,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (outcome, ()) = tokio::join!(job, contender);
     match outcome? {
         RunOutcome::Completed(result) => println!("replica a: {}", result?),
-        RunOutcome::Skipped(why) => println!("replica a: not run ({why:?})"),
+        RunOutcome::Skipped(why) => println!("replica a: not run ({why})"),
         RunOutcome::Aborted(reason) => println!("replica a: lock lost ({reason}), run stopped"),
-        _ => {}
     }
     b.try_lock(&name, &opts).await?.release().await?;
     println!("replica b: acquired after a released");

@@ -30,8 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Ok(())
             },
         ))
-        .build()?;
-    scheduler.start()?;
+        .start()?;
     // A service would serve requests here until SIGTERM; this one stops itself.
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

@@ -40,20 +40,16 @@ mod locks;
 
 pub use locks::{connect, Locks};
 
+pub use lock_core::CancellationToken;
 pub use lock_core::{
     AcquireOutcome, BackendError, BackendErrorKind, Capabilities, Error, LeaseHandle, LockBackend,
     LockGuard, LockMetrics, LockName, LockOptions, Locker, LockerBuilder, LossReason,
-    RenewalOutcome, Result, RunOutcome, SkipReason, TickStore, MAX_NAME_LEN,
+    RenewalOutcome, Result, RunError, RunOutcome, SkipReason, TickStore, MAX_NAME_LEN,
 };
 
 /// What a backend implements (`LockBackend` and the types it speaks in),
 /// for writing a backend or a wrapper around one.
-pub mod backend {
-    pub use lock_core::{
-        async_trait, AcquireAttempt, Capabilities, Expiry, Lease, LeaseStatus, LockBackend,
-        OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest, TickStore,
-    };
-}
+pub use lock_core::backend;
 
 /// The metrics library the lock and scheduler metrics register with, so a
 /// service can pass a `Registry` and expose it without a dependency of its own.

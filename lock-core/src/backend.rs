@@ -1,4 +1,7 @@
-//! The [`LockBackend`] trait: single attempts against one lock service.
+//! What a backend implements: the [`LockBackend`] trait (single attempts
+//! against one lock service) and the types it speaks in. Services only name
+//! [`LockBackend`] and [`Capabilities`], which the crate root re-exports; the
+//! rest is for writing a backend or a wrapper around one.
 
 use std::fmt;
 use std::future::Future;
@@ -7,9 +10,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use async_trait::async_trait;
+use crate::{BackendError, LockName};
 
-use crate::{BackendError, LockName, LossFeed, OwnerToken};
+pub use crate::loss_feed::LossFeed;
+pub use crate::ticks::TickStore;
+pub use crate::token::OwnerToken;
+/// Re-exported so backends and callers name the same `async_trait`.
+pub use async_trait::async_trait;
 
 /// How a backend's leases end when their holder disappears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

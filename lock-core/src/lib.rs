@@ -32,7 +32,7 @@
 //! See [`Locker`].
 #![forbid(unsafe_code)]
 
-mod backend;
+pub mod backend;
 mod error;
 mod heartbeat;
 mod lease;
@@ -48,20 +48,26 @@ mod ticks;
 mod token;
 mod wait;
 
-pub use backend::{
-    AcquireAttempt, Capabilities, Expiry, Lease, LeaseStatus, LockBackend, ReleaseOutcome,
-    ReleaseSignal, RenewRequest,
+pub(crate) use backend::{
+    AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
+pub use backend::{Capabilities, LockBackend};
 pub use error::{BackendError, BackendErrorKind, Error, LossReason, Result};
 pub use lease::{LeaseHandle, LockGuard};
 pub use locker::{Locker, LockerBuilder};
-pub use loss_feed::LossFeed;
 pub use metrics::{AcquireOutcome, LockMetrics, RenewalOutcome};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, MAX_TTL};
-pub use outcome::{RunOutcome, SkipReason};
+pub use outcome::{RunError, RunOutcome, SkipReason};
 pub use ticks::TickStore;
 pub use token::OwnerToken;
 
 /// Re-exported so backends and callers name the same `async_trait`.
 pub use async_trait::async_trait;
+
+/// The metrics library [`Locker`] registers with, so a service can pass a
+/// `Registry` and expose it without a dependency (and version) of its own.
+pub use prometheus;
+
+/// The token a lease fires when it ends ([`LeaseHandle::cancellation_token`]).
+pub use tokio_util::sync::CancellationToken;

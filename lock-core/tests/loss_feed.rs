@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, Capabilities, Error, Expiry, Lease, LeaseStatus,
-    LockBackend, LockMetrics, LockName, LockOptions, Locker, LossFeed, LossReason, OwnerToken,
-    ReleaseOutcome,
+    async_trait,
+    backend::{AcquireAttempt, Expiry, Lease, LeaseStatus, LossFeed, ReleaseOutcome},
+    BackendError, Capabilities, Error, LockBackend, LockMetrics, LockName, LockOptions, Locker,
+    LossReason, OwnerToken,
 };
 use prometheus::Registry;
 

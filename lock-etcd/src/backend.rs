@@ -8,8 +8,11 @@ use etcd_client::{
     TxnOpResponse,
 };
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, Lease, LeaseStatus,
-    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    async_trait,
+    backend::{
+        AcquireAttempt, Expiry, Lease, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    },
+    BackendError, Capabilities, LockBackend, LockName, OwnerToken,
 };
 use tracing::{debug, warn};
 

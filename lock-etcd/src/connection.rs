@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, KeyValue, TlsOptions};
 use lock_core::redact::redact_url;
-use lock_core::{BackendError, BackendErrorKind, LeaseStatus, LockName, OwnerToken};
+use lock_core::{backend::LeaseStatus, BackendError, BackendErrorKind, LockName, OwnerToken};
 use tracing::debug;
 
 use crate::config::{EtcdBuilder, DEFAULT_MIN_TTL};

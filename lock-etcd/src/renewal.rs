@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lock_core::{BackendError, BackendErrorKind, LeaseStatus, LockName, OwnerToken, RenewRequest};
+use lock_core::{
+    backend::{LeaseStatus, RenewRequest},
+    BackendError, BackendErrorKind, LockName, OwnerToken,
+};
 
 use crate::backend::first_kv;
 use crate::connection::{classify, Held, Inner};

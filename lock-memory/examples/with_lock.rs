@@ -27,9 +27,8 @@ async fn main() -> lock_core::Result<()> {
         .await?;
     match outcome {
         RunOutcome::Completed(result) => result?,
-        RunOutcome::Skipped(why) => println!("not run: {why:?}"),
+        RunOutcome::Skipped(why) => println!("not run: {why}"),
         RunOutcome::Aborted(reason) => println!("lock lost ({reason}); the run was stopped"),
-        _ => {}
     }
     Ok(())
 }

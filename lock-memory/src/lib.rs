@@ -22,8 +22,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, Lease, LeaseStatus,
-    LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    async_trait,
+    backend::{
+        AcquireAttempt, Expiry, Lease, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    },
+    BackendError, Capabilities, LockBackend, LockName, OwnerToken,
 };
 use tokio::time::{sleep_until, Instant};
 
@@ -139,9 +142,10 @@ impl MemoryBackend {
         self.shared.state()
     }
 
-    /// Saboteur: hands `name` to a new owner for `ttl`, as another client
+    /// Test hook (saboteur): hands `name` to a new owner for `ttl`, as another client
     /// overwriting the key would. Returns the thief's token, or `None` if the
     /// lock was not held.
+    #[cfg(feature = "test-util")]
     pub fn steal(&self, name: &LockName, ttl: Duration) -> Option<OwnerToken> {
         let thief = OwnerToken::generate().ok()?;
         let now = Instant::now();
@@ -157,8 +161,9 @@ impl MemoryBackend {
         Some(thief)
     }
 
-    /// Saboteur: deletes `name` as if its TTL had run out. Returns whether a
+    /// Test hook (saboteur): deletes `name` as if its TTL had run out. Returns whether a
     /// live lease was removed.
+    #[cfg(feature = "test-util")]
     pub fn expire(&self, name: &LockName) -> bool {
         let now = Instant::now();
         let mut st = self.state();
@@ -168,7 +173,8 @@ impl MemoryBackend {
         removed
     }
 
-    /// The owner currently holding `name`, if any.
+    /// Test hook: the owner currently holding `name`, if any.
+    #[cfg(feature = "test-util")]
     pub fn holder(&self, name: &LockName) -> Option<OwnerToken> {
         self.state().live(name, Instant::now()).map(|e| e.owner)
     }

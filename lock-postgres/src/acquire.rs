@@ -5,7 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireAttempt, BackendError, BackendErrorKind, Lease, LockName, OwnerToken};
+use lock_core::{
+    backend::{AcquireAttempt, Lease},
+    BackendError, BackendErrorKind, LockName, OwnerToken,
+};
 use tokio_postgres::types::Type;
 use tracing::warn;
 

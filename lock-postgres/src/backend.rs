@@ -6,8 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, Capabilities, Expiry, LeaseStatus, LockBackend,
-    LockName, LossFeed, LossReason, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    async_trait,
+    backend::{
+        AcquireAttempt, Expiry, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    },
+    BackendError, Capabilities, LockBackend, LockName, LossReason, OwnerToken,
 };
 use tracing::{debug, warn};
 

@@ -27,7 +27,7 @@
 //! When the session ends (`pg_terminate_backend`, `idle_session_timeout`, a
 //! shutdown, a broken connection), the server frees every lock on it at
 //! once. The backend tells lock-core at that moment, through its
-//! [`LossFeed`](lock_core::LossFeed): every lease on the session is marked
+//! [`LossFeed`](lock_core::backend::LossFeed): every lease on the session is marked
 //! lost (`expired`) in every [`Locker`](lock_core::Locker), as soon as the
 //! task driving the connection sees it close or a statement fails with a
 //! connection or shutdown error. A terminating server sends its error

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{BackendError, BackendErrorKind, LockName, LossReason, OwnerToken, ReleaseOutcome};
+use lock_core::{
+    backend::ReleaseOutcome, BackendError, BackendErrorKind, LockName, LossReason, OwnerToken,
+};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_postgres::types::Type;

@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use lock_core::{BackendError, BackendErrorKind, LeaseStatus, RenewRequest};
+use lock_core::{
+    backend::{LeaseStatus, RenewRequest},
+    BackendError, BackendErrorKind,
+};
 use tokio_postgres::types::Type;
 use tracing::warn;
 

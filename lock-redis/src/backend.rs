@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Expiry, Lease,
-    LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    async_trait,
+    backend::{
+        AcquireAttempt, Expiry, Lease, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
+    },
+    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken,
 };
 
 use tracing::{debug, warn};

@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lock_core::{BackendError, ReleaseSignal};
+use lock_core::{backend::ReleaseSignal, BackendError};
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{oneshot, Mutex, Notify};
 use tracing::debug;

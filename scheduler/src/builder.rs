@@ -85,7 +85,7 @@ impl ElectionOptions {
 
 /// Builds a [`Scheduler`]: a [`Locker`], a [`TickStore`] on the same server,
 /// a mode, jobs, and optionally a clock, a metrics registry and an outcome hook.
-#[must_use = "a scheduler builder runs nothing until `build` and `start` are called"]
+#[must_use = "a scheduler builder runs nothing until `start` is called"]
 pub struct SchedulerBuilder {
     locker: Locker,
     ticks: Arc<dyn TickStore>,
@@ -171,7 +171,19 @@ impl SchedulerBuilder {
         self
     }
 
-    /// Validates everything and builds the scheduler (not started yet).
+    /// Builds the scheduler and starts it on the current tokio runtime, in
+    /// one call: keep the returned [`Scheduler`] until its
+    /// [`shutdown`](Scheduler::shutdown), since dropping it stops every job.
+    ///
+    /// # Errors
+    ///
+    /// As [`SchedulerBuilder::build`] and [`Scheduler::start`].
+    pub fn start(self) -> Result<Scheduler> {
+        self.build()?.start()
+    }
+
+    /// Validates everything and builds the scheduler (not started yet: see
+    /// [`SchedulerBuilder::start`]).
     ///
     /// # Errors
     ///
@@ -242,6 +254,6 @@ impl SchedulerBuilder {
         self.locker
             .capabilities()
             .cloned()
-            .unwrap_or_else(|| lock_core::Capabilities::new(lock_core::Expiry::Ttl))
+            .unwrap_or_else(|| lock_core::Capabilities::new(lock_core::backend::Expiry::Ttl))
     }
 }

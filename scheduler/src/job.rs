@@ -196,7 +196,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_names_ttls_and_policies() {
-        let any = lock_core::Capabilities::new(lock_core::Expiry::Ttl);
+        let any = lock_core::Capabilities::new(lock_core::backend::Expiry::Ttl);
         let zero = &any;
         assert!(reason(job("has space").compile(zero)).contains("not allowed"));
         assert!(reason(job("").compile(zero)).contains("empty"));
@@ -209,7 +209,7 @@ mod tests {
                 .compile(zero)
         )
         .contains("max_hold"));
-        let bounded = lock_core::Capabilities::new(lock_core::Expiry::Session)
+        let bounded = lock_core::Capabilities::new(lock_core::backend::Expiry::Session)
             .with_min_ttl(Duration::from_secs(1))
             .with_max_ttl(Duration::from_secs(2));
         assert!(
@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn bad_cron_and_zone_surface_their_own_errors() {
-        let any = lock_core::Capabilities::new(lock_core::Expiry::Ttl);
+        let any = lock_core::Capabilities::new(lock_core::backend::Expiry::Ttl);
         let bad_cron = Job::new("j", "every minute", |_| async { Ok(()) }).compile(&any);
         assert!(matches!(bad_cron, Err(Error::InvalidCron { .. })));
         let bad_zone = job("j").time_zone("Europe/Atlantis").compile(&any);

@@ -136,11 +136,13 @@ mod run;
 mod runtime;
 mod schedule;
 mod scheduler;
+#[cfg(feature = "test-util")]
+mod tokio_clock;
 
 pub use builder::{
     ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE, MAX_SKEW_TOLERANCE,
 };
-pub use clock::{SystemClock, TokioClock, WallClock};
+pub use clock::{SystemClock, WallClock};
 pub use connect::{connect, Backend};
 pub use context::JobContext;
 pub use error::{Error, JobError, Result};
@@ -153,3 +155,14 @@ pub use missed::MissedTicks;
 pub use runtime::RunReport;
 pub use schedule::Schedule;
 pub use scheduler::{Scheduler, SHUTDOWN_GRACE};
+#[cfg(feature = "test-util")]
+pub use tokio_clock::TokioClock;
+
+/// The date-time library of [`JobContext::scheduled_at`] and [`WallClock`],
+/// re-exported so a service names the same `DateTime` without a dependency
+/// of its own.
+pub use chrono;
+/// The lock API the scheduler runs on ([`lock_core::Locker`],
+/// [`lock_core::LockName`], the backend trait), re-exported at the version
+/// this crate was built with.
+pub use lock_core;

@@ -178,22 +178,26 @@ impl SchedulerMetrics {
         self.lag.with_label_values(&[job]).observe(seconds.max(0.0));
     }
 
-    /// The current value of `scheduler_runs_total{job, outcome}`.
+    /// Test hook: The current value of `scheduler_runs_total{job, outcome}`.
+    #[cfg(feature = "test-util")]
     pub fn runs(&self, job: &str, outcome: TickOutcome) -> u64 {
         self.runs.with_label_values(&[job, outcome.as_str()]).get()
     }
 
-    /// The current value of `scheduler_is_leader`.
+    /// Test hook: The current value of `scheduler_is_leader`.
+    #[cfg(feature = "test-util")]
     pub fn is_leader(&self) -> i64 {
         self.is_leader.get()
     }
 
-    /// How many runs of `job` were timed (the duration histogram's count).
+    /// Test hook: How many runs of `job` were timed (the duration histogram's count).
+    #[cfg(feature = "test-util")]
     pub fn timed_runs(&self, job: &str) -> u64 {
         self.duration.with_label_values(&[job]).get_sample_count()
     }
 
-    /// How many tick lags of `job` were observed.
+    /// Test hook: How many tick lags of `job` were observed.
+    #[cfg(feature = "test-util")]
     pub fn lag_samples(&self, job: &str) -> u64 {
         self.lag.with_label_values(&[job]).get_sample_count()
     }

@@ -53,7 +53,7 @@ impl MissedTicks {
 
     /// The ticks to run now: missed ticks after `last_completed` and no
     /// later than `upto`, chosen by this policy, oldest first.
-    pub fn select(
+    pub(crate) fn select(
         &self,
         schedule: &Schedule,
         last_completed: Option<DateTime<Utc>>,

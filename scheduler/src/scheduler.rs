@@ -22,8 +22,9 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs cron jobs so that each tick runs once across replicas.
 ///
-/// Build it with [`Scheduler::builder`], [`start`](Scheduler::start) it, and
-/// end it with [`shutdown`](Scheduler::shutdown). Dropping it without a
+/// Build and start it with [`Scheduler::builder`] and
+/// [`SchedulerBuilder::start`], keep it, and end it with
+/// [`shutdown`](Scheduler::shutdown). Dropping it without a
 /// shutdown stops every task at once and releases locks in the background.
 ///
 /// # Examples
@@ -42,8 +43,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 ///         ctx.assert_held()?;
 ///         Ok(())
 ///     }))
-///     .build()?;
-/// scheduler.start()?;
+///     .start()?;
 /// scheduler.shutdown(Duration::from_secs(10)).await?;
 /// # Ok(()) }
 /// ```
@@ -79,13 +79,22 @@ impl Scheduler {
     }
 
     /// Starts firing jobs (per-tick mode) or campaigning for leadership
-    /// (leader mode), on the current tokio runtime.
+    /// (leader mode), on the current tokio runtime, and hands the running
+    /// scheduler back: keep it until [`shutdown`](Scheduler::shutdown), since
+    /// dropping it stops every job. [`SchedulerBuilder::start`] builds and
+    /// starts in one call.
     ///
     /// # Errors
     ///
     /// [`Error::AlreadyStarted`] on a second call; [`Error::Config`] outside
-    /// a tokio runtime; [`Error::Lock`] if the election cannot start.
-    pub fn start(&self) -> Result<()> {
+    /// a tokio runtime; [`Error::Lock`] if the election cannot start. The
+    /// scheduler is dropped with the error, stopping anything it began.
+    pub fn start(self) -> Result<Self> {
+        self.start_tasks()?;
+        Ok(self)
+    }
+
+    fn start_tasks(&self) -> Result<()> {
         let handle = current()?;
         let mut started = self.started.lock().unwrap_or_else(PoisonError::into_inner);
         if *started {

@@ -116,7 +116,7 @@ async fn wall_clock_steps_never_refire_a_tick() {
         .job(job)
         .build()
         .expect("valid");
-    s.start().expect("starts");
+    let s = s.start().expect("starts");
     tokio::time::sleep(Duration::from_secs(6)).await; // ticks at +1, +3, +5 s
     clock.step(-5_000);
     tokio::time::sleep(Duration::from_millis(8_500)).await; // reads +1..+9.5: +7, +9 run

@@ -33,10 +33,7 @@ async fn schedulers_on_the_default_registry_share_one_series() {
         .registry(prometheus::default_registry())
         .build()
         .expect("explicit default registry");
-    let replicas = [implicit, again, explicit];
-    for s in &replicas {
-        s.start().expect("starts");
-    }
+    let replicas = [implicit, again, explicit].map(|s| s.start().expect("starts"));
     // Ticks at +0.5 s, +1.5 s and +2.5 s from the start.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for s in replicas {

@@ -76,9 +76,8 @@ pub(crate) async fn scheduler_through_facade(ctx: Ctx) {
             // The profile's TTL: backends may cap it (Postgres's max_ttl).
             .ttl(ctx.timing().ttl),
         )
-        .build()
-        .expect("scheduler builds");
-    scheduler.start().expect("starts");
+        .start()
+        .expect("scheduler starts");
     let ran = tokio::time::timeout(FIRST_RUN_WITHIN, async {
         while let Some(report) = reported.recv().await {
             if report.outcome == TickOutcome::Success {

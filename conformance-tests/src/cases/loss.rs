@@ -1,8 +1,8 @@
 use std::time::Duration;
 
 use lock_core::{
-    AcquireAttempt, Error, LeaseHandle, LeaseStatus, LossReason, OwnerToken, ReleaseOutcome,
-    RenewalOutcome, RunOutcome,
+    backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome},
+    Error, LeaseHandle, LossReason, OwnerToken, RenewalOutcome, RunOutcome,
 };
 use tokio::sync::oneshot;
 use tokio::time::{sleep, Instant};

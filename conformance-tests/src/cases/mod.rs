@@ -18,7 +18,7 @@ mod watchdog;
 
 use std::time::Duration;
 
-use lock_core::{Expiry, LossReason, RenewalOutcome};
+use lock_core::{backend::Expiry, LossReason, RenewalOutcome};
 
 use crate::suite::{Case, CaseFn, Requires};
 use crate::Ctx;

@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireAttempt, LeaseStatus, LockBackend, LockName, OwnerToken, ReleaseOutcome};
+use lock_core::{
+    backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome},
+    LockBackend, LockName, OwnerToken,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tokio::time::Instant;

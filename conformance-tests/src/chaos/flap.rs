@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::{Error, Expiry, LeaseHandle, LockName, LockOptions, LossReason};
+use lock_core::{backend::Expiry, Error, LeaseHandle, LockName, LockOptions, LossReason};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, Instant};
 

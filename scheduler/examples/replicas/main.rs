@@ -141,8 +141,7 @@ async fn run_mode(
             .registry(&Registry::new())
             .on_outcome(move |report| hook.reported(i, report))
             .job(job)
-            .build()?;
-        scheduler.start()?;
+            .start()?;
         replicas.push(Some(Replica { scheduler, wire }));
     }
 

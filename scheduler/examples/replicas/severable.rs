@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, AcquireAttempt, BackendError, Capabilities, LeaseStatus, LockBackend, LockName,
-    OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest, TickStore,
+    async_trait,
+    backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
+    BackendError, Capabilities, LockBackend, LockName, OwnerToken, TickStore,
 };
 
 /// Forwards every call until [`Severable::cut`]; after that every call

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Capabilities, Expiry, LockBackend, TickStore};
+use lock_core::{backend::Expiry, Capabilities, LockBackend, TickStore};
 use lock_etcd::{EtcdBackend, EtcdBuilder};
 
 use crate::harness::{free_port, which, Availability, ServerProcess};

@@ -5,7 +5,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
-use lock_core::{AcquireAttempt, Error, LockBackend, LockName, LockOptions, Locker, OwnerToken};
+use lock_core::{
+    backend::AcquireAttempt, Error, LockBackend, LockName, LockOptions, Locker, OwnerToken,
+};
 use lock_memory::MemoryBackend;
 use prometheus::Registry;
 

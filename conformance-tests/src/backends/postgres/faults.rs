@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    AcquireAttempt, BackendErrorKind, LockBackend, LockName, LockOptions, LossReason, OwnerToken,
-    RunOutcome,
+    backend::AcquireAttempt, BackendErrorKind, LockBackend, LockName, LockOptions, LossReason,
+    OwnerToken, RunOutcome,
 };
 use lock_postgres::PostgresBackend;
 use tokio::time::{timeout, Instant};

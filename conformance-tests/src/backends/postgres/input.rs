@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireAttempt, BackendErrorKind, LockBackend, LockOptions, OwnerToken};
+use lock_core::{backend::AcquireAttempt, BackendErrorKind, LockBackend, LockOptions, OwnerToken};
 use lock_postgres::{PostgresBackend, SslMode};
 use tokio::time::Instant;
 

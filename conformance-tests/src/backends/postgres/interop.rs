@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireAttempt, LockBackend, LockName, OwnerToken, ReleaseOutcome};
+use lock_core::{
+    backend::{AcquireAttempt, ReleaseOutcome},
+    LockBackend, LockName, OwnerToken,
+};
 use lock_postgres::{AdvisoryKey, PostgresBackend};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::timeout;

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireAttempt, LockBackend, LockOptions, LossReason, OwnerToken};
+use lock_core::{backend::AcquireAttempt, LockBackend, LockOptions, LossReason, OwnerToken};
 use tokio::time::{sleep, timeout, Instant};
 
 use super::specific::{backend_as, hold, locker, name};

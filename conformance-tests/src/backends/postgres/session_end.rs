@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    AcquireAttempt, LeaseHandle, LockBackend, LockName, LockOptions, LossReason, OwnerToken,
-    RunOutcome,
+    backend::AcquireAttempt, LeaseHandle, LockBackend, LockName, LockOptions, LossReason,
+    OwnerToken, RunOutcome,
 };
 use lock_postgres::PostgresBackend;
 use tokio::time::{sleep, timeout, Instant};

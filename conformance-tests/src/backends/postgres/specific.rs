@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
 use lock_core::{
-    AcquireAttempt, Error, LeaseHandle, LockBackend, LockMetrics, LockName, LockOptions, Locker,
-    OwnerToken, ReleaseOutcome, RunOutcome,
+    backend::{AcquireAttempt, ReleaseOutcome},
+    Error, LeaseHandle, LockBackend, LockMetrics, LockName, LockOptions, Locker, OwnerToken,
+    RunOutcome,
 };
 use lock_postgres::PostgresBackend;
 use prometheus::Registry;
@@ -195,7 +196,7 @@ async fn two_lockers_one_backend_exclude(f: Arc<PostgresFactory>) -> Result<(), 
     if backend.release(&n, &stranger).await? != ReleaseOutcome::NotHeld {
         return Err("a foreign token released the lock".into());
     }
-    if backend.renew(&n, &stranger, TTL).await? == lock_core::LeaseStatus::Held {
+    if backend.renew(&n, &stranger, TTL).await? == lock_core::backend::LeaseStatus::Held {
         return Err("a foreign token renewed the lock".into());
     }
     guard.assert_held()?;

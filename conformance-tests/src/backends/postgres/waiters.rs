@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use lock_core::{AcquireAttempt, Error, LockBackend, LockOptions, OwnerToken};
+use lock_core::{backend::AcquireAttempt, Error, LockBackend, LockOptions, OwnerToken};
 use tokio::time::{sleep, timeout, Instant};
 
 use super::specific::{backend_as, locker, name};

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use lock_core::{
-    AcquireAttempt, BackendErrorKind, LeaseStatus, LockBackend, LockName, LossReason, OwnerToken,
-    ReleaseOutcome, RenewRequest, RenewalOutcome,
+    backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, RenewRequest},
+    BackendErrorKind, LockBackend, LockName, LossReason, OwnerToken, RenewalOutcome,
 };
 use tokio::time::{sleep, timeout, Instant};
 

@@ -109,7 +109,7 @@ impl BackendFactory for RedisFactory {
 
     fn capabilities(&self) -> Capabilities {
         RedisConfig::new().build().map_or_else(
-            |_| Capabilities::new(lock_core::Expiry::Ttl),
+            |_| Capabilities::new(lock_core::backend::Expiry::Ttl),
             |b| b.capabilities(),
         )
     }

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
 use lock_core::{
-    Error, LeaseStatus, LockBackend, LockMetrics, LockName, LockOptions, Locker, LossReason,
-    OwnerToken, RenewRequest, RenewalOutcome,
+    backend::{LeaseStatus, RenewRequest},
+    Error, LockBackend, LockMetrics, LockName, LockOptions, Locker, LossReason, OwnerToken,
+    RenewalOutcome,
 };
 use prometheus::Registry;
 use redis::aio::MultiplexedConnection;

@@ -263,7 +263,7 @@ async fn floors_for_renewal(
             for name in part {
                 let owner = lock_core::OwnerToken::generate()?;
                 backend.try_acquire(&name, &owner, ttl).await?;
-                requests.push(lock_core::RenewRequest { name, owner, ttl });
+                requests.push(lock_core::backend::RenewRequest { name, owner, ttl });
             }
             Ok::<_, BoxError>(requests)
         }));

@@ -117,8 +117,7 @@ async fn replica(url: &str, mode: Mode, job_ttl: Duration, run: Duration) -> Res
             ));
         })
         .job(job)
-        .build()?;
-    scheduler.start()?;
+        .start()?;
     say(format_args!("READY"));
     let mut leadership = scheduler.leadership();
     let watch = tokio::spawn(async move {

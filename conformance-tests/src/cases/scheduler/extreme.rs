@@ -196,7 +196,7 @@ pub(crate) async fn scheduler_extreme_settings_refused_or_run(ctx: Ctx) {
                         .await
                         .expect("record");
                 }
-                s.start().expect("starts");
+                let s = s.start().expect("starts");
                 running.push((knob, value, name, settings, s));
             }
         }
@@ -265,7 +265,7 @@ pub(crate) async fn scheduler_extreme_lock_ttls_refused_or_run(ctx: Ctx) {
             match built {
                 Err(e) => assert!(is_clear_refusal(&e), "{knob:?} = {value:?}: {e:?}"),
                 Ok(s) => {
-                    s.start().expect("starts");
+                    let s = s.start().expect("starts");
                     running.push((format!("{knob:?} = {value:?}"), name, s));
                 }
             }

@@ -110,7 +110,7 @@ fn one(s: &Settings) -> Result<(), TestCaseError> {
             }
             Ok(scheduler) => scheduler,
         };
-        scheduler
+        let scheduler = scheduler
             .start()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         sleep(Duration::from_secs(5)).await;

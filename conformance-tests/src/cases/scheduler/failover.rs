@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::Expiry;
+use lock_core::backend::Expiry;
 use scheduler::{MissedTicks, Mode, TickOutcome};
 use tokio::time::{sleep, Instant};
 

@@ -269,7 +269,7 @@ impl Fleet {
         let mut started = Vec::new();
         for replica in 0..self.replicas.len() {
             let s = self.scheduler(ctx, replica, mode.clone(), vec![job(replica)]);
-            s.start().expect("starts");
+            let s = s.start().expect("starts");
             if replica == 0 && matches!(mode, Mode::Leader(_)) {
                 // Replica 0 leads before the others start, so leader cases know
                 // who leads; yielding alone is not enough against a real server.

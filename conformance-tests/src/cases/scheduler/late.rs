@@ -84,7 +84,7 @@ async fn late_wakeup(ctx: Ctx, work: Duration) {
     let clock = Arc::new(StallingClock::new(Arc::clone(&fleet.clocks[0])));
     let job = fleet.recording_job(name.as_str(), plan.cron, 0, work);
     let s = fleet.scheduler_with_clock(&ctx, 0, Mode::PerTick, vec![job], clock.clone());
-    s.start().expect("starts");
+    let s = s.start().expect("starts");
     sleep(plan.period * 2).await;
     // Half a period in: the last run has ended (runs last under a third).
     sleep_until_phase(&fleet.clocks[0], plan.period, 2).await;

@@ -39,7 +39,7 @@ pub(crate) async fn scheduler_overlapping_tick_is_skipped(ctx: Ctx) {
     .ttl(ctx.timing().ttl);
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
-    s.start().expect("starts");
+    let s = s.start().expect("starts");
     // Ticks at 0.75, 1.75, ..., 5.75 periods; runs of 2.25 periods. The
     // 1st runs until 3.0, the 3rd replaces the 2nd and runs until 5.25, the
     // 5th replaces the 4th and runs until 7.5, the 6th waits for it and is
@@ -78,7 +78,7 @@ pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
     .ttl(ctx.timing().ttl);
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
-    s.start().expect("starts");
+    let s = s.start().expect("starts");
     sleep(plan.period * 4).await;
     let metrics = s.metrics().clone();
     s.shutdown(plan.period).await.expect("clean shutdown");
@@ -130,7 +130,7 @@ pub(crate) async fn scheduler_shutdown_releases_every_lock(ctx: Ctx) {
     let election = fleet::election(&ctx);
     let leader_lock = LockName::new(ctx.name("leader").as_str()).expect("valid");
     let s = fleet.scheduler(&ctx, 0, Mode::Leader(election), vec![job]);
-    s.start().expect("starts");
+    let s = s.start().expect("starts");
     started.notified().await;
     let scheduled = fleet.reports_of(0, name.as_str());
     assert!(scheduled.is_empty(), "no run has ended yet: {scheduled:?}");

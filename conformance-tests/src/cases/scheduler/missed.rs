@@ -28,7 +28,7 @@ pub(crate) async fn scheduler_missed_tick_policies_after_outage(ctx: Ctx) {
             .collect()
     };
     let before = fleet.scheduler(&ctx, 0, Mode::PerTick, jobs(0, [MissedTicks::Skip; 3]));
-    before.start().expect("starts");
+    let before = before.start().expect("starts");
     sleep(plan.period * 3).await;
     before
         .shutdown(Duration::from_secs(10))
@@ -52,7 +52,7 @@ pub(crate) async fn scheduler_missed_tick_policies_after_outage(ctx: Ctx) {
     ];
     let back_at = fleet.clocks[1].now();
     let after = fleet.scheduler(&ctx, 1, Mode::PerTick, jobs(1, policies));
-    after.start().expect("starts");
+    let after = after.start().expect("starts");
     // Less than the time left to the next tick: only catch-up runs happen.
     sleep(plan.period / 2).await;
     after

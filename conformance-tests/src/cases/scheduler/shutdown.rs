@@ -67,7 +67,7 @@ pub(crate) async fn scheduler_shutdown_stops_a_catch_up_batch(ctx: Ctx) {
     .ttl(ctx.timing().ttl)
     .missed_ticks(run_all(plan));
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
-    s.start().expect("starts");
+    let s = s.start().expect("starts");
     timeout(plan.period, started.notified())
         .await
         .expect("the first catch-up run starts at once");
@@ -122,7 +122,7 @@ pub(crate) async fn scheduler_shutdown_is_not_held_up_by_a_catch_up_wait(ctx: Ct
     .ttl(timing.ttl)
     .missed_ticks(run_all(plan));
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
-    s.start().expect("starts");
+    let s = s.start().expect("starts");
     // The replica's first backend call is the catch-up's acquire; from then
     // on it waits for the held lock.
     timeout(timing.ttl / 2, async {

@@ -52,11 +52,11 @@ pub(crate) async fn scheduler_skew_beyond_tolerance_still_runs_once(ctx: Ctx) {
     let name = ctx.name("far-behind");
     let job = |replica| fleet.recording_job(name.as_str(), plan.cron, replica, plan.work);
     let ahead = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job(0)]);
-    ahead.start().expect("starts");
+    let ahead = ahead.start().expect("starts");
     // Start the late replica once every tick it will see was due on replica 0.
     sleep(behind + plan.period).await;
     let late = fleet.scheduler(&ctx, 1, Mode::PerTick, vec![job(1)]);
-    late.start().expect("starts");
+    let late = late.start().expect("starts");
     sleep(plan.period * plan.ticks / 2).await;
     let schedulers = vec![ahead, late];
     fleet.shutdown_all(schedulers).await;
@@ -124,7 +124,7 @@ pub(crate) async fn scheduler_finished_tick_outlives_its_replica(ctx: Ctx) {
     let name = ctx.name("outlives");
     let job = |replica| fleet.recording_job(name.as_str(), plan.cron, replica, plan.work);
     let ahead = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job(0)]);
-    ahead.start().expect("starts");
+    let ahead = ahead.start().expect("starts");
     let mut waited = 0;
     while fleet.log.completed().len() < 2 {
         assert!(waited < 60, "replica 0 finished no two ticks in 6 periods");
@@ -142,7 +142,7 @@ pub(crate) async fn scheduler_finished_tick_outlives_its_replica(ctx: Ctx) {
         let _ = saboteur.expire(&lock).await;
     }
     let late = fleet.scheduler(&ctx, 1, Mode::PerTick, vec![job(1)]);
-    late.start().expect("starts");
+    let late = late.start().expect("starts");
     sleep(plan.period * 4).await;
     fleet.shutdown_all(vec![late]).await;
     let runs = fleet.log.completed();

@@ -4,7 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libtest_mimic::Failed;
-use lock_core::{AcquireAttempt, LeaseStatus, LockBackend, OwnerToken, RenewRequest};
+use lock_core::{
+    backend::{AcquireAttempt, LeaseStatus, RenewRequest},
+    LockBackend, OwnerToken,
+};
 use tokio::time::{sleep, Instant};
 
 use super::ensure;

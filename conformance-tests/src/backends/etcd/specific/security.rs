@@ -6,8 +6,9 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, Permission};
 use libtest_mimic::Failed;
 use lock_core::{
-    AcquireAttempt, BackendErrorKind, Error, LockBackend, LockOptions, Locker, OwnerToken,
-    ReleaseOutcome, RunOutcome, SkipReason, TickStore,
+    backend::{AcquireAttempt, ReleaseOutcome},
+    BackendErrorKind, Error, LockBackend, LockOptions, Locker, OwnerToken, RunOutcome, SkipReason,
+    TickStore,
 };
 use lock_etcd::EtcdBuilder;
 use tokio::time::Instant;
