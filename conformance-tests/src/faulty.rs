@@ -25,6 +25,9 @@ pub enum Fault {
     /// Let acquires through, but refuse renewals and checks with a
     /// configuration error (as a detected pooler or a revoked ACL would).
     RefuseRenewals = 3,
+    /// Let everything through, but hold each release for `stall` first, as
+    /// a slow server would.
+    StallReleases = 4,
 }
 
 /// One renewal round trip: when it started and ended, and how many leases it carried.
@@ -91,6 +94,7 @@ impl FaultyBackend {
             1 => Fault::Down,
             2 => Fault::StallRenewals,
             3 => Fault::RefuseRenewals,
+            4 => Fault::StallReleases,
             _ => Fault::None,
         }
     }
@@ -106,12 +110,14 @@ impl FaultyBackend {
                     "injected: no answer within the operation timeout",
                 ))
             }
-            Fault::StallRenewals | Fault::RefuseRenewals if !is_renewal => Ok(()),
+            Fault::StallRenewals | Fault::RefuseRenewals | Fault::StallReleases if !is_renewal => {
+                Ok(())
+            }
             Fault::RefuseRenewals => Err(BackendError::new(
                 lock_core::BackendErrorKind::Config,
                 "injected: the server refuses this session",
             )),
-            Fault::StallRenewals => Ok(()),
+            Fault::StallRenewals | Fault::StallReleases => Ok(()),
         }
     }
 }
@@ -160,6 +166,9 @@ impl LockBackend for FaultyBackend {
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         self.gate(false).await?;
+        if self.fault() == Fault::StallReleases {
+            tokio::time::sleep(self.stall).await;
+        }
         self.inner.release(name, owner).await
     }
 

@@ -16,7 +16,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".into());
     let locks = distlock::connect(&url).await?;
     let locker = locks.locker()?;
-    let scheduler = Scheduler::builder(locker, locks.tick_store())
+    let scheduler = Scheduler::builder(locker.clone(), locks.tick_store())
         .job(Job::new(
             "examples/every-second",
             "* * * * * *",
@@ -37,6 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ = tokio::time::sleep(Duration::from_millis(3_500)) => {}
     }
     scheduler.shutdown(Duration::from_secs(5)).await?;
+    locker.shutdown(Duration::from_secs(5)).await?;
     let ran = scheduler_runs();
     println!("scheduler_runs_total{{outcome=\"success\"}} = {ran}");
     Ok(())

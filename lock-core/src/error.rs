@@ -110,6 +110,13 @@ pub enum Error {
         /// The lock that was requested.
         name: LockName,
     },
+    /// The `Locker` was shut down ([`Locker::shutdown`](crate::Locker::shutdown));
+    /// it acquires nothing more.
+    #[error("lock {name} was not acquired: this Locker has been shut down")]
+    ShutDown {
+        /// The lock that was requested.
+        name: LockName,
+    },
     /// The lease is no longer valid (lost, or released by its holder); stop
     /// writing to the protected resource.
     #[error("lock {name} is no longer held ({reason}); stop before the next write")]

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep_until, Instant};
 use tracing::{debug, warn};
 
+use crate::background::Background;
 use crate::lease::LeaseState;
 use crate::metrics::RenewalOutcome;
 use crate::{BackendErrorKind, LeaseStatus, LockBackend, LossReason, RenewRequest};
@@ -84,7 +85,7 @@ impl Shared {
 
 impl HeartbeatHandle {
     /// Starts the heartbeat task on the current tokio runtime.
-    pub(crate) fn spawn(backend: Arc<dyn LockBackend>) -> Self {
+    pub(crate) fn spawn(backend: Arc<dyn LockBackend>, background: &Background) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let batch = backend.capabilities().batch_renew;
         let shared = Arc::new(Shared {
@@ -92,7 +93,8 @@ impl HeartbeatHandle {
             wake_at: AtomicU64::new(0),
             epoch: Instant::now(),
         });
-        tokio::spawn(Heartbeat::new(backend, batch, Arc::clone(&shared)).run(rx));
+        let task = Heartbeat::new(backend, batch, Arc::clone(&shared), background.clone());
+        background.spawn(task.run(rx));
         Self { tx, shared }
     }
 
@@ -155,16 +157,23 @@ struct Heartbeat {
     entries: HashMap<u64, Entry>,
     in_flight: JoinSet<Vec<RenewResult>>,
     shared: Arc<Shared>,
+    background: Background,
 }
 
 impl Heartbeat {
-    fn new(backend: Arc<dyn LockBackend>, batch: bool, shared: Arc<Shared>) -> Self {
+    fn new(
+        backend: Arc<dyn LockBackend>,
+        batch: bool,
+        shared: Arc<Shared>,
+        background: Background,
+    ) -> Self {
         Self {
             backend,
             batch,
             entries: HashMap::new(),
             in_flight: JoinSet::new(),
             shared,
+            background,
         }
     }
 
@@ -214,6 +223,11 @@ impl Heartbeat {
                 }
                 _ = sleep_until(wake) => {
                     self.shared.wake_at.store(0, Ordering::SeqCst);
+                }
+                () = self.background.closing() => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shut_down();
+                    break;
                 }
             }
             // Forgotten leases must not be renewed: apply the queue first.
@@ -375,14 +389,38 @@ impl Heartbeat {
         }
     }
 
-    fn release_in_background(&self, lease: Arc<LeaseState>) {
-        let backend = Arc::clone(&self.backend);
-        tokio::spawn(async move {
-            if let Err(e) = backend.release(&lease.name, &lease.owner).await {
-                warn!(lock = %lease.name, error = %e, "background release failed; the lease ends at its TTL");
+    /// The `Locker` is shutting down: every lease tracked here (and every
+    /// one still queued) ends as released for all its handles, and its
+    /// release starts as a tracked task. Renewals in flight are dropped.
+    fn shut_down(&mut self) {
+        self.drain();
+        let now = Instant::now();
+        for (_, entry) in self.entries.drain() {
+            let lease = entry.lease;
+            if lease.finish(now) != Err(LossReason::Stolen) {
+                release_in_background(&self.backend, &self.background, lease);
             }
-        });
+        }
+        debug!("heartbeat stopped: the Locker is shutting down");
     }
+
+    fn release_in_background(&self, lease: Arc<LeaseState>) {
+        release_in_background(&self.backend, &self.background, lease);
+    }
+}
+
+/// Releases `lease` in a task the `Locker`'s shutdown waits for.
+pub(crate) fn release_in_background(
+    backend: &Arc<dyn LockBackend>,
+    background: &Background,
+    lease: Arc<LeaseState>,
+) {
+    let backend = Arc::clone(backend);
+    background.spawn(async move {
+        if let Err(e) = backend.release(&lease.name, &lease.owner).await {
+            warn!(lock = %lease.name, error = %e, "background release failed; the lease ends at its TTL");
+        }
+    });
 }
 
 async fn renew_batch(

@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+mod background;
 mod error;
 mod heartbeat;
 mod lease;

@@ -9,7 +9,8 @@ use prometheus::Registry;
 use tokio::time::{sleep, sleep_until, Instant};
 use tracing::warn;
 
-use crate::heartbeat::HeartbeatHandle;
+use crate::background::Background;
+use crate::heartbeat::{release_in_background, HeartbeatHandle};
 use crate::lease::{deadline_after, LeaseParts, LeaseState};
 use crate::local::{LocalClaim, LocalClaims};
 use crate::loss_feed::LeaseRegistry;
@@ -41,9 +42,8 @@ use crate::{
 ///     Ok::<_, lock_core::Error>(42)
 /// }).await? {
 ///     RunOutcome::Completed(value) => println!("ran: {value:?}"),
-///     RunOutcome::Skipped(why) => println!("skipped: {why:?}"),
+///     RunOutcome::Skipped(why) => println!("skipped: {why}"),
 ///     RunOutcome::Aborted(reason) => println!("lock lost: {reason}"),
-///     _ => {}
 /// }
 /// # Ok(()) }
 /// ```
@@ -62,6 +62,7 @@ struct Inner {
     next_id: AtomicU64,
     /// This `Locker`'s leases by owner, when the backend pushes losses.
     registry: Option<Arc<LeaseRegistry>>,
+    background: Background,
 }
 
 impl fmt::Debug for Locker {
@@ -154,6 +155,7 @@ impl LockerBuilder {
                 heartbeat: Mutex::new(None),
                 next_id: AtomicU64::new(1),
                 registry,
+                background: Background::default(),
             }),
         })
     }
@@ -205,6 +207,47 @@ impl Locker {
     /// The metrics this `Locker` reports into.
     pub fn metrics(&self) -> &LockMetrics {
         &self.inner.metrics
+    }
+
+    /// Shuts this `Locker` (and every clone of it) down: refuses new
+    /// acquisitions, stops renewal, ends every lease it holds for all their
+    /// handles (as [`LossReason::Released`](crate::LossReason::Released),
+    /// cancelling guarded work) and releases them, then waits up to
+    /// `deadline` for that and every other background task (releases queued
+    /// by dropped guards, retained holds) to finish.
+    ///
+    /// Call it last in a graceful shutdown, after the work using the locks has
+    /// stopped: a guard dropped at the end of `main` only queues its release,
+    /// which the runtime's end would cut off, leaving the lock held until its
+    /// TTL (on a session backend, until the connection is noticed gone). A
+    /// retained hold on a TTL backend stays on the server until it is over,
+    /// as intended; on a session backend it is released now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] (kind `Timeout`) if background work was still
+    /// running at the deadline: those locks end at their TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future stops only the waiting; the shutdown
+    /// has begun and its releases go on in the background.
+    pub async fn shutdown(&self, deadline: std::time::Duration) -> Result<()> {
+        let running = self.inner.background.close(deadline).await;
+        if running == 0 {
+            return Ok(());
+        }
+        warn!(
+            running,
+            ?deadline,
+            "Locker shutdown: background work still running at the deadline"
+        );
+        Err(Error::Backend(BackendError::new(
+            BackendErrorKind::Timeout,
+            format!(
+                "{running} background task(s) (releases, most likely) were still running {deadline:?} after shutdown began; their locks end at their TTL"
+            ),
+        )))
     }
 
     /// Tries once to acquire `name`.
@@ -369,6 +412,9 @@ impl Locker {
         opts: &LockOptions,
         count: CountDenials,
     ) -> Result<LockGuard> {
+        if self.inner.background.is_closing() {
+            return Err(Error::ShutDown { name: name.clone() });
+        }
         let label = label_for(name, opts);
         let metrics = &self.inner.metrics;
         let Some(claim) = self.inner.claims.claim(name) else {
@@ -381,7 +427,12 @@ impl Locker {
             return self.unlocked_guard(name, opts, label, claim);
         };
         let owner = OwnerToken::generate()?;
-        let mut cleanup = ReleaseOnDrop::arm(Arc::clone(&backend), name.clone(), owner);
+        let mut cleanup = ReleaseOnDrop::arm(
+            Arc::clone(&backend),
+            name.clone(),
+            owner,
+            self.inner.background.clone(),
+        );
         let sent_at = Instant::now();
         let attempt = backend.try_acquire(name, &owner, opts.ttl()).await;
         let lease = match attempt {
@@ -433,9 +484,18 @@ impl Locker {
             backend: Some(Arc::clone(&backend)),
             metrics: metrics.clone(),
             registry: self.inner.registry.clone(),
+            background: self.inner.background.clone(),
         });
         let heartbeat = self.heartbeat(&backend);
         heartbeat.track(Arc::clone(&state));
+        if self.inner.background.is_closing() {
+            // Shutdown began during the acquire: its heartbeat may have
+            // stopped before seeing this lease, so end and release it here
+            // (a second release, if the heartbeat did too, finds nothing).
+            let _ = state.finish(Instant::now());
+            release_in_background(&backend, &self.inner.background, state);
+            return Err(Error::ShutDown { name: name.clone() });
+        }
         Ok(LockGuard::new(state, Some(heartbeat), claim))
     }
 
@@ -464,6 +524,7 @@ impl Locker {
             backend: None,
             metrics: metrics.clone(),
             registry: None,
+            background: self.inner.background.clone(),
         });
         Ok(LockGuard::new(state, None, claim))
     }
@@ -479,7 +540,7 @@ impl Locker {
         match slot.as_ref() {
             Some(hb) if !hb.is_closed() => hb.clone(),
             _ => {
-                let hb = HeartbeatHandle::spawn(Arc::clone(backend));
+                let hb = HeartbeatHandle::spawn(Arc::clone(backend), &self.inner.background);
                 *slot = Some(hb.clone());
                 hb
             }
@@ -505,13 +566,18 @@ fn skip_reason(e: Error) -> Result<SkipReason> {
 /// Releases an owner token if an acquire is abandoned midway, so a cancelled
 /// or failed acquire leaves no lock behind on the server.
 struct ReleaseOnDrop {
-    armed: Option<(Arc<dyn LockBackend>, LockName, OwnerToken)>,
+    armed: Option<(Arc<dyn LockBackend>, LockName, OwnerToken, Background)>,
 }
 
 impl ReleaseOnDrop {
-    fn arm(backend: Arc<dyn LockBackend>, name: LockName, owner: OwnerToken) -> Self {
+    fn arm(
+        backend: Arc<dyn LockBackend>,
+        name: LockName,
+        owner: OwnerToken,
+        background: Background,
+    ) -> Self {
         Self {
-            armed: Some((backend, name, owner)),
+            armed: Some((backend, name, owner, background)),
         }
     }
 
@@ -522,13 +588,16 @@ impl ReleaseOnDrop {
 
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
-        let Some((backend, name, owner)) = self.armed.take() else {
+        let Some((backend, name, owner, background)) = self.armed.take() else {
             return;
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = backend.release(&name, &owner).await;
-            });
+            background.spawn_on(
+                async move {
+                    let _ = backend.release(&name, &owner).await;
+                },
+                &rt,
+            );
         }
     }
 }

@@ -178,6 +178,22 @@ impl SchedulerBuilder {
     /// # Errors
     ///
     /// As [`SchedulerBuilder::build`] and [`Scheduler::start`].
+    ///
+    /// # Examples
+    ///
+    /// A scheduler started and dropped in one statement would stop every job
+    /// at once; the unused [`Scheduler`] is a `must_use` warning (here denied):
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # async fn demo(locker: lock_core::Locker, ticks: std::sync::Arc<dyn lock_core::TickStore>) -> scheduler::Result<()> {
+    /// use scheduler::{Job, Scheduler};
+    ///
+    /// Scheduler::builder(locker, ticks)
+    ///     .job(Job::new("reports/hourly", "0 0 * * * *", |_ctx| async { Ok(()) }))
+    ///     .start()?;
+    /// # Ok(()) }
+    /// ```
     pub fn start(self) -> Result<Scheduler> {
         self.build()?.start()
     }

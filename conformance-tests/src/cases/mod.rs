@@ -9,6 +9,7 @@ mod facade;
 mod fencing;
 mod input;
 mod local;
+mod locker_shutdown;
 mod loss;
 mod metrics;
 mod model;
@@ -57,6 +58,14 @@ pub static ALL: &[Case] = &[
     case!(loss::retained_lock_ends_after_hold, Requires::Nothing),
     case!(watchdog::max_hold_aborts_and_frees, Requires::Nothing),
     case!(ended::released_lease_ends_every_clone, Requires::Nothing),
+    case!(
+        locker_shutdown::locker_shutdown_releases_every_lease,
+        Requires::Nothing
+    ),
+    case!(
+        locker_shutdown::locker_shutdown_is_bounded_by_its_deadline,
+        Requires::Nothing
+    ),
     case!(ended::dropped_guard_ends_every_clone, Requires::Nothing),
     case!(
         ended::retained_lease_ends_every_clone_after_hold,

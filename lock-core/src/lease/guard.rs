@@ -183,10 +183,21 @@ impl LockGuard {
 
 /// Ends a retained lease when its hold is over: a session backend releases
 /// it then; a TTL backend's server forgets it by itself.
+///
+/// A `Locker` shutting down ends the hold early: a session backend's lock
+/// would go with the process anyway, so it is released now; a TTL backend's
+/// server keeps the mark until the hold is over, as intended.
 fn spawn_retention_end(state: Arc<LeaseState>, until: Instant) {
-    tokio::spawn(async move {
-        sleep_until(until).await;
-        let _ = state.check_valid(Instant::now());
+    let background = state.background.clone();
+    background.clone().spawn(async move {
+        tokio::select! {
+            () = sleep_until(until) => {
+                let _ = state.check_valid(Instant::now());
+            }
+            () = background.closing() => {
+                let _ = state.finish(Instant::now());
+            }
+        }
         let Some(backend) = &state.backend else {
             return;
         };

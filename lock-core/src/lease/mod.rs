@@ -25,6 +25,7 @@ pub use handle::LeaseHandle;
 use crate::LossReason;
 use tokio::time::Instant;
 
+use crate::background::Background;
 use crate::loss_feed::LeaseRegistry;
 use crate::{Error, LockBackend, LockMetrics, LockName, OwnerToken};
 use cell::{LeaseCell, Validity};
@@ -51,6 +52,8 @@ pub(crate) struct LeaseState {
     metrics: LockMetrics,
     /// Where the backend's loss feed finds this lease, if it has one.
     registry: Option<Arc<LeaseRegistry>>,
+    /// The owning `Locker`'s tasks, which shutdown waits for.
+    pub(crate) background: Background,
 }
 
 /// Everything needed to build a [`LeaseState`].
@@ -65,6 +68,7 @@ pub(crate) struct LeaseParts {
     pub(crate) backend: Option<Arc<dyn LockBackend>>,
     pub(crate) metrics: LockMetrics,
     pub(crate) registry: Option<Arc<LeaseRegistry>>,
+    pub(crate) background: Background,
 }
 
 /// `at + d`, or `None` when that is past what the clock can represent: a
@@ -107,6 +111,7 @@ impl LeaseState {
             hold_counted: AtomicBool::new(false),
             metrics: p.metrics,
             registry: p.registry,
+            background: p.background,
         });
         if let Some(registry) = &state.registry {
             registry.insert(&state);
