@@ -427,6 +427,7 @@ impl Locker {
             return self.unlocked_guard(name, opts, label, claim);
         };
         let owner = OwnerToken::generate()?;
+        let _expected = self.inner.registry.as_ref().map(|r| r.expect(owner));
         let mut cleanup = ReleaseOnDrop::arm(
             Arc::clone(&backend),
             name.clone(),
@@ -486,6 +487,20 @@ impl Locker {
             registry: self.inner.registry.clone(),
             background: self.inner.background.clone(),
         });
+        if let Some(reason) = state.loss_reason() {
+            // The backend pushed the end of this lease (its session closed)
+            // while the grant was on its way: no usable lock was taken.
+            if reason != crate::LossReason::Stolen {
+                release_in_background(&backend, &self.inner.background, state);
+            }
+            return Err(Error::Unavailable {
+                name: name.clone(),
+                source: BackendError::new(
+                    BackendErrorKind::Unavailable,
+                    format!("the lock ended ({reason}) as it was granted; try again"),
+                ),
+            });
+        }
         let heartbeat = self.heartbeat(&backend);
         heartbeat.track(Arc::clone(&state));
         if self.inner.background.is_closing() {

@@ -76,7 +76,7 @@ impl LossFeed {
         let owners: Vec<&OwnerToken> = owners.into_iter().collect();
         let mut ended = 0;
         for registry in registries {
-            for lease in registry.take(&owners) {
+            for lease in registry.take(&owners, reason) {
                 if lease.mark_lost(reason) {
                     ended += 1;
                 }
@@ -93,10 +93,18 @@ impl LossFeed {
     }
 }
 
-/// One `Locker`'s live leases by owner token, for the loss feed to find.
+/// One `Locker`'s live leases by owner token, for the loss feed to find,
+/// and the owners of acquires still on their way.
 #[derive(Default)]
 pub(crate) struct LeaseRegistry {
-    leases: Mutex<HashMap<OwnerToken, Weak<LeaseState>>>,
+    leases: Mutex<HashMap<OwnerToken, Slot>>,
+}
+
+/// A registered owner: an acquire not answered yet (and any loss pushed for
+/// it meanwhile), or a live lease.
+enum Slot {
+    Expected(Option<LossReason>),
+    Live(Weak<LeaseState>),
 }
 
 impl fmt::Debug for LeaseRegistry {
@@ -108,25 +116,68 @@ impl fmt::Debug for LeaseRegistry {
 }
 
 impl LeaseRegistry {
-    fn map(&self) -> MutexGuard<'_, HashMap<OwnerToken, Weak<LeaseState>>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<OwnerToken, Slot>> {
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn insert(&self, lease: &Arc<LeaseState>) {
-        self.map().insert(lease.owner, Arc::downgrade(lease));
+    /// Registers `owner` before its acquire is sent, so a loss pushed
+    /// between the server's grant and the lease's registration is kept for
+    /// the lease instead of being ignored. The returned guard unregisters
+    /// the owner if no lease takes its place.
+    pub(crate) fn expect(self: &Arc<Self>, owner: OwnerToken) -> Expected {
+        self.map().insert(owner, Slot::Expected(None));
+        Expected {
+            registry: Arc::clone(self),
+            owner,
+        }
+    }
+
+    /// Registers a live lease; returns the loss pushed for its owner while
+    /// its acquire was on the way, if any.
+    pub(crate) fn insert(&self, lease: &Arc<LeaseState>) -> Option<LossReason> {
+        match self
+            .map()
+            .insert(lease.owner, Slot::Live(Arc::downgrade(lease)))
+        {
+            Some(Slot::Expected(pushed)) => pushed,
+            _ => None,
+        }
     }
 
     pub(crate) fn remove(&self, owner: &OwnerToken) {
         self.map().remove(owner);
     }
 
-    /// The live leases among `owners`. Ending them happens outside the
-    /// registry's lock, since an ending removes its lease from the registry.
-    fn take(&self, owners: &[&OwnerToken]) -> Vec<Arc<LeaseState>> {
-        let map = self.map();
+    /// The live leases among `owners`; owners still expected keep the loss
+    /// for their lease. Ending the leases happens outside the registry's
+    /// lock, since an ending removes its lease from the registry.
+    fn take(&self, owners: &[&OwnerToken], reason: LossReason) -> Vec<Arc<LeaseState>> {
+        let mut map = self.map();
         owners
             .iter()
-            .filter_map(|o| map.get(*o).and_then(Weak::upgrade))
+            .filter_map(|o| match map.get_mut(*o)? {
+                Slot::Live(lease) => lease.upgrade(),
+                Slot::Expected(pushed) => {
+                    pushed.get_or_insert(reason);
+                    None
+                }
+            })
             .collect()
+    }
+}
+
+/// An owner registered before its acquire; unregistered when dropped unless
+/// a live lease has replaced it.
+pub(crate) struct Expected {
+    registry: Arc<LeaseRegistry>,
+    owner: OwnerToken,
+}
+
+impl Drop for Expected {
+    fn drop(&mut self) {
+        let mut map = self.registry.map();
+        if matches!(map.get(&self.owner), Some(Slot::Expected(_))) {
+            map.remove(&self.owner);
+        }
     }
 }

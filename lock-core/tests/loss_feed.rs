@@ -2,6 +2,7 @@
 //! over it at once, before it frees them on the server.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +19,9 @@ use prometheus::Registry;
 struct SessionBackend {
     held: Mutex<HashMap<LockName, OwnerToken>>,
     feed: LossFeed,
+    /// The session ends right after the server grants the next lock, before
+    /// the grant reaches the caller.
+    end_on_grant: AtomicBool,
 }
 
 impl SessionBackend {
@@ -51,6 +55,10 @@ impl LockBackend for SessionBackend {
             return Ok(AcquireAttempt::Held);
         }
         map.insert(name.clone(), *owner);
+        drop(map);
+        if self.end_on_grant.swap(false, Ordering::SeqCst) {
+            self.end_session();
+        }
         Ok(AcquireAttempt::Acquired(Lease::new(None)))
     }
 
@@ -162,4 +170,23 @@ async fn a_dropped_locker_leaves_the_feed() {
     tokio::task::yield_now().await;
     assert_eq!(backend.end_session(), 0);
     assert!(format!("{:?}", backend.feed).contains("subscribers: 0"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loss_pushed_while_the_grant_is_on_its_way_is_not_missed() {
+    let backend = Arc::new(SessionBackend::default());
+    let (l1, m1) = locker(&backend);
+    let opts = LockOptions::new(Duration::from_secs(30));
+    backend.end_on_grant.store(true, Ordering::SeqCst);
+    let r = l1.try_lock(&name("g"), &opts).await;
+    assert!(
+        matches!(&r, Err(Error::Unavailable { .. })),
+        "a lock whose session ended as it was granted was handed out: {r:?}"
+    );
+    assert_eq!(m1.losses("g", LossReason::Expired), 1);
+    // The registration of the abandoned owner is gone; the next grant is good.
+    let g = l1.try_lock(&name("g"), &opts).await.expect("g again");
+    assert!(g.is_held());
+    assert_eq!(backend.end_session(), 1);
+    assert!(!g.is_held());
 }

@@ -114,7 +114,10 @@ impl LeaseState {
             background: p.background,
         });
         if let Some(registry) = &state.registry {
-            registry.insert(&state);
+            if let Some(reason) = registry.insert(&state) {
+                // The server ended it between the grant and now.
+                state.mark_lost(reason);
+            }
         }
         state
     }
