@@ -252,6 +252,36 @@ impl Locker {
 
     /// Tries once to acquire `name`.
     ///
+    /// # Examples
+    ///
+    /// A lock per entity, named from arbitrary input, with one metric label
+    /// for all of them so the metrics stay one series per kind of lock:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Error, LockName, LockOptions, Locker};
+    ///
+    /// let locker = Locker::builder()
+    ///     .backend(lock_memory::MemoryBackend::new())
+    ///     .registry(&prometheus::Registry::new())
+    ///     .build()?;
+    /// let opts = LockOptions::new(Duration::from_secs(30)).with_metric_label("account");
+    /// let name = LockName::for_key("account", "zoe@example.com")?;
+    /// match locker.try_lock(&name, &opts).await {
+    ///     Ok(guard) => {
+    ///         guard.assert_held()?; // before every write the lock protects
+    ///         guard.release().await?;
+    ///     }
+    ///     Err(Error::Contended { .. } | Error::HeldLocally { .. }) => {
+    ///         println!("someone else is updating this account");
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Contended`] (held elsewhere), [`Error::HeldLocally`],
@@ -270,6 +300,27 @@ impl Locker {
     /// Acquires `name`, waiting while it is held (here or elsewhere) until the
     /// options' acquire timeout. Waiters wake on the backend's release
     /// notification where it has one, otherwise poll with jittered backoff.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{LockName, LockOptions, Locker};
+    ///
+    /// let locker = Locker::builder()
+    ///     .backend(lock_memory::MemoryBackend::new())
+    ///     .registry(&prometheus::Registry::new())
+    ///     .build()?;
+    /// let name = LockName::new("migrations")?;
+    /// let opts = LockOptions::new(Duration::from_secs(30))
+    ///     .with_acquire_timeout(Duration::from_secs(60)); // then Error::Timeout
+    /// let guard = locker.lock(&name, &opts).await?;
+    /// // ... migrate, calling guard.assert_held()? before each step ...
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -352,6 +403,33 @@ impl Locker {
     /// [`RunOutcome::Aborted`]. After the job returns, ownership is verified
     /// with the backend once more before the run counts as completed; then the
     /// lock is released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use lock_core::{LockName, LockOptions, Locker};
+    ///
+    /// let locker = Locker::builder()
+    ///     .backend(lock_memory::MemoryBackend::new())
+    ///     .registry(&prometheus::Registry::new())
+    ///     .build()?;
+    /// let name = LockName::new("reports/nightly")?;
+    /// let opts = LockOptions::new(Duration::from_secs(30)).with_max_hold(Duration::from_secs(600));
+    /// let written = locker
+    ///     .with_lock(&name, &opts, |lease| async move {
+    ///         lease.assert_held()?; // before every unsafe write
+    ///         Ok::<_, lock_core::Error>(3) // rows written
+    ///     })
+    ///     .await?
+    ///     .into_result()?; // Ok(None): another replica holds it
+    /// if let Some(rows) = written {
+    ///     println!("wrote {} rows", rows?);
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///

@@ -4,6 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use sha2::{Digest, Sha256};
+
 use crate::Error;
 
 /// The longest accepted lock name, in bytes.
@@ -42,11 +44,73 @@ impl LockName {
         Ok(Self(Arc::from(text)))
     }
 
+    /// A lock name for `key` under `prefix`, for names built from arbitrary
+    /// input (user ids, e-mail addresses, URLs, file paths) that the name
+    /// rules may refuse.
+    ///
+    /// The name is `prefix/key` when `key` is made of name characters, fits,
+    /// and does not itself start with `sha256:`; otherwise it is
+    /// `prefix/sha256:` and the first 32 hex digits of the key's SHA-256. The
+    /// same key gives the same name in every process and version. Two keys
+    /// share a name only by a 128-bit hash collision, which cannot be crafted,
+    /// and would only make them share one lock.
+    ///
+    /// Keep per-entity names out of metric labels (one series per entity):
+    /// give their options a fixed label with
+    /// [`LockOptions::with_metric_label`](crate::LockOptions::with_metric_label).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] when `prefix` is not a valid name or leaves no
+    /// room for a hashed key (it may be at most `MAX_NAME_LEN - 40` bytes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lock_core::LockName;
+    ///
+    /// let plain = LockName::for_key("invoice", "2026-0042")?;
+    /// assert_eq!(plain.as_str(), "invoice/2026-0042");
+    /// let hashed = LockName::for_key("user", "Zoë <zoe@example.com>")?;
+    /// assert!(hashed.as_str().starts_with("user/sha256:"));
+    /// assert_eq!(hashed, LockName::for_key("user", "Zoë <zoe@example.com>")?);
+    /// # Ok::<(), lock_core::Error>(())
+    /// ```
+    pub fn for_key(prefix: &str, key: impl AsRef<[u8]>) -> Result<Self, Error> {
+        validate(prefix)?;
+        if prefix.len() + 1 + HASHED_KEY_LEN > MAX_NAME_LEN {
+            return Err(Error::InvalidName {
+                name: truncate_for_message(prefix),
+                reason: format!(
+                    "a key prefix is at most {} bytes, so that a hashed key fits in {MAX_NAME_LEN}",
+                    MAX_NAME_LEN - 1 - HASHED_KEY_LEN
+                ),
+            });
+        }
+        let key = key.as_ref();
+        if let Ok(text) = std::str::from_utf8(key) {
+            let plain = format!("{prefix}/{text}");
+            if !text.is_empty() && !text.starts_with(HASH_MARK) && validate(&plain).is_ok() {
+                return Ok(Self(Arc::from(plain)));
+            }
+        }
+        let digest = Sha256::digest(key);
+        let mut name = format!("{prefix}/{HASH_MARK}");
+        for byte in &digest[..HASHED_KEY_LEN.saturating_sub(HASH_MARK.len()) / 2] {
+            name.push_str(&format!("{byte:02x}"));
+        }
+        Ok(Self(Arc::from(name)))
+    }
+
     /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
+
+/// What marks a hashed key, and the length of `sha256:` plus 32 hex digits.
+const HASH_MARK: &str = "sha256:";
+const HASHED_KEY_LEN: usize = 39;
 
 fn validate(text: &str) -> Result<(), Error> {
     let invalid = |reason: String| Error::InvalidName {
@@ -155,5 +219,57 @@ mod tests {
             }
             other => panic!("expected InvalidName, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn keys_are_used_as_is_or_hashed_stably() -> Result<(), Error> {
+        assert_eq!(
+            LockName::for_key("invoice", "2026-0042")?.as_str(),
+            "invoice/2026-0042"
+        );
+        // SHA-256 of the empty string starts e3b0c442...: the form is fixed
+        // across versions, since every replica must derive the same name.
+        assert_eq!(
+            LockName::for_key("p", "")?.as_str(),
+            "p/sha256:e3b0c44298fc1c149afbf4c8996fb924"
+        );
+        let long = "k".repeat(MAX_NAME_LEN);
+        for key in [
+            "a b".as_bytes(),
+            "Zoë".as_bytes(),
+            "{tag}*".as_bytes(),
+            long.as_bytes(),
+            b"\xff\xfe not utf-8",
+        ] {
+            let name = LockName::for_key("user", key)?;
+            assert!(name.as_str().starts_with("user/sha256:"), "{name}");
+            assert_eq!(name.as_str().len(), "user/".len() + HASHED_KEY_LEN);
+            assert_eq!(name, LockName::for_key("user", key)?);
+        }
+        // A key that looks hashed is hashed too, so it cannot take the name
+        // of the key whose hash it spells.
+        let hashed = LockName::for_key("p", "")?;
+        let lookalike = hashed.as_str().trim_start_matches("p/");
+        assert_ne!(LockName::for_key("p", lookalike)?, hashed);
+        assert_ne!(
+            LockName::for_key("p", "a b")?,
+            LockName::for_key("p", "a c")?
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn key_prefixes_are_checked() {
+        assert!(matches!(
+            LockName::for_key("bad prefix", "k"),
+            Err(Error::InvalidName { .. })
+        ));
+        let longest = "p".repeat(MAX_NAME_LEN - 1 - HASHED_KEY_LEN);
+        let name = LockName::for_key(&longest, "a b").expect("fits exactly");
+        assert_eq!(name.as_str().len(), MAX_NAME_LEN);
+        assert!(matches!(
+            LockName::for_key(&format!("{longest}p"), "k"),
+            Err(Error::InvalidName { reason, .. }) if reason.contains("key prefix")
+        ));
     }
 }
