@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let contender = async {
         let _ = held.await;
         match b.try_lock(&name, &opts).await {
-            Err(Error::Contended { .. }) => println!("replica b: held by another replica"),
+            Err(Error::HeldElsewhere { .. }) => println!("replica b: held by another replica"),
             other => println!("replica b: unexpected {other:?}"),
         }
         let _ = done.send(());

@@ -137,7 +137,7 @@ mod tests {
         let other = b.locker_with_registry(&registry)?;
         assert!(matches!(
             other.try_lock(&name, &opts).await,
-            Err(Error::Contended { .. })
+            Err(Error::HeldElsewhere { .. })
         ));
         let elsewhere = private.locker_with_registry(&registry)?;
         elsewhere.try_lock(&name, &opts).await?.release().await?;

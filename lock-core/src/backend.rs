@@ -130,7 +130,7 @@ pub enum AcquireAttempt {
     /// The caller's token now owns the lock.
     Acquired(Lease),
     /// Another owner holds the lock; nothing was changed.
-    Held,
+    HeldElsewhere,
 }
 
 /// What a renew or check found on the server.

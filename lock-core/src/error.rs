@@ -75,7 +75,7 @@ pub enum Error {
     Config(String),
     /// Another owner holds the lock.
     #[error("lock {name} is held by another owner")]
-    Contended {
+    HeldElsewhere {
         /// The contended lock.
         name: LockName,
     },

@@ -274,7 +274,7 @@ impl Locker {
     ///         guard.assert_held()?; // before every write the lock protects
     ///         guard.release().await?;
     ///     }
-    ///     Err(Error::Contended { .. } | Error::HeldLocally { .. }) => {
+    ///     Err(Error::HeldElsewhere { .. } | Error::HeldLocally { .. }) => {
     ///         println!("someone else is updating this account");
     ///     }
     ///     Err(e) => return Err(e),
@@ -284,7 +284,7 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`Error::Contended`] (held elsewhere), [`Error::HeldLocally`],
+    /// [`Error::HeldElsewhere`] (held elsewhere), [`Error::HeldLocally`],
     /// [`Error::Unavailable`] (backend failed; fail closed),
     /// [`Error::LockRequired`], or [`Error::Config`] for bad options.
     ///
@@ -361,7 +361,7 @@ impl Locker {
             // drops this attempt's own claim, which would wake us at once.
             let held_locally = match self.attempt(name, opts, CountDenials::No).await {
                 Err(Error::HeldLocally { .. }) => true,
-                Err(Error::Contended { .. }) => false,
+                Err(Error::HeldElsewhere { .. }) => false,
                 // An outage within a bounded wait is retried until the
                 // deadline: nothing runs meanwhile, so this stays fail closed.
                 Err(Error::Unavailable { source, .. })
@@ -521,7 +521,7 @@ impl Locker {
                 if count == CountDenials::Yes {
                     metrics.acquisition(&label, AcquireOutcome::Denied);
                 }
-                return Err(Error::Contended { name: name.clone() });
+                return Err(Error::HeldElsewhere { name: name.clone() });
             }
             Err(source) => {
                 // The request may have reached the server; keep the cleanup armed.
@@ -648,7 +648,7 @@ fn label_for(name: &LockName, opts: &LockOptions) -> String {
 
 fn skip_reason(e: Error) -> Result<SkipReason> {
     match e {
-        Error::Contended { .. } => Ok(SkipReason::HeldElsewhere),
+        Error::HeldElsewhere { .. } => Ok(SkipReason::HeldElsewhere),
         Error::HeldLocally { .. } => Ok(SkipReason::HeldLocally),
         Error::Unavailable { source, .. } => Ok(SkipReason::Unavailable(source)),
         Error::LockRequired { .. } => Ok(SkipReason::LockRequired),

@@ -52,7 +52,7 @@ impl LockBackend for SessionBackend {
     ) -> Result<AcquireAttempt, BackendError> {
         let mut map = self.map();
         if map.contains_key(name) {
-            return Ok(AcquireAttempt::Held);
+            return Ok(AcquireAttempt::HeldElsewhere);
         }
         map.insert(name.clone(), *owner);
         drop(map);

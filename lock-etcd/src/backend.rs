@@ -45,7 +45,7 @@ impl Inner {
                 .await
                 .map_err(|e| convert(&format!("acquire {key}"), e))?;
             if existing.count() > 0 {
-                return Ok(AcquireAttempt::Held);
+                return Ok(AcquireAttempt::HeldElsewhere);
             }
         }
         let seconds = lease_seconds(ttl);
@@ -73,7 +73,7 @@ impl Inner {
         if !resp.succeeded() {
             self.revoke_in_background(lease);
             self.note_contended(name, true);
-            return Ok(AcquireAttempt::Held);
+            return Ok(AcquireAttempt::HeldElsewhere);
         }
         self.note_contended(name, false);
         // The put is the only write of the transaction, so the revision it

@@ -218,7 +218,7 @@ impl LockBackend for MemoryBackend {
             st.locks.retain(|_, e| e.expires_at > now);
         }
         if st.live(name, now).is_some() {
-            return Ok(AcquireAttempt::Held);
+            return Ok(AcquireAttempt::HeldElsewhere);
         }
         st.locks.insert(
             name.clone(),
@@ -328,7 +328,10 @@ mod tests {
             b.try_acquire(&n, &a, ttl).await?,
             AcquireAttempt::Acquired(_)
         ));
-        assert_eq!(b.try_acquire(&n, &other, ttl).await?, AcquireAttempt::Held);
+        assert_eq!(
+            b.try_acquire(&n, &other, ttl).await?,
+            AcquireAttempt::HeldElsewhere
+        );
         assert_eq!(b.renew(&n, &other, ttl).await?, LeaseStatus::Stolen);
         assert_eq!(b.release(&n, &other).await?, ReleaseOutcome::NotHeld);
         tokio::time::advance(Duration::from_millis(999)).await;

@@ -54,7 +54,7 @@ impl PostgresBackend {
                 // grant this, so the exclusion between owners sharing the
                 // session is enforced here.
                 if h.session.is_alive() {
-                    return Ok(AcquireAttempt::Held);
+                    return Ok(AcquireAttempt::HeldElsewhere);
                 }
             }
             // Recorded before the statement leaves, so a release for this
@@ -103,7 +103,7 @@ impl PostgresBackend {
             .first()
             .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
         if !self.granted(&session, row, key, owner)? {
-            return Ok(AcquireAttempt::Held);
+            return Ok(AcquireAttempt::HeldElsewhere);
         }
         if !cfg.fencing {
             return self.still_alive(&session, Ok(AcquireAttempt::Acquired(Lease::new(None))));
@@ -199,7 +199,7 @@ impl PostgresBackend {
             .first()
             .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
         if !self.granted(session, row, key, owner)? {
-            return Ok(AcquireAttempt::Held);
+            return Ok(AcquireAttempt::HeldElsewhere);
         }
         let token: Option<i64> = row.try_get(2).map_err(|e| protocol(e.to_string()))?;
         let token = token

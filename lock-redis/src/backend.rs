@@ -185,7 +185,7 @@ impl LockBackend for RedisBackend {
             })
             .await?;
         match u64::try_from(got) {
-            Ok(0) => Ok(AcquireAttempt::Held),
+            Ok(0) => Ok(AcquireAttempt::HeldElsewhere),
             Ok(token) => Ok(AcquireAttempt::Acquired(Lease::new(Some(token)))),
             Err(_) => Err(protocol("acquire", conn.target(), got)),
         }

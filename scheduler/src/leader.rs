@@ -266,7 +266,7 @@ impl Campaign {
                     }
                     drop(guard);
                 }
-                Err(LockError::Contended { .. } | LockError::HeldLocally { .. }) => {
+                Err(LockError::HeldElsewhere { .. } | LockError::HeldLocally { .. }) => {
                     debug!(election = %self.name, "another replica leads");
                 }
                 Err(e) => warn!(election = %self.name, error = %e, "election attempt failed"),

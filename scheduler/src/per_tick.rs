@@ -77,7 +77,9 @@ async fn attempt(
     let guard = match acquired {
         Ok(g) => g,
         Err(
-            LockError::Contended { .. } | LockError::HeldLocally { .. } | LockError::Timeout { .. },
+            LockError::HeldElsewhere { .. }
+            | LockError::HeldLocally { .. }
+            | LockError::Timeout { .. },
         ) => {
             debug!(job = label, tick = %tick.at, "another replica has this tick");
             return TickOutcome::Skipped;

@@ -45,7 +45,7 @@ pub(crate) async fn facade_connect(ctx: Ctx) {
     assert!(
         matches!(
             lb.try_lock(&name, &ctx.opts()).await,
-            Err(Error::Contended { .. })
+            Err(Error::HeldElsewhere { .. })
         ),
         "b must be turned away while a holds the lock"
     );

@@ -228,7 +228,7 @@ pub(super) async fn retained_lock_ends_after_hold(ctx: Ctx) {
     assert!(
         matches!(
             b.locker.try_lock(&name, &ctx.opts()).await,
-            Err(Error::Contended { .. })
+            Err(Error::HeldElsewhere { .. })
         ),
         "a retained lock was free at once"
     );

@@ -131,7 +131,7 @@ async fn check_sequence(ctx: &Ctx, name: &LockName, ops: &[Op]) -> Result<(), Te
                         );
                         last_fence = fence;
                     }
-                    (Some(_), AcquireAttempt::Held) => {}
+                    (Some(_), AcquireAttempt::HeldElsewhere) => {}
                     (expected, got) => {
                         prop_assert!(false, "{op:?}: model holder {expected:?}, backend {got:?}")
                     }

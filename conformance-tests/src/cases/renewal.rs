@@ -23,7 +23,7 @@ pub(super) async fn renewal_keeps_lease_alive(ctx: Ctx) {
         assert!(
             matches!(
                 b.locker.try_lock(&name, &ctx.opts()).await,
-                Err(Error::Contended { .. })
+                Err(Error::HeldElsewhere { .. })
             ),
             "another replica acquired a renewed lease"
         );

@@ -30,7 +30,7 @@ pub(super) async fn leak_probe(locker: &Locker, name: &LockName, opts: &LockOpti
             guard.release().await.expect("release of the leak probe");
             0
         }
-        Err(Error::Contended { .. }) => 1,
+        Err(Error::HeldElsewhere { .. }) => 1,
         Err(e) => panic!("leak probe failed: {e}"),
     }
 }

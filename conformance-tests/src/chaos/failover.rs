@@ -264,7 +264,7 @@ async fn one_failover(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Tria
                 succ = Some(g);
                 break;
             }
-            Err(Error::Contended { .. } | Error::Unavailable { .. }) => {
+            Err(Error::HeldElsewhere { .. } | Error::Unavailable { .. }) => {
                 assert!(
                     switched_at.elapsed() < ttl * 3,
                     "the successor never acquired"

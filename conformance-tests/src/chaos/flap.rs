@@ -112,7 +112,7 @@ async fn worker(
         let blocked = asked.elapsed();
         let guard = match attempt {
             Ok(g) => g,
-            Err(Error::Contended { .. } | Error::HeldLocally { .. }) => {
+            Err(Error::HeldElsewhere { .. } | Error::HeldLocally { .. }) => {
                 sleep(RETRY_EVERY).await;
                 continue;
             }

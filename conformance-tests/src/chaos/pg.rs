@@ -375,7 +375,7 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
         let mut refusals = 0;
         while Instant::now() + Duration::from_millis(200) < thaw_at {
             match successor.try_lock(&name, &opts).await {
-                Err(Error::Contended { .. }) => refusals += 1,
+                Err(Error::HeldElsewhere { .. }) => refusals += 1,
                 Ok(_) => panic!("the lock of a stopped (connected) holder was handed out"),
                 Err(e) => panic!("the successor's try failed: {e}"),
             }

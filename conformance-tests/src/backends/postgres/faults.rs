@@ -97,7 +97,7 @@ pub(super) async fn frozen_session_fails_closed(f: Arc<PostgresFactory>) -> Resu
         return Err("the run was not aborted".into());
     }
     // Session-scoped: the frozen session still holds the lock.
-    if b.try_acquire(&n, &OwnerToken::generate()?, TTL).await? != AcquireAttempt::Held {
+    if b.try_acquire(&n, &OwnerToken::generate()?, TTL).await? != AcquireAttempt::HeldElsewhere {
         return Err("the lock of a frozen (not dead) session was handed out".into());
     }
     drop(frozen);

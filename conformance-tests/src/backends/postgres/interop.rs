@@ -39,7 +39,7 @@ pub(super) async fn psql_pairs_interoperate(f: Arc<PostgresFactory>) -> Result<(
         "t",
         "psql takes the pair",
     )?;
-    if ours.try_acquire(&n, &token, TTL).await? != AcquireAttempt::Held {
+    if ours.try_acquire(&n, &token, TTL).await? != AcquireAttempt::HeldElsewhere {
         return Err("we acquired a pair psql holds".into());
     }
     expect(

@@ -189,7 +189,10 @@ async fn two_lockers_one_backend_exclude(f: Arc<PostgresFactory>) -> Result<(), 
     let n = name(&f, "shared-session");
     let opts = LockOptions::new(TTL);
     let guard = a.try_lock(&n, &opts).await?;
-    if !matches!(b.try_lock(&n, &opts).await, Err(Error::Contended { .. })) {
+    if !matches!(
+        b.try_lock(&n, &opts).await,
+        Err(Error::HeldElsewhere { .. })
+    ) {
         return Err("a second Locker on the same session acquired a held name".into());
     }
     let stranger = OwnerToken::generate()?;
@@ -200,7 +203,10 @@ async fn two_lockers_one_backend_exclude(f: Arc<PostgresFactory>) -> Result<(), 
         return Err("a foreign token renewed the lock".into());
     }
     guard.assert_held()?;
-    if !matches!(b.try_lock(&n, &opts).await, Err(Error::Contended { .. })) {
+    if !matches!(
+        b.try_lock(&n, &opts).await,
+        Err(Error::HeldElsewhere { .. })
+    ) {
         return Err("the foreign release freed the lock".into());
     }
     guard.release().await?;

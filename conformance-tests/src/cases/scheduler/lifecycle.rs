@@ -99,7 +99,7 @@ pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
                     .expect("release");
             }
             TickOutcome::Success | TickOutcome::Failure => assert!(
-                matches!(got, Err(LockError::Contended { .. })),
+                matches!(got, Err(LockError::HeldElsewhere { .. })),
                 "a finished tick keeps its completion mark"
             ),
             other => panic!("unexpected outcome {other}"),

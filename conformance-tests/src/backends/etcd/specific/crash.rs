@@ -57,7 +57,7 @@ pub(super) async fn abandoned_lock_frees_after_ttl(
                 guard.release().await?;
                 break after;
             }
-            Err(Error::Contended { .. }) if died_at.elapsed() < bound => {
+            Err(Error::HeldElsewhere { .. }) if died_at.elapsed() < bound => {
                 sleep(Duration::from_millis(50)).await
             }
             Err(e) => return Err(format!("after {:?}: {e}", died_at.elapsed()).into()),

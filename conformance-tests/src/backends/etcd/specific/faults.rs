@@ -192,7 +192,7 @@ pub(super) async fn paused_server_holder_aborts_first(
                 successor = Some((g, Instant::now()));
                 break;
             }
-            Err(Error::Contended { .. } | Error::Unavailable { .. }) => {
+            Err(Error::HeldElsewhere { .. } | Error::Unavailable { .. }) => {
                 sleep(Duration::from_millis(100)).await
             }
             Err(e) => return Err(format!("successor: {e}").into()),
