@@ -89,6 +89,47 @@ impl Job {
         }
     }
 
+    /// As [`Job::new`], for a handler that already exists as a function with
+    /// an error type of its own (`anyhow::Result<()>`, a service's error
+    /// enum): any error convertible into [`JobError`] is accepted.
+    ///
+    /// [`Job::new`] fixes the error type instead, so that a closure using `?`
+    /// on several error types needs no annotation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use scheduler::{Job, JobContext};
+    ///
+    /// #[derive(Debug)]
+    /// struct ReportError;
+    /// impl std::fmt::Display for ReportError {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         f.write_str("the report store refused the write")
+    ///     }
+    /// }
+    /// impl std::error::Error for ReportError {}
+    ///
+    /// async fn nightly_report(ctx: JobContext) -> Result<(), ReportError> {
+    ///     ctx.assert_held().map_err(|_| ReportError)?;
+    ///     Ok(())
+    /// }
+    ///
+    /// let job = Job::from_fn("reports/nightly", "0 0 3 * * *", nightly_report);
+    /// # drop(job);
+    /// ```
+    pub fn from_fn<F, Fut, E>(name: impl Into<String>, cron: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<JobError> + 'static,
+    {
+        Self::new(name, cron, move |ctx| {
+            let run = handler(ctx);
+            async move { run.await.map_err(Into::into) }
+        })
+    }
+
     /// Reads the cron expression in the IANA time zone `zone` (default `UTC`).
     pub fn time_zone(mut self, zone: impl Into<String>) -> Self {
         self.zone = zone.into();

@@ -184,3 +184,42 @@ async fn election_elects_one_and_hands_over() {
     assert_eq!(events.len(), 3, "{events:?}");
     assert!(ttl > interval);
 }
+
+/// A handler written as a function with its own error type fits
+/// `Job::from_fn`; its errors are counted as failed runs.
+#[tokio::test(start_paused = true)]
+async fn function_handlers_with_their_own_error_type_run() {
+    #[derive(Debug)]
+    struct StoreDown;
+    impl std::fmt::Display for StoreDown {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the report store is down")
+        }
+    }
+    impl std::error::Error for StoreDown {}
+    async fn fails(_ctx: scheduler::JobContext) -> Result<(), StoreDown> {
+        Err(StoreDown)
+    }
+    let (locker, ticks, _) = backend();
+    let base = DateTime::from_timestamp(1_800_000_000, 500_000_000).expect("valid");
+    let outcomes: Arc<Mutex<Vec<scheduler::TickOutcome>>> = Arc::default();
+    let log = Arc::clone(&outcomes);
+    let s = Scheduler::builder(locker, ticks)
+        .registry(&Registry::new())
+        .clock(Arc::new(TokioClock::starting_at(base)))
+        .on_outcome(move |report| log.lock().expect("log").push(report.outcome))
+        .job(Job::from_fn("reports/failing", "* * * * * *", fails))
+        .start()
+        .expect("starts");
+    tokio::time::sleep(Duration::from_secs(2)).await; // ticks at +0.5 s and +1.5 s
+    let m = s.metrics().clone();
+    s.shutdown(Duration::from_secs(1)).await.expect("clean");
+    assert_eq!(
+        *outcomes.lock().expect("log"),
+        vec![scheduler::TickOutcome::Failure; 2]
+    );
+    assert_eq!(
+        m.runs("reports/failing", scheduler::TickOutcome::Failure),
+        2
+    );
+}
