@@ -107,7 +107,8 @@ impl MetricsServerBuilder {
         self
     }
 
-    /// Closes any connection, even a busy keep-alive one, after `timeout`.
+    /// Closes any connection, even a busy keep-alive one, after `timeout`: a
+    /// response being sent gets 5 s more to finish, then it is cut.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self

@@ -20,6 +20,10 @@ use super::handler::MetricsService;
 const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
+/// How long a connection past its lifetime may take to finish the response
+/// it is sending before it is cut.
+const LIFETIME_GRACE: Duration = Duration::from_secs(5);
+
 /// A standalone `/metrics` HTTP server. See the [module docs](super).
 #[derive(Debug)]
 pub struct MetricsServer(());
@@ -138,10 +142,24 @@ async fn accept_loop(
         let connection = http.serve_connection(TokioIo::new(stream), service.clone());
         connections.spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(lifetime, connection).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => debug!(%peer, error = %e, "metrics connection ended with an error"),
-                Err(_) => debug!(%peer, "metrics connection closed at its lifetime limit"),
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = tokio::time::sleep(lifetime) => {
+                    // Let a scrape in flight finish; an idle keep-alive
+                    // connection closes at once.
+                    connection.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(LIFETIME_GRACE, connection).await {
+                        Ok(ended) => ended,
+                        Err(_) => {
+                            debug!(%peer, "metrics connection cut at its lifetime limit");
+                            return;
+                        }
+                    }
+                }
+            };
+            if let Err(e) = ended {
+                debug!(%peer, error = %e, "metrics connection ended with an error");
             }
         });
     }

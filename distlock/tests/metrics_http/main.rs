@@ -2,66 +2,17 @@
 //! requests, slow and oversized clients, and too many connections. Each bad
 //! client must get a quick error while good scrapes keep succeeding.
 
-use std::net::SocketAddr;
+mod client;
+mod logs;
+
 use std::time::{Duration, Instant};
 
-use distlock::metrics_http::{MetricsServer, MetricsServerHandle};
-use distlock::prometheus::{IntCounter, Registry};
+use distlock::metrics_http::MetricsServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-const TOKEN: &str = "t0ken-for-tests";
-/// Every case ends within this, so a server that stalls fails fast.
-const CASE_LIMIT: Duration = Duration::from_secs(30);
-
-fn registry() -> Registry {
-    let registry = Registry::new();
-    let counter = IntCounter::new("probe_total", "A probe.").expect("valid metric");
-    counter.inc_by(7);
-    registry
-        .register(Box::new(counter))
-        .expect("registers in a fresh registry");
-    registry
-}
-
-async fn start(max_connections: usize, header_timeout: Duration) -> MetricsServerHandle {
-    MetricsServer::builder(registry())
-        .token(TOKEN)
-        .bind(([127, 0, 0, 1], 0).into())
-        .max_connections(max_connections)
-        .header_read_timeout(header_timeout)
-        .start()
-        .await
-        .expect("binds a free loopback port")
-}
-
-/// Sends `raw` and reads until the server closes; returns what came back.
-async fn exchange(addr: SocketAddr, raw: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connects");
-    stream.write_all(raw).await.expect("sends the request");
-    let mut out = Vec::new();
-    let _ = timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn get(path: &str, auth: Option<&str>) -> Vec<u8> {
-    let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-    format!("GET {path} HTTP/1.1\r\nHost: test\r\n{auth}Connection: close\r\n\r\n").into_bytes()
-}
-
-/// A scrape with the token; panics unless it returns the exposition.
-async fn good_scrape(addr: SocketAddr) -> Duration {
-    let started = Instant::now();
-    let reply = exchange(addr, &get("/metrics", Some(&format!("Bearer {TOKEN}")))).await;
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    assert!(reply.contains("probe_total 7"), "{reply}");
-    started.elapsed()
-}
-
-fn status(reply: &str) -> &str {
-    reply.lines().next().unwrap_or("")
-}
+use client::{exchange, get, good_scrape, registry, start, status, CASE_LIMIT, TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrapes_need_the_token_and_bad_requests_get_quick_errors() {
@@ -277,6 +228,55 @@ async fn without_a_token_anyone_can_scrape() {
         let reply = exchange(server.local_addr(), &get("/metrics", None)).await;
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
         assert!(reply.contains("probe_total 7"), "{reply}");
+        server.shutdown().await;
+    })
+    .await
+    .expect("the case finished in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_is_closed_at_its_lifetime() {
+    timeout(CASE_LIMIT, async {
+        let lifetime = Duration::from_secs(1);
+        let server = MetricsServer::builder(registry())
+            .token(TOKEN)
+            .bind(([127, 0, 0, 1], 0).into())
+            .connection_timeout(lifetime)
+            .header_read_timeout(Duration::from_secs(20))
+            .start()
+            .await
+            .expect("binds");
+        let started = Instant::now();
+        let mut stream = TcpStream::connect(server.local_addr())
+            .await
+            .expect("connects");
+        let keep_alive =
+            format!("GET /metrics HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {TOKEN}\r\n\r\n");
+        stream
+            .write_all(keep_alive.as_bytes())
+            .await
+            .expect("sends");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            // Ends with EOF (or a reset) when the server closes the connection.
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        let closed_after = started.elapsed();
+        let seen = String::from_utf8_lossy(&seen);
+        println!("keep-alive connection closed after {closed_after:?} (lifetime {lifetime:?})");
+        assert!(
+            seen.starts_with("HTTP/1.1 200"),
+            "the scrape was answered first: {seen}"
+        );
+        assert!(closed_after >= lifetime, "closed early: {closed_after:?}");
+        assert!(
+            closed_after < lifetime + Duration::from_secs(3),
+            "{closed_after:?}"
+        );
         server.shutdown().await;
     })
     .await
