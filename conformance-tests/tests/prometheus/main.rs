@@ -60,6 +60,7 @@ async fn run() -> Result<(), BoxError> {
     let backend = factory.backend()?;
     let name = LockName::new(LOCK)?;
     let key = backend.key_for(&name);
+    let fence = backend.fence_key();
     let locker = Locker::builder()
         .backend(backend)
         .registry(&registry)
@@ -78,7 +79,8 @@ async fn run() -> Result<(), BoxError> {
     };
     let port = prometheus.port();
     let outcome = observe_theft(&locker, &name, &key, factory.url(), port).await;
-    let _ = redis_cli(factory.url(), &["DEL", &key]).await;
+    // Leave nothing behind on a shared server.
+    let _ = redis_cli(factory.url(), &["DEL", &key, &fence]).await;
     endpoint.shutdown().await;
     outcome.map_err(|e| format!("{e}\nprometheus log:\n{}", prometheus.log()).into())
 }
