@@ -10,6 +10,7 @@
 //! | `postgres` | `distlock::postgres`: session-scoped advisory locks | `postgres://`, `postgresql://` |
 //! | `etcd` | `distlock::etcd`: a lease per lock (builds with `protoc`) | `etcd://`, `etcds://` |
 //! | `scheduler` | `distlock::scheduler`: cron jobs run once across replicas | |
+//! | `metrics-http` | `distlock::metrics_http`: `GET /metrics` with an optional bearer token | |
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -37,6 +38,9 @@
 #![forbid(unsafe_code)]
 
 mod locks;
+
+#[cfg(feature = "metrics-http")]
+pub mod metrics_http;
 
 pub use locks::{connect, Locks};
 

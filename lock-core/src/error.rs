@@ -33,6 +33,15 @@ pub enum LossReason {
 }
 
 impl LossReason {
+    /// Every reason counted in `distributed_lock_lost_total` (all but
+    /// [`LossReason::Released`]).
+    pub const LOSSES: [Self; 4] = [
+        Self::Stolen,
+        Self::Expired,
+        Self::BackendError,
+        Self::MaxHoldExceeded,
+    ];
+
     /// The metric label value: `stolen`, `expired`, `backend_error` or
     /// `max_hold_exceeded` (and `released`, which is never counted).
     pub const fn as_str(self) -> &'static str {

@@ -1,6 +1,6 @@
 //! Prometheus metrics, with the names dashboards and alerts already use.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -31,6 +31,16 @@ pub enum AcquireOutcome {
 }
 
 impl AcquireOutcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Self; 6] = [
+        Self::Acquired,
+        Self::Denied,
+        Self::DeniedLocal,
+        Self::Unavailable,
+        Self::Unlocked,
+        Self::Error,
+    ];
+
     /// The label value.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -80,6 +90,12 @@ impl RenewalOutcome {
 /// | `distributed_lock_lost_total` | `lock`, `reason` |
 /// | `distributed_locks_held` | `lock` |
 /// | `distributed_lock_held_seconds` | `lock` |
+///
+/// The first time a `lock` label is seen, its acquisition series (every
+/// outcome) and loss series (every reason but `released`) are created at 0.
+/// Prometheus's `increase()` cannot see a counter's first sample as a rise,
+/// so a series born at 1 on the first theft would never trip an alert on
+/// `increase(distributed_lock_lost_total[...]) > 0`.
 #[derive(Clone)]
 pub struct LockMetrics {
     acquisitions: IntCounterVec,
@@ -87,6 +103,9 @@ pub struct LockMetrics {
     lost: IntCounterVec,
     held: IntGaugeVec,
     held_seconds: HistogramVec,
+    /// The `lock` labels whose series exist at 0 already; bounded by the
+    /// number of labels, which are fixed job or lock names.
+    seen: Arc<Mutex<HashSet<String>>>,
 }
 
 impl fmt::Debug for LockMetrics {
@@ -200,10 +219,29 @@ impl LockMetrics {
                 &["lock"],
             )
             .map_err(build)?,
+            seen: Arc::new(Mutex::new(HashSet::new())),
         })
     }
 
+    /// Creates every series an alert rule reads for `lock` at 0, once per label.
+    fn first_sight(&self, lock: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.contains(lock) {
+            return;
+        }
+        for outcome in AcquireOutcome::ALL {
+            let _ = self
+                .acquisitions
+                .with_label_values(&[lock, outcome.as_str()]);
+        }
+        for reason in LossReason::LOSSES {
+            let _ = self.lost.with_label_values(&[lock, reason.as_str()]);
+        }
+        seen.insert(lock.to_owned());
+    }
+
     pub(crate) fn acquisition(&self, lock: &str, outcome: AcquireOutcome) {
+        self.first_sight(lock);
         self.acquisitions
             .with_label_values(&[lock, outcome.as_str()])
             .inc();
@@ -216,6 +254,7 @@ impl LockMetrics {
     }
 
     pub(crate) fn lost(&self, lock: &str, reason: LossReason) {
+        self.first_sight(lock);
         self.lost.with_label_values(&[lock, reason.as_str()]).inc();
     }
 
@@ -375,6 +414,72 @@ mod tests {
                 "distributed_lock_renewals_total",
                 "distributed_locks_held",
             ]
+        );
+    }
+
+    fn series(registry: &Registry, family: &str) -> Vec<(String, String, f64)> {
+        let mut out = Vec::new();
+        for f in registry.gather().iter().filter(|f| f.name() == family) {
+            for m in f.get_metric() {
+                let label = |n: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == n)
+                        .map(|l| l.value().to_owned())
+                        .unwrap_or_default()
+                };
+                let kind = if family.ends_with("lost_total") {
+                    "reason"
+                } else {
+                    "outcome"
+                };
+                out.push((label("lock"), label(kind), m.get_counter().get_value()));
+            }
+        }
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out
+    }
+
+    #[test]
+    fn a_new_lock_label_starts_every_alerted_series_at_zero() {
+        let registry = Registry::new();
+        let m = LockMetrics::register(&registry).expect("registration");
+        m.acquisition("job", AcquireOutcome::Acquired);
+        let lost = series(&registry, "distributed_lock_lost_total");
+        assert_eq!(
+            lost,
+            [
+                ("job".into(), "backend_error".into(), 0.0),
+                ("job".into(), "expired".into(), 0.0),
+                ("job".into(), "max_hold_exceeded".into(), 0.0),
+                ("job".into(), "stolen".into(), 0.0),
+            ],
+            "released is never a loss, so it has no series"
+        );
+        let acquisitions = series(&registry, "distributed_lock_acquisitions_total");
+        let outcomes: Vec<(&str, f64)> = acquisitions
+            .iter()
+            .map(|(_, o, v)| (o.as_str(), *v))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("acquired", 1.0),
+                ("denied", 0.0),
+                ("denied_local", 0.0),
+                ("error", 0.0),
+                ("unavailable", 0.0),
+                ("unlocked", 0.0),
+            ]
+        );
+        m.lost("job", LossReason::Stolen);
+        m.acquisition("job", AcquireOutcome::Acquired);
+        assert_eq!(m.losses("job", LossReason::Stolen), 1);
+        assert_eq!(m.acquisitions("job", AcquireOutcome::Acquired), 2);
+        assert_eq!(
+            series(&registry, "distributed_lock_lost_total").len(),
+            4,
+            "one series per reason and label, however often counted"
         );
     }
 

@@ -249,6 +249,9 @@ impl SchedulerBuilder {
             (None, Some(r)) => SchedulerMetrics::register(r)?,
             (None, None) => SchedulerMetrics::default_registry()?,
         };
+        for job in &seen {
+            metrics.declare_job(job);
+        }
         let soft_stop = CancellationToken::new();
         let runtime = Runtime {
             locker: self.locker,

@@ -34,6 +34,15 @@ pub enum TickOutcome {
 }
 
 impl TickOutcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Self; 5] = [
+        Self::Success,
+        Self::Failure,
+        Self::Aborted,
+        Self::Skipped,
+        Self::Panicked,
+    ];
+
     /// The label value: `success`, `failure`, `aborted`, `skipped` or `panicked`.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -160,6 +169,15 @@ impl SchedulerMetrics {
                 &["job"],
             )?,
         })
+    }
+
+    /// Creates `job`'s run series at 0 for every outcome. Prometheus's
+    /// `increase()` cannot see a counter's first sample as a rise, so a
+    /// `panicked` series born at 1 on the first panic would never alert.
+    pub(crate) fn declare_job(&self, job: &str) {
+        for outcome in TickOutcome::ALL {
+            let _ = self.runs.with_label_values(&[job, outcome.as_str()]);
+        }
     }
 
     pub(crate) fn run(&self, job: &str, outcome: TickOutcome) {
@@ -323,6 +341,36 @@ mod tests {
         assert_eq!(m.runs("job", TickOutcome::Panicked), 2);
         let apart = SchedulerMetrics::register(&Registry::new()).expect("another registry");
         assert_eq!(apart.runs("job", TickOutcome::Panicked), 0);
+    }
+
+    #[test]
+    fn a_declared_job_has_every_outcome_at_zero() {
+        let registry = Registry::new();
+        let m = SchedulerMetrics::register(&registry).expect("registration");
+        m.declare_job("report");
+        let mut outcomes: Vec<(String, u64)> = registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "scheduler_runs_total")
+            .flat_map(|f| f.get_metric())
+            .map(|m| {
+                let outcome = m
+                    .get_label()
+                    .iter()
+                    .find(|l| l.name() == "outcome")
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default();
+                (outcome, m.get_counter().get_value() as u64)
+            })
+            .collect();
+        outcomes.sort();
+        let expected: Vec<(String, u64)> = ["aborted", "failure", "panicked", "skipped", "success"]
+            .iter()
+            .map(|o| ((*o).to_owned(), 0))
+            .collect();
+        assert_eq!(outcomes, expected);
+        m.run("report", TickOutcome::Panicked);
+        assert_eq!(m.runs("report", TickOutcome::Panicked), 1);
     }
 
     #[test]
