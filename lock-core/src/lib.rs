@@ -57,6 +57,13 @@ pub use error::{BackendError, BackendErrorKind, Error, LossReason, Result};
 pub use lease::{LeaseHandle, LockGuard};
 pub use locker::{Locker, LockerBuilder};
 pub use metrics::{AcquireOutcome, LockMetrics, RenewalOutcome};
+
+/// Registering a set of metrics once per registry: what [`LockMetrics`] and
+/// the scheduler's metrics use so that every user of one registry shares one
+/// set of series. For crates that add metrics of their own beside these.
+pub mod shared_metrics {
+    pub use crate::metrics::{register_shared, MetricSet, SharedRegistrationError};
+}
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, MAX_TTL};
 pub use outcome::{RunError, RunOutcome, SkipReason};

@@ -42,9 +42,7 @@ pub enum Error {
     #[error("invalid scheduler configuration: {0}")]
     Config(String),
     /// The scheduler's metrics could not be registered.
-    #[error(
-        "cannot register scheduler metrics ({0}); register them once per registry and share them"
-    )]
+    #[error("cannot register scheduler metrics: {0}")]
     Metrics(String),
     /// `start` was called on a scheduler that is already running or was shut down.
     #[error("the scheduler was already started; build a new one to start again")]

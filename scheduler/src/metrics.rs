@@ -1,12 +1,10 @@
 //! Scheduler metrics, with the names dashboards and alerts already use.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::OnceLock;
 
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
+use lock_core::shared_metrics::{register_shared, MetricSet, SharedRegistrationError};
+use prometheus::core::Collector;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::{Error, Result};
@@ -93,35 +91,16 @@ impl SchedulerMetrics {
     /// [`Error::Metrics`] if other code registered metrics of these names in
     /// `registry`: give the scheduler metrics a registry of their own.
     pub fn register(registry: &Registry) -> Result<Self> {
-        let invalid = |e: prometheus::Error| Error::Metrics(format!("invalid definition: {e}"));
-        let mut known = registrations();
-        known.retain(|(_, metrics)| metrics.strong_count() > 0);
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let metrics = Arc::new(Self::unregistered().map_err(invalid)?);
-        let collector = Registered {
-            metrics: Arc::clone(&metrics),
-            marker: marker(id).map_err(invalid)?,
-        };
-        match registry.register(Box::new(collector)) {
-            Ok(()) => {
-                known.push((id, Arc::downgrade(&metrics)));
-                Ok((*metrics).clone())
+        register_shared(registry, "scheduler_metrics_instance", Self::unregistered).map_err(|e| {
+            match e {
+                SharedRegistrationError::TakenByOthers => Error::Metrics(
+                    "metrics named scheduler_* are already registered in this registry by \
+                     other code; give the scheduler metrics a registry of their own"
+                        .into(),
+                ),
+                e => Error::Metrics(format!("{e}; give them a registry of their own")),
             }
-            Err(prometheus::Error::AlreadyReg) => known
-                .iter()
-                .rev()
-                .find(|(id, _)| holds_instance(registry, *id))
-                .and_then(|(_, metrics)| metrics.upgrade())
-                .map(|metrics| (*metrics).clone())
-                .ok_or_else(|| {
-                    Error::Metrics(
-                        "metrics named scheduler_* are already registered in this registry by \
-                         other code; give the scheduler metrics a registry of their own"
-                            .into(),
-                    )
-                }),
-            Err(e) => Err(Error::Metrics(e.to_string())),
-        }
+        })
     }
 
     /// The metrics in the process-wide default registry, registered on first
@@ -196,112 +175,34 @@ impl SchedulerMetrics {
         self.lag.with_label_values(&[job]).observe(seconds.max(0.0));
     }
 
-    /// Test hook: The current value of `scheduler_runs_total{job, outcome}`.
+    /// Test hook: the current value of `scheduler_runs_total{job, outcome}`.
     #[cfg(feature = "test-util")]
     pub fn runs(&self, job: &str, outcome: TickOutcome) -> u64 {
         self.runs.with_label_values(&[job, outcome.as_str()]).get()
     }
 
-    /// Test hook: The current value of `scheduler_is_leader`.
+    /// Test hook: the current value of `scheduler_is_leader`.
     #[cfg(feature = "test-util")]
     pub fn is_leader(&self) -> i64 {
         self.is_leader.get()
     }
 
-    /// Test hook: How many runs of `job` were timed (the duration histogram's count).
+    /// Test hook: how many runs of `job` were timed (the duration histogram's count).
     #[cfg(feature = "test-util")]
     pub fn timed_runs(&self, job: &str) -> u64 {
         self.duration.with_label_values(&[job]).get_sample_count()
     }
 
-    /// Test hook: How many tick lags of `job` were observed.
+    /// Test hook: how many tick lags of `job` were observed.
     #[cfg(feature = "test-util")]
     pub fn lag_samples(&self, job: &str) -> u64 {
         self.lag.with_label_values(&[job]).get_sample_count()
     }
 }
 
-/// The live registrations of scheduler metrics in this process, by id; only
-/// the registry holding them keeps them alive. A `prometheus::Registry`
-/// cannot say which collector holds a name, so each registration carries a
-/// marker descriptor labelled with its id, and [`holds_instance`] asks a
-/// registry for it. Held across register-and-record, so two threads
-/// registering into one registry at once find each other. (lock-core's
-/// `LockMetrics` does the same for the lock metrics.)
-fn registrations() -> MutexGuard<'static, Vec<(u64, Weak<SchedulerMetrics>)>> {
-    static KNOWN: Mutex<Vec<(u64, Weak<SchedulerMetrics>)>> = Mutex::new(Vec::new());
-    KNOWN.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-const MARKER_NAME: &str = "scheduler_metrics_instance";
-
-/// The descriptor that marks registration `id`. It is never collected, so
-/// it never shows in an exposition.
-fn marker(id: u64) -> prometheus::Result<Desc> {
-    Desc::new(
-        MARKER_NAME.into(),
-        "Marks which scheduler metrics a registry holds; never exported.".into(),
-        Vec::new(),
-        HashMap::from([("instance".to_owned(), id.to_string())]),
-    )
-}
-
-/// Whether `registry` holds registration `id`: registering its marker alone
-/// is refused exactly then. A probe that went in is taken out at once.
-fn holds_instance(registry: &Registry, id: u64) -> bool {
-    let Ok(desc) = marker(id) else {
-        return false;
-    };
-    match registry.register(Box::new(Marker(desc.clone()))) {
-        Err(prometheus::Error::AlreadyReg) => true,
-        Ok(()) => {
-            let _ = registry.unregister(Box::new(Marker(desc)));
-            false
-        }
-        Err(_) => false,
-    }
-}
-
-/// A marker descriptor alone, for probing.
-struct Marker(Desc);
-
-impl Collector for Marker {
-    fn desc(&self) -> Vec<&Desc> {
-        vec![&self.0]
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        Vec::new()
-    }
-}
-
-/// The four metrics and their marker, registered as one collector so a
-/// registration either takes every name or none.
-struct Registered {
-    metrics: Arc<SchedulerMetrics>,
-    marker: Desc,
-}
-
-impl Collector for Registered {
-    fn desc(&self) -> Vec<&Desc> {
-        let m = &self.metrics;
-        let mut descs = m.runs.desc();
-        descs.extend(m.is_leader.desc());
-        descs.extend(m.duration.desc());
-        descs.extend(m.lag.desc());
-        descs.push(&self.marker);
-        descs
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let m = &self.metrics;
-        let mut families = m.runs.collect();
-        families.extend(m.is_leader.collect());
-        families.extend(m.duration.collect());
-        families.extend(m.lag.collect());
-        families
+impl MetricSet for SchedulerMetrics {
+    fn collectors(&self) -> Vec<&dyn Collector> {
+        vec![&self.runs, &self.is_leader, &self.duration, &self.lag]
     }
 }
 
@@ -335,7 +236,10 @@ mod tests {
         }
         assert_eq!(m.runs("job", TickOutcome::Panicked), 1);
         assert_eq!(m.is_leader(), 1);
-        assert!(!names.iter().any(|n| n == MARKER_NAME), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n == "scheduler_metrics_instance"),
+            "{names:?}"
+        );
         let again = SchedulerMetrics::register(&registry.clone()).expect("reused");
         again.run("job", TickOutcome::Panicked);
         assert_eq!(m.runs("job", TickOutcome::Panicked), 2);

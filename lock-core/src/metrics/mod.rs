@@ -1,15 +1,17 @@
 //! Prometheus metrics, with the names dashboards and alerts already use.
 
-use std::collections::{HashMap, HashSet};
-use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+mod shared;
 
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use prometheus::core::Collector;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::{Error, LossReason};
+
+pub use shared::{register_shared, MetricSet, SharedRegistrationError};
 
 /// The outcome label of `distributed_lock_acquisitions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -124,38 +126,21 @@ impl LockMetrics {
     /// [`Error::Config`] if other code registered metrics of these names in
     /// `registry`: give the lock metrics a registry of their own.
     pub fn register(registry: &Registry) -> Result<Self, Error> {
-        let mut known = registrations();
-        known.retain(|(_, metrics)| metrics.strong_count() > 0);
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let metrics = Arc::new(Self::unregistered()?);
-        let marker =
-            marker(id).map_err(|e| Error::Config(format!("invalid metric definition: {e}")))?;
-        let collector = Registered {
-            metrics: Arc::clone(&metrics),
-            marker,
-        };
-        match registry.register(Box::new(collector)) {
-            Ok(()) => {
-                known.push((id, Arc::downgrade(&metrics)));
-                Ok((*metrics).clone())
-            }
-            Err(prometheus::Error::AlreadyReg) => known
-                .iter()
-                .rev()
-                .find(|(id, _)| holds_instance(registry, *id))
-                .and_then(|(_, metrics)| metrics.upgrade())
-                .map(|metrics| (*metrics).clone())
-                .ok_or_else(|| {
-                    Error::Config(
-                        "metrics named distributed_lock_* are already registered in this \
-                         registry by other code; give the lock metrics a registry of their own"
-                            .into(),
-                    )
-                }),
-            Err(e) => Err(Error::Config(format!(
+        register_shared(
+            registry,
+            "distributed_lock_metrics_instance",
+            Self::unregistered,
+        )
+        .map_err(|e| match e {
+            SharedRegistrationError::TakenByOthers => Error::Config(
+                "metrics named distributed_lock_* are already registered in this registry by \
+                     other code; give the lock metrics a registry of their own"
+                    .into(),
+            ),
+            e => Error::Config(format!(
                 "cannot register lock metrics ({e}); give them a registry of their own"
-            ))),
-        }
+            )),
+        })
     }
 
     /// The metrics in the process-wide default registry, registered on first
@@ -173,8 +158,7 @@ impl LockMetrics {
         Ok(DEFAULT.get_or_init(|| metrics).clone())
     }
 
-    fn unregistered() -> Result<Self, Error> {
-        let build = |e: prometheus::Error| Error::Config(format!("invalid metric definition: {e}"));
+    fn unregistered() -> prometheus::Result<Self> {
         Ok(Self {
             acquisitions: IntCounterVec::new(
                 Opts::new(
@@ -182,32 +166,28 @@ impl LockMetrics {
                     "Lock acquisition attempts by outcome.",
                 ),
                 &["lock", "outcome"],
-            )
-            .map_err(build)?,
+            )?,
             renewals: IntCounterVec::new(
                 Opts::new(
                     "distributed_lock_renewals_total",
                     "Lease renewals by outcome.",
                 ),
                 &["lock", "outcome"],
-            )
-            .map_err(build)?,
+            )?,
             lost: IntCounterVec::new(
                 Opts::new(
                     "distributed_lock_lost_total",
                     "Held leases lost, by reason.",
                 ),
                 &["lock", "reason"],
-            )
-            .map_err(build)?,
+            )?,
             held: IntGaugeVec::new(
                 Opts::new(
                     "distributed_locks_held",
                     "Locks currently held by this process.",
                 ),
                 &["lock"],
-            )
-            .map_err(build)?,
+            )?,
             held_seconds: HistogramVec::new(
                 HistogramOpts::new(
                     "distributed_lock_held_seconds",
@@ -217,8 +197,7 @@ impl LockMetrics {
                     0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0,
                 ]),
                 &["lock"],
-            )
-            .map_err(build)?,
+            )?,
             seen: Arc::new(Mutex::new(HashSet::new())),
         })
     }
@@ -269,31 +248,36 @@ impl LockMetrics {
             .observe(seconds);
     }
 
-    /// The current value of `distributed_lock_acquisitions_total{lock, outcome}`.
+    /// Test hook: the current value of `distributed_lock_acquisitions_total{lock, outcome}`.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn acquisitions(&self, lock: &str, outcome: AcquireOutcome) -> u64 {
         self.acquisitions
             .with_label_values(&[lock, outcome.as_str()])
             .get()
     }
 
-    /// The current value of `distributed_lock_renewals_total{lock, outcome}`.
+    /// Test hook: the current value of `distributed_lock_renewals_total{lock, outcome}`.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn renewals(&self, lock: &str, outcome: RenewalOutcome) -> u64 {
         self.renewals
             .with_label_values(&[lock, outcome.as_str()])
             .get()
     }
 
-    /// The current value of `distributed_lock_lost_total{lock, reason}`.
+    /// Test hook: the current value of `distributed_lock_lost_total{lock, reason}`.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn losses(&self, lock: &str, reason: LossReason) -> u64 {
         self.lost.with_label_values(&[lock, reason.as_str()]).get()
     }
 
-    /// The current value of `distributed_locks_held{lock}`.
+    /// Test hook: the current value of `distributed_locks_held{lock}`.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn held(&self, lock: &str) -> i64 {
         self.held.with_label_values(&[lock]).get()
     }
 
-    /// How many holds of `lock` have ended (the histogram's sample count).
+    /// Test hook: how many holds of `lock` have ended (the histogram's sample count).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn holds_ended(&self, lock: &str) -> u64 {
         self.held_seconds
             .with_label_values(&[lock])
@@ -301,88 +285,15 @@ impl LockMetrics {
     }
 }
 
-/// The live registrations of lock metrics in this process, by id; only the
-/// registry holding them keeps them alive. A `prometheus::Registry` cannot
-/// say which collector holds a name, so each registration carries a marker
-/// descriptor labelled with its id, and [`holds_instance`] asks a registry
-/// for it. Held across register-and-record, so two threads registering into
-/// one registry at once find each other.
-fn registrations() -> MutexGuard<'static, Vec<(u64, Weak<LockMetrics>)>> {
-    static KNOWN: Mutex<Vec<(u64, Weak<LockMetrics>)>> = Mutex::new(Vec::new());
-    KNOWN.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-const MARKER_NAME: &str = "distributed_lock_metrics_instance";
-
-/// The descriptor that marks registration `id`. It is never collected, so
-/// it never shows in an exposition.
-fn marker(id: u64) -> prometheus::Result<Desc> {
-    Desc::new(
-        MARKER_NAME.into(),
-        "Marks which lock metrics a registry holds; never exported.".into(),
-        Vec::new(),
-        HashMap::from([("instance".to_owned(), id.to_string())]),
-    )
-}
-
-/// Whether `registry` holds registration `id`: registering its marker alone
-/// is refused exactly then. A probe that went in is taken out at once.
-fn holds_instance(registry: &Registry, id: u64) -> bool {
-    let Ok(desc) = marker(id) else {
-        return false;
-    };
-    match registry.register(Box::new(Marker(desc.clone()))) {
-        Err(prometheus::Error::AlreadyReg) => true,
-        Ok(()) => {
-            let _ = registry.unregister(Box::new(Marker(desc)));
-            false
-        }
-        Err(_) => false,
-    }
-}
-
-/// A marker descriptor alone, for probing.
-struct Marker(Desc);
-
-impl Collector for Marker {
-    fn desc(&self) -> Vec<&Desc> {
-        vec![&self.0]
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        Vec::new()
-    }
-}
-
-/// The five metrics and their marker, registered as one collector so a
-/// registration either takes every name or none.
-struct Registered {
-    metrics: Arc<LockMetrics>,
-    marker: Desc,
-}
-
-impl Collector for Registered {
-    fn desc(&self) -> Vec<&Desc> {
-        let m = &self.metrics;
-        let mut descs = m.acquisitions.desc();
-        descs.extend(m.renewals.desc());
-        descs.extend(m.lost.desc());
-        descs.extend(m.held.desc());
-        descs.extend(m.held_seconds.desc());
-        descs.push(&self.marker);
-        descs
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let m = &self.metrics;
-        let mut families = m.acquisitions.collect();
-        families.extend(m.renewals.collect());
-        families.extend(m.lost.collect());
-        families.extend(m.held.collect());
-        families.extend(m.held_seconds.collect());
-        families
+impl MetricSet for LockMetrics {
+    fn collectors(&self) -> Vec<&dyn Collector> {
+        vec![
+            &self.acquisitions,
+            &self.renewals,
+            &self.lost,
+            &self.held,
+            &self.held_seconds,
+        ]
     }
 }
 
@@ -481,20 +392,5 @@ mod tests {
             4,
             "one series per reason and label, however often counted"
         );
-    }
-
-    #[test]
-    fn a_dropped_registry_is_forgotten() {
-        let registry = Registry::new();
-        let metrics = LockMetrics::register(&registry).expect("registration");
-        let ids: Vec<u64> = registrations().iter().map(|(id, _)| *id).collect();
-        let id = ids
-            .into_iter()
-            .find(|id| holds_instance(&registry, *id))
-            .expect("the registration is recorded");
-        drop(registry);
-        drop(metrics);
-        let _ = LockMetrics::register(&Registry::new()).expect("registration");
-        assert!(!registrations().iter().any(|(known, _)| *known == id));
     }
 }
