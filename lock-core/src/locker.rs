@@ -387,7 +387,7 @@ impl Locker {
                     if let Some(source) = last_outage.take() {
                         return Err(Error::Unavailable { name: name.clone(), source });
                     }
-                    self.inner.metrics.acquisition(&label_for(name, opts), AcquireOutcome::Denied);
+                    self.inner.metrics.acquisition(&label_for(name, opts), AcquireOutcome::HeldElsewhere);
                     return Err(Error::Timeout { name: name.clone(), waited: started.elapsed() });
                 }
             }
@@ -497,7 +497,7 @@ impl Locker {
         let metrics = &self.inner.metrics;
         let Some(claim) = self.inner.claims.claim(name) else {
             if count == CountDenials::Yes {
-                metrics.acquisition(&label, AcquireOutcome::DeniedLocal);
+                metrics.acquisition(&label, AcquireOutcome::HeldLocally);
             }
             return Err(Error::HeldLocally { name: name.clone() });
         };
@@ -519,7 +519,7 @@ impl Locker {
             Ok(_) => {
                 cleanup.disarm();
                 if count == CountDenials::Yes {
-                    metrics.acquisition(&label, AcquireOutcome::Denied);
+                    metrics.acquisition(&label, AcquireOutcome::HeldElsewhere);
                 }
                 return Err(Error::HeldElsewhere { name: name.clone() });
             }

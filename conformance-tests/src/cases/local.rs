@@ -48,7 +48,7 @@ pub(super) async fn in_process_guard(ctx: Ctx) {
     assert_eq!(faulty.calls(), calls, "a local denial reached the backend");
     assert_eq!(
         a.metrics
-            .acquisitions(name.as_str(), AcquireOutcome::DeniedLocal),
+            .acquisitions(name.as_str(), AcquireOutcome::HeldLocally),
         2
     );
     guard.release().await.expect("release");

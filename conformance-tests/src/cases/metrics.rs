@@ -15,11 +15,11 @@ pub(super) async fn metrics_track_outcomes(ctx: Ctx) {
     assert_eq!(a.metrics.acquisitions(n, AcquireOutcome::Acquired), 1);
     assert_eq!(a.metrics.held(n), 1);
     assert!(b.locker.try_lock(&name, &opts).await.is_err());
-    assert_eq!(b.metrics.acquisitions(n, AcquireOutcome::Denied), 1);
+    assert_eq!(b.metrics.acquisitions(n, AcquireOutcome::HeldElsewhere), 1);
     assert_eq!(b.metrics.acquisitions(n, AcquireOutcome::Acquired), 0);
     assert!(a.locker.try_lock(&name, &opts).await.is_err());
-    assert_eq!(a.metrics.acquisitions(n, AcquireOutcome::DeniedLocal), 1);
-    assert_eq!(a.metrics.acquisitions(n, AcquireOutcome::Denied), 0);
+    assert_eq!(a.metrics.acquisitions(n, AcquireOutcome::HeldLocally), 1);
+    assert_eq!(a.metrics.acquisitions(n, AcquireOutcome::HeldElsewhere), 0);
 
     sleep(opts.renew_interval() * 3 / 2).await;
     assert_eq!(a.metrics.renewals(n, RenewalOutcome::Renewed), 1);

@@ -19,10 +19,10 @@ pub use shared::{register_shared, MetricSet, SharedRegistrationError};
 pub enum AcquireOutcome {
     /// This process now holds the lock.
     Acquired,
-    /// Another owner holds it.
-    Denied,
-    /// It is already held or being acquired in this process.
-    DeniedLocal,
+    /// Another owner holds it (label `denied`).
+    HeldElsewhere,
+    /// It is already held or being acquired in this process (label `denied_local`).
+    HeldLocally,
     /// The backend could not be reached, or no backend is configured while one is
     /// required; nothing ran.
     Unavailable,
@@ -36,8 +36,8 @@ impl AcquireOutcome {
     /// Every outcome, in label order.
     pub const ALL: [Self; 6] = [
         Self::Acquired,
-        Self::Denied,
-        Self::DeniedLocal,
+        Self::HeldElsewhere,
+        Self::HeldLocally,
         Self::Unavailable,
         Self::Unlocked,
         Self::Error,
@@ -47,8 +47,8 @@ impl AcquireOutcome {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Acquired => "acquired",
-            Self::Denied => "denied",
-            Self::DeniedLocal => "denied_local",
+            Self::HeldElsewhere => "denied",
+            Self::HeldLocally => "denied_local",
             Self::Unavailable => "unavailable",
             Self::Unlocked => "unlocked",
             Self::Error => "error",
