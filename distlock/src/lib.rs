@@ -38,7 +38,11 @@
 
 mod locks;
 
-pub use locks::{connect, Locks};
+pub use locks::{connect, from_env, from_policy, Locks};
+
+/// The availability policy [`from_env`] reads: which variables, and what
+/// each combination does.
+pub use lock_scheduler::{LockMode, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 
 pub use lock_core::{
     AcquireOutcome, BackendError, BackendErrorKind, Capabilities, Error, LeaseHandle, LockBackend,

@@ -128,10 +128,12 @@ mod driver;
 mod error;
 mod job;
 mod leader;
+mod local_ticks;
 mod metrics;
 mod missed;
 mod overlap;
 mod per_tick;
+mod policy;
 mod run;
 mod runtime;
 mod schedule;
@@ -141,7 +143,7 @@ pub use builder::{
     ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE, MAX_SKEW_TOLERANCE,
 };
 pub use clock::{SystemClock, TokioClock, WallClock};
-pub use connect::{connect, Backend};
+pub use connect::{connect, Backend, LockMode};
 pub use context::JobContext;
 pub use error::{Error, JobError, Result};
 pub use job::{Job, DEFAULT_JOB_TTL, MAX_JOB_NAME_LEN};
@@ -150,6 +152,7 @@ pub use leader::{
 };
 pub use metrics::{SchedulerMetrics, TickOutcome};
 pub use missed::MissedTicks;
+pub use policy::{connect_from_env, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 pub use runtime::RunReport;
 pub use schedule::Schedule;
 pub use scheduler::{Scheduler, SHUTDOWN_GRACE};
