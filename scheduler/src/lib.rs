@@ -99,6 +99,19 @@
 //! See [`Schedule`]: a fixed-time job in a spring-forward gap runs once right
 //! after the gap; on a fall-back day it runs once, on the first pass.
 //!
+//! # Availability
+//!
+//! A service takes its lock backend from the environment with
+//! [`connect_from_env`] (or [`Policy`] from values): [`LOCK_URL`] names the
+//! backend; without it jobs run unlocked (one replica only, warned on every
+//! run, counted `unlocked`) unless [`SCHEDULER_LOCK_REQUIRED`] is true,
+//! which refuses to start. A backend whose server is down at start does not
+//! stop the service: its ticks are skipped as `unavailable` (fail closed,
+//! counted) and run again once the server answers, and in leader mode the
+//! campaign keeps retrying every election interval. A malformed URL or a
+//! server that refuses the credentials still fails at start. [`connect`]
+//! itself stays strict: it fails when the server cannot be reached.
+//!
 //! # Outcomes and metrics
 //!
 //! Each tick on each replica ends as one [`TickOutcome`], counted in

@@ -126,7 +126,8 @@ pub(crate) enum Start {
 /// [`Error::InvalidUrl`] for a malformed URL, [`Error::UnknownScheme`] for a
 /// scheme no backend handles, [`Error::BackendNotCompiled`] for a backend
 /// this build leaves out, [`Error::Connect`] when a server backend's URL is
-/// rejected or its server cannot be reached. Every error shows the URL with
+/// rejected or its server cannot be reached ([`Policy::connect`](crate::Policy::connect)
+/// starts anyway instead). Every error shows the URL with
 /// its credentials masked ([`lock_core::redact::redact_url`]).
 ///
 /// # Cancel safety
