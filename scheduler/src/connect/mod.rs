@@ -164,6 +164,8 @@ pub(crate) async fn connect_with(url: &str, start: Start) -> Result<Backend> {
     }
 }
 
+#[cfg(feature = "etcd")]
+mod deferred_etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 mod servers;
 

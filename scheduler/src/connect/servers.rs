@@ -77,15 +77,17 @@ pub(super) async fn postgres(url: &str, start: Start) -> Result<Backend> {
 #[cfg(feature = "etcd")]
 pub(super) async fn etcd(url: &str, start: Start) -> Result<Backend> {
     let builder = lock_etcd::EtcdBuilder::from_url(url).map_err(failed("etcd"))?;
-    // The probing connect also measures the cluster's minimum lease TTL; a
-    // deferred start assumes the default (2 s). A cluster whose minimum is
-    // higher grants longer leases than asked, which only delays a takeover.
-    let backend = match builder.clone().connect().await {
-        Ok(backend) => backend,
+    // The probing connect also measures the cluster's minimum lease TTL.
+    match builder.clone().connect().await {
+        Ok(backend) => Ok(both(backend)),
         Err(e) => {
             first_contact(start, "etcd", url, Err(e))?;
-            builder.connect_lazy().await.map_err(failed("etcd"))?
+            let capabilities = builder.lazy_capabilities();
+            Ok(both(super::deferred_etcd::DeferredEtcd::new(
+                builder,
+                capabilities,
+                redact_url(url),
+            )))
         }
-    };
-    Ok(both(backend))
+    }
 }
