@@ -123,11 +123,6 @@ impl Policy {
     /// skips those ticks (counted `unavailable`) and runs the next one
     /// after the server is back.
     ///
-    /// One exception: an etcd URL with credentials authenticates while
-    /// building its client, so when that cluster is down the start fails
-    /// with an `unavailable` error (retry the start, or let the service
-    /// manager restart it).
-    ///
     /// # Errors
     ///
     /// As [`connect`](crate::connect), except for an unreachable server:

@@ -21,6 +21,13 @@ const DOWN_BOUND: Duration = Duration::from_secs(10);
 /// second, the reconnect, and slack for a loaded machine.
 pub(super) const UP_BOUND: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(50);
+const OUTCOMES: [AcquireOutcome; 5] = [
+    AcquireOutcome::Acquired,
+    AcquireOutcome::Denied,
+    AcquireOutcome::DeniedLocal,
+    AcquireOutcome::Unavailable,
+    AcquireOutcome::Error,
+];
 
 /// The time from the server listening again to the first tick run, in
 /// per-tick and in leader mode.
@@ -46,6 +53,13 @@ pub fn down_at_start(kind: Kind) -> Result<Recovery, BoxError> {
         .build()?;
     let (private, url) = Private::start(kind)?;
     let server = private.process()?;
+    if kind == Kind::Etcd {
+        // A member killed before it finished bootstrapping can restart
+        // unable to commit anything; the cluster a service meets was up
+        // once, so let it come up fully before it goes down.
+        let builder = crate::backends::etcd::server::builder(server.port());
+        drop(rt.block_on(crate::backends::etcd::server::connect_when_ready(builder))?);
+    }
     let per_tick = rt.block_on(phase(kind, server, &url, false))?;
     let leader = rt.block_on(phase(kind, server, &url, true))?;
     Ok(Recovery { per_tick, leader })
@@ -85,6 +99,44 @@ async fn until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(POLL).await;
     }
     done()
+}
+
+/// What the job's attempts were counted as, and what a direct check of the
+/// backend answers now, for a failure message.
+async fn diagnose(
+    backend: &scheduler::Backend,
+    metrics: &lock_core::LockMetrics,
+    job: &str,
+    reports: &Reports,
+) -> String {
+    let counted: Vec<(AcquireOutcome, u64)> = OUTCOMES
+        .iter()
+        .map(|o| (*o, metrics.acquisitions(job, *o)))
+        .collect();
+    let probe = match (
+        backend.lock_backend(),
+        lock_core::LockName::new("avail/probe"),
+        lock_core::OwnerToken::generate(),
+    ) {
+        (Some(b), Ok(name), Ok(owner)) => {
+            // A few checks apart: one that only finds an attempt under way
+            // says less than the next attempt's own error.
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                answers.push(match b.check(&name, &owner).await {
+                    Ok(status) => format!("{status:?}"),
+                    Err(e) => e.to_string(),
+                });
+                tokio::time::sleep(Duration::from_millis(1_100)).await;
+            }
+            answers.join(" | ")
+        }
+        _ => "not possible".into(),
+    };
+    format!(
+        "the job's acquisitions: {counted:?}; {} ticks skipped; checks now: {probe}",
+        skipped(reports)
+    )
 }
 
 async fn phase(
@@ -173,8 +225,19 @@ async fn phase(
             .map_err(|e| format!("{what}: restarting the server: {e}"))?;
         let up = Instant::now();
         if !until(UP_BOUND, || ran(&reports).is_some()).await {
+            let log = std::fs::read_to_string(server.dir().join("server.log")).unwrap_or_default();
+            let tail: String = log
+                .chars()
+                .rev()
+                .take(2_000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
             return Err(format!(
-                "{what}: no tick ran within {UP_BOUND:?} of the server listening again"
+                "{what}: no tick ran within {UP_BOUND:?} of the server listening again; {}; \
+                 the server's log ends with:\n{tail}",
+                diagnose(&backend, metrics, &job, &reports).await
             ));
         }
         Ok(ran(&reports).map_or(Duration::ZERO, |at| at.saturating_duration_since(up)))

@@ -1,20 +1,21 @@
 //! An etcd backend whose cluster did not answer at start.
 //!
-//! An etcd client built while its only endpoint refuses connections can
-//! stay unable to send anything after the endpoint comes back (its gRPC
-//! channel's load balancer may drop an endpoint whose first connect
-//! failed), so a lazily built client is not enough here. Instead the
-//! client is built only once the cluster answers: every call until then
+//! A lazily built etcd client does not fit here: with credentials it
+//! authenticates while being built, which fails while the cluster is down,
+//! and a client whose channel was set up against a refusing endpoint may
+//! need a few failed calls before it sends again. So the client is built
+//! only once the cluster answers: every call until then
 //! makes sure a connection exists, one attempt at a time and not more
-//! often than every [`RETRY_EVERY`], and fails as `unavailable` while none
-//! does. A client that connected once keeps reconnecting by itself.
+//! often than every [`RETRY_EVERY`], each bounded by the request timeout,
+//! and fails as `unavailable` while none does. A client that connected
+//! once keeps reconnecting by itself.
 //!
 //! What a `Locker` reads when it is built is right from the start: the
 //! capabilities are those of the same builder's backend (its minimum TTL
 //! the declared or default one, as a lazy start assumes), and etcd reports
 //! no losses through a loss feed, so there is none to hand over.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use lock_core::{
@@ -22,6 +23,8 @@ use lock_core::{
     LossFeed, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest, TickStore,
 };
 use lock_etcd::{EtcdBackend, EtcdBuilder};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -32,10 +35,18 @@ pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(500);
 pub(super) struct DeferredEtcd {
     builder: EtcdBuilder,
     capabilities: Capabilities,
-    shown: String,
-    connected: OnceLock<EtcdBackend>,
-    /// When the last attempt started; held while one runs (single flight).
-    attempt: tokio::sync::Mutex<Option<Instant>>,
+    shown: Arc<str>,
+    connected: Arc<OnceLock<EtcdBackend>>,
+    attempts: Mutex<Attempts>,
+}
+
+/// The connection attempts made so far.
+#[derive(Default)]
+struct Attempts {
+    /// When the last one started.
+    started: Option<Instant>,
+    /// The task running the last one.
+    task: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for DeferredEtcd {
@@ -44,6 +55,14 @@ impl std::fmt::Debug for DeferredEtcd {
             .field("url", &self.shown)
             .field("connected", &self.connected.get())
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for DeferredEtcd {
+    fn drop(&mut self) {
+        if let Some(task) = self.attempts().task.take() {
+            task.abort();
+        }
     }
 }
 
@@ -58,10 +77,15 @@ impl DeferredEtcd {
         Self {
             builder,
             capabilities,
-            shown,
-            connected: OnceLock::new(),
-            attempt: tokio::sync::Mutex::new(None),
+            shown: shown.into(),
+            connected: Arc::default(),
+            attempts: Mutex::default(),
         }
+    }
+
+    fn attempts(&self) -> MutexGuard<'_, Attempts> {
+        // Each critical section leaves the record whole: poison carries no half-state.
+        self.attempts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn unavailable(&self, why: &str) -> BackendError {
@@ -73,41 +97,65 @@ impl DeferredEtcd {
 
     /// The connected backend, connecting it if this call may try now.
     ///
-    /// Cancel safe: a dropped attempt leaves at most a probe lease, which
-    /// expires on its own.
+    /// The attempt runs in a task of its own, so that it ends by its bound
+    /// whatever becomes of the call that started it, and no lock is held
+    /// across an await. Cancel safe.
     async fn backend(&self) -> Result<&EtcdBackend, BackendError> {
         if let Some(b) = self.connected.get() {
             return Ok(b);
         }
-        // Another call is connecting: fail at once rather than queue behind it.
-        let Ok(mut last) = self.attempt.try_lock() else {
-            return Err(self.unavailable("a connection attempt is under way"));
-        };
-        if let Some(b) = self.connected.get() {
-            return Ok(b);
-        }
-        if last.is_some_and(|at| at.elapsed() < RETRY_EVERY) {
-            return Err(self.unavailable("the last attempt failed moments ago"));
-        }
-        *last = Some(Instant::now());
         let limit = self.builder.request_timeout();
-        let backend = match tokio::time::timeout(limit, self.builder.clone().connect()).await {
-            Ok(Ok(backend)) => backend,
-            Ok(Err(e)) => {
-                if !e.kind().is_unavailable() {
-                    warn!(url = %self.shown, error = %e, "etcd answered but refused the connection");
-                }
-                return Err(e);
+        let outcome = {
+            let mut attempts = self.attempts();
+            let running = attempts.task.as_ref().is_some_and(|t| !t.is_finished());
+            let since = attempts.started.map(|at| at.elapsed());
+            // An attempt that outlived twice its bound is stuck: replace it.
+            if running && since.is_some_and(|s| s <= limit * 2) {
+                return Err(self.unavailable("a connection attempt is under way"));
             }
-            Err(_) => {
-                return Err(BackendError::timeout(format!(
-                    "connecting to etcd at {} took over {limit:?}",
-                    self.shown
-                )))
+            if !running && since.is_some_and(|s| s < RETRY_EVERY) {
+                return Err(self.unavailable("the last attempt failed moments ago"));
             }
+            if let Some(stuck) = attempts.task.take() {
+                stuck.abort();
+            }
+            let (tx, rx) = oneshot::channel();
+            let (builder, connected) = (self.builder.clone(), Arc::clone(&self.connected));
+            let shown = Arc::clone(&self.shown);
+            attempts.started = Some(Instant::now());
+            attempts.task = Some(tokio::spawn(async move {
+                let answer = match tokio::time::timeout(limit, builder.connect()).await {
+                    Ok(Ok(backend)) => {
+                        info!(url = %shown, "etcd answers; lock calls go through from now on");
+                        let _ = connected.set(backend);
+                        Ok(())
+                    }
+                    Ok(Err(e)) => {
+                        if !e.kind().is_unavailable() {
+                            warn!(url = %shown, error = %e, "etcd answered but refused the connection");
+                        }
+                        Err(e)
+                    }
+                    Err(_) => Err(BackendError::timeout(format!(
+                        "connecting to etcd at {shown} took over {limit:?}"
+                    ))),
+                };
+                let _ = tx.send(answer);
+            }));
+            rx
         };
-        info!(url = %self.shown, "etcd answers; lock calls go through from now on");
-        Ok(self.connected.get_or_init(|| backend))
+        match tokio::time::timeout(limit, outcome).await {
+            Ok(Ok(Ok(()))) => self
+                .connected
+                .get()
+                .ok_or_else(|| self.unavailable("the connection was lost at once")),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(self.unavailable("the connection attempt was abandoned")),
+            Err(_) => Err(BackendError::timeout(format!(
+                "connecting to etcd at {} took over {limit:?}",
+                self.shown
+            ))),
+        }
     }
 }
 

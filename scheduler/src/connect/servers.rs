@@ -1,16 +1,20 @@
 //! Server backends: one connection serves both the locks and the tick store.
 //!
-//! Every backend here is built without touching the network (each one
-//! connects on first use and reconnects after failures, one attempt at a
-//! time), then asked once whether its server answers. Whether a server that
-//! does not answer fails the call is the caller's [`Start`] policy; a server
-//! that answers and refuses (credentials, a missing database, TLS) always
-//! does, since waiting would not fix it.
+//! Redis and Postgres backends are built without touching the network
+//! (each connects on first use and reconnects after failures, one attempt
+//! at a time), then asked once whether their server answers. etcd is
+//! connected with a probe, and wrapped in [`DeferredEtcd`] when the probe
+//! cannot reach it. Whether a server that does not answer fails the call is
+//! the caller's [`Start`] policy; a server that answers and refuses
+//! (credentials, a missing database, TLS) always does, since waiting would
+//! not fix it.
 //!
 //! Building the real backend up front, rather than wrapping a connection
 //! made later, keeps what a `Locker` reads when it is built right from the
 //! start: the capabilities come from the parsed configuration, and the
 //! Postgres loss feed is the one its sessions will report through.
+//!
+//! [`DeferredEtcd`]: super::deferred_etcd::DeferredEtcd
 
 use std::sync::Arc;
 
