@@ -251,3 +251,59 @@ impl TickStore for DeferredEtcd {
         self.backend().await?.server_time().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, TcpListener};
+
+    use lock_core::BackendErrorKind;
+
+    use super::*;
+
+    /// A loopback port nothing listens on (bound, then released).
+    fn refusing_port() -> u16 {
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port")
+    }
+
+    #[tokio::test]
+    async fn fails_closed_once_per_interval_before_the_cluster_answers() {
+        let url = format!("etcd://u:s3cret@127.0.0.1:{}", refusing_port());
+        let builder = EtcdBuilder::from_url(&url).expect("a valid URL");
+        let capabilities = builder.lazy_capabilities();
+        let deferred = DeferredEtcd::new(builder, capabilities.clone(), "shown".into());
+        assert_eq!(
+            deferred.capabilities(),
+            capabilities,
+            "known before connecting"
+        );
+        assert!(deferred.loss_feed().is_none());
+        let (name, owner) = (
+            LockName::new("deferred").expect("name"),
+            OwnerToken::generate().expect("token"),
+        );
+        assert_eq!(
+            deferred.release(&name, &owner).await.expect("no call"),
+            ReleaseOutcome::NotHeld,
+            "nothing can be held before the first connection"
+        );
+        let first = deferred
+            .try_acquire(&name, &owner, Duration::from_secs(5))
+            .await
+            .expect_err("the cluster is down");
+        assert!(first.kind().is_unavailable(), "{first}");
+        // At once again: no second attempt within the retry interval.
+        let second = deferred
+            .is_completed(&name, 1)
+            .await
+            .expect_err("still down");
+        assert_eq!(second.kind(), BackendErrorKind::Unavailable);
+        assert!(second.to_string().contains("moments ago"), "{second}");
+        for e in [&first, &second] {
+            assert!(!format!("{e} {e:?}").contains("s3cret"), "{e}");
+        }
+        assert!(deferred.connected.get().is_none());
+    }
+}
