@@ -45,7 +45,7 @@ pub struct Recovery {
 /// # Errors
 ///
 /// What went wrong, if the service did not start, did not skip while the
-/// server was down, or did not run a tick within [`UP_BOUND`] of its return.
+/// server was down, or did not run a tick within 15 s of its return.
 pub fn down_at_start(kind: Kind) -> Result<Recovery, BoxError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
