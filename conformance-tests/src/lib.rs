@@ -11,6 +11,7 @@
 //! feature) a container. With `CI=true`, a backend whose server cannot be had
 //! fails the run instead of being skipped.
 
+pub mod availability;
 pub mod backends;
 pub mod cases;
 pub mod chaos;

@@ -28,6 +28,13 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A service takes its backend from the environment with [`from_env`]:
+//! [`LOCK_URL`] names it; without it, locks are granted behind the
+//! in-process guard only (one replica; warned and counted `unlocked`),
+//! unless [`SCHEDULER_LOCK_REQUIRED`] is true, which refuses to start. A
+//! server that is down at start does not stop the service: every attempt
+//! fails closed until the server answers. [`Policy`] has the whole table.
+//!
 //! Every `Locker` and `Scheduler` in a process may report into the same
 //! Prometheus registry (the default one unless told otherwise): metrics
 //! registered there already are shared, never refused.
@@ -42,7 +49,11 @@ mod locks;
 #[cfg(feature = "metrics-http")]
 pub mod metrics_http;
 
-pub use locks::{connect, Locks};
+pub use locks::{connect, from_env, from_policy, Locks};
+
+/// The availability policy [`from_env`] reads: which variables, and what
+/// each combination does.
+pub use lock_scheduler::{LockMode, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 
 pub use lock_core::CancellationToken;
 pub use lock_core::{

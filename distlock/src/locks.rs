@@ -1,13 +1,16 @@
-//! [`connect`]: from a URL to a lock backend, and [`Locks`], what it gives.
+//! [`connect`] and [`from_env`]: from a URL or the environment to a lock
+//! backend, and [`Locks`], what they give.
 
 use std::sync::Arc;
 
 use lock_core::{BackendError, Error, LockBackend, Locker, Result};
+use lock_scheduler::{LockMode, Policy};
 use prometheus::Registry;
 
-/// A lock backend named by a URL, as [`connect`] makes it: the source of a
-/// service's [`Locker`] and, with the `scheduler` feature, of the tick store
-/// its scheduler records finished ticks in. Cheap to clone.
+/// A lock backend named by a URL, as [`connect`] makes it, or the unlocked
+/// mode [`from_env`] picks without one: the source of a service's
+/// [`Locker`] and, with the `scheduler` feature, of the tick store its
+/// scheduler records finished ticks in. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Locks {
     backend: lock_scheduler::Backend,
@@ -22,7 +25,7 @@ impl Locks {
     /// [`Error::Config`] if other code took the lock metrics' names in the
     /// default registry (another `Locker` there is fine: it shares them).
     pub fn locker(&self) -> Result<Locker> {
-        Locker::builder().backend_arc(self.lock_backend()).build()
+        self.backend.locker_builder().build()
     }
 
     /// Builds a [`Locker`] over this backend, reporting into `registry`.
@@ -31,19 +34,23 @@ impl Locks {
     ///
     /// [`Error::Config`] if other code took the lock metrics' names in `registry`.
     pub fn locker_with_registry(&self, registry: &Registry) -> Result<Locker> {
-        Locker::builder()
-            .backend_arc(self.lock_backend())
-            .registry(registry)
-            .build()
+        self.backend.locker_builder().registry(registry).build()
     }
 
     /// The lock backend itself, for a [`LockerBuilder`](crate::LockerBuilder)
-    /// or for single attempts.
-    pub fn lock_backend(&self) -> Arc<dyn LockBackend> {
+    /// or for single attempts; `None` in [`LockMode::Unlocked`].
+    pub fn lock_backend(&self) -> Option<Arc<dyn LockBackend>> {
         self.backend.lock_backend()
     }
 
-    /// The tick store on the same server as the locks, for
+    /// Whether jobs and locks go through a backend, or run unlocked (no
+    /// [`LOCK_URL`](crate::LOCK_URL) was set).
+    pub fn mode(&self) -> LockMode {
+        self.backend.mode()
+    }
+
+    /// The tick store on the same server as the locks (in this process in
+    /// [`LockMode::Unlocked`]), for
     /// [`Scheduler::builder`](lock_scheduler::Scheduler::builder).
     #[cfg(feature = "scheduler")]
     pub fn tick_store(&self) -> Arc<dyn lock_core::TickStore> {
@@ -75,17 +82,67 @@ impl Locks {
 ///
 /// Cancel safe: a dropped call leaves no connection behind.
 pub async fn connect(url: &str) -> Result<Locks> {
-    match lock_scheduler::connect(url).await {
-        Ok(backend) => Ok(Locks { backend }),
-        Err(lock_scheduler::Error::Connect { backend, source }) => Err(Error::Backend(
+    lock_scheduler::connect(url)
+        .await
+        .map(|backend| Locks { backend })
+        .map_err(lock_error)
+}
+
+/// Builds [`Locks`] from the environment: the backend
+/// [`LOCK_URL`](crate::LOCK_URL) names, or unlocked mode without it, as
+/// [`Policy`] describes.
+///
+/// - No `LOCK_URL`: every lock is granted behind the in-process guard only,
+///   with a warning each time, counted `unlocked` (one replica only);
+///   unless `SCHEDULER_LOCK_REQUIRED=true`, which refuses to start.
+/// - A `LOCK_URL` whose server is down: starts anyway; every attempt fails
+///   closed as unavailable until the server answers.
+///
+/// # Errors
+///
+/// [`Error::Config`] for a bad `SCHEDULER_LOCK_REQUIRED`, a required
+/// backend without a URL, a malformed URL or a backend whose feature is
+/// off (each message names the variable or feature to fix);
+/// [`Error::Backend`] when the server answers and refuses (a wrong
+/// password, a missing database).
+///
+/// # Cancel safety
+///
+/// Cancel safe: a dropped call leaves no connection behind.
+pub async fn from_env() -> Result<Locks> {
+    let policy = Policy::from_env().map_err(lock_error)?;
+    from_policy(&policy).await
+}
+
+/// Builds [`Locks`] as `policy` says; see [`from_env`].
+///
+/// # Errors
+///
+/// As [`from_env`].
+///
+/// # Cancel safety
+///
+/// Cancel safe: a dropped call leaves no connection behind.
+pub async fn from_policy(policy: &Policy) -> Result<Locks> {
+    policy
+        .connect()
+        .await
+        .map(|backend| Locks { backend })
+        .map_err(lock_error)
+}
+
+/// The lock layer's error for what setting up a backend reported.
+fn lock_error(e: lock_scheduler::Error) -> Error {
+    match e {
+        lock_scheduler::Error::Connect { backend, source } => Error::Backend(
             BackendError::new(
                 source.kind(),
                 format!("cannot connect to the {backend} backend"),
             )
             .with_source(source),
-        )),
-        Err(lock_scheduler::Error::Lock(e)) => Err(e),
-        Err(other) => Err(Error::Config(other.to_string())),
+        ),
+        lock_scheduler::Error::Lock(e) => e,
+        other => Error::Config(other.to_string()),
     }
 }
 

@@ -195,14 +195,19 @@ pub(crate) fn first_kv(ops: &[TxnOpResponse]) -> Option<KeyValue> {
     })
 }
 
+/// What a backend with the minimum lease TTL `min_ttl` can do.
+pub(crate) fn capabilities_with(min_ttl: Duration) -> Capabilities {
+    Capabilities::new(Expiry::Ttl)
+        .with_fencing(true)
+        .with_batch_renew(true)
+        .with_release_notify(true)
+        .with_min_ttl(min_ttl)
+}
+
 #[async_trait]
 impl LockBackend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Expiry::Ttl)
-            .with_fencing(true)
-            .with_batch_renew(true)
-            .with_release_notify(true)
-            .with_min_ttl(self.inner.min_ttl)
+        capabilities_with(self.inner.min_ttl)
     }
 
     async fn try_acquire(

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::redact::redact_url;
-use lock_core::{BackendError, BackendErrorKind};
+use lock_core::{BackendError, BackendErrorKind, Capabilities};
 
 use crate::connection::EtcdBackend;
 
@@ -218,11 +218,34 @@ impl EtcdBuilder {
         self
     }
 
+    /// The bound on every backend call (see [`EtcdBuilder::with_request_timeout`]).
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
     /// Declares the cluster's minimum lease TTL instead of measuring it at
     /// connect (see [`EtcdBackend::min_ttl`]). Rounded up to whole seconds.
     pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
         self.min_ttl = Some(min_ttl);
         self
+    }
+
+    /// The capabilities of the backend [`EtcdBuilder::connect_lazy`] makes
+    /// from this builder, known without contacting the cluster (its minimum
+    /// TTL is the declared one or 2 s; [`EtcdBuilder::connect`] measures it).
+    pub fn lazy_capabilities(&self) -> Capabilities {
+        crate::backend::capabilities_with(self.unmeasured_min_ttl())
+    }
+
+    /// The declared minimum TTL, in whole seconds.
+    pub(crate) fn declared_min_ttl(&self) -> Option<Duration> {
+        self.min_ttl
+            .map(|t| crate::connection::secs(crate::lease::lease_seconds(t)))
+    }
+
+    /// The minimum TTL assumed without measuring: the declared one or the default.
+    pub(crate) fn unmeasured_min_ttl(&self) -> Duration {
+        self.declared_min_ttl().unwrap_or(DEFAULT_MIN_TTL)
     }
 
     /// Whether connections use TLS (an `https://` endpoint, `etcds://`, or a CA).

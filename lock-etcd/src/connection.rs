@@ -10,7 +10,7 @@ use lock_core::redact::redact_url;
 use lock_core::{backend::LeaseStatus, BackendError, BackendErrorKind, LockName, OwnerToken};
 use tracing::debug;
 
-use crate::config::{EtcdBuilder, DEFAULT_MIN_TTL};
+use crate::config::EtcdBuilder;
 use crate::error::{bounded, convert};
 use crate::lease::{lease_seconds, Leases};
 
@@ -120,7 +120,7 @@ impl EtcdBackend {
         })
         .await?;
         let leases = Leases::new(client.lease_client());
-        let declared = b.min_ttl.map(|t| secs(lease_seconds(t)));
+        let declared = b.declared_min_ttl();
         let min_ttl = if probe {
             // A grant comes back raised to the cluster's minimum TTL, so one
             // short lease both proves the cluster answers and measures it.
@@ -133,7 +133,7 @@ impl EtcdBackend {
             .await?;
             declared.unwrap_or_default().max(secs(granted))
         } else {
-            declared.unwrap_or(DEFAULT_MIN_TTL)
+            b.unmeasured_min_ttl()
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -268,7 +268,7 @@ impl Inner {
     }
 }
 
-fn secs(seconds: i64) -> Duration {
+pub(crate) fn secs(seconds: i64) -> Duration {
     Duration::from_secs(seconds.max(1).unsigned_abs())
 }
 

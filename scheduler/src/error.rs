@@ -87,6 +87,24 @@ pub enum Error {
         #[source]
         source: lock_core::BackendError,
     },
+    /// An environment variable of the availability policy has a value that
+    /// cannot be used.
+    #[error("{variable}: {reason}")]
+    InvalidVariable {
+        /// The variable.
+        variable: &'static str,
+        /// What is wrong with its value and what it accepts.
+        reason: String,
+    },
+    /// A lock backend is required ([`SCHEDULER_LOCK_REQUIRED`](crate::SCHEDULER_LOCK_REQUIRED))
+    /// but none is configured.
+    #[error("{variable} is true but {url_variable} is not set: set {url_variable} to the lock backend's URL (redis://, postgres://, etcd://, memory://), or unset {variable} to run unlocked on a single replica")]
+    LockRequired {
+        /// The variable that requires a backend.
+        variable: &'static str,
+        /// The variable that names the backend.
+        url_variable: &'static str,
+    },
     /// An error from the lock layer (names, options, backend).
     #[error(transparent)]
     Lock(#[from] lock_core::Error),

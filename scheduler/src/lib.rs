@@ -99,6 +99,19 @@
 //! See [`Schedule`]: a fixed-time job in a spring-forward gap runs once right
 //! after the gap; on a fall-back day it runs once, on the first pass.
 //!
+//! # Availability
+//!
+//! A service takes its lock backend from the environment with
+//! [`connect_from_env`] (or [`Policy`] from values): [`LOCK_URL`] names the
+//! backend; without it jobs run unlocked (one replica only, warned on every
+//! run, counted `unlocked`) unless [`SCHEDULER_LOCK_REQUIRED`] is true,
+//! which refuses to start. A backend whose server is down at start does not
+//! stop the service: its ticks are skipped as `unavailable` (fail closed,
+//! counted) and run again once the server answers, and in leader mode the
+//! campaign keeps retrying every election interval. A malformed URL or a
+//! server that refuses the credentials still fails at start. [`connect`]
+//! itself stays strict: it fails when the server cannot be reached.
+//!
 //! # Outcomes and metrics
 //!
 //! Each tick on each replica ends as one [`TickOutcome`], counted in
@@ -128,10 +141,12 @@ mod driver;
 mod error;
 mod job;
 mod leader;
+mod local_ticks;
 mod metrics;
 mod missed;
 mod overlap;
 mod per_tick;
+mod policy;
 mod run;
 mod runtime;
 mod schedule;
@@ -143,7 +158,7 @@ pub use builder::{
     ElectionOptions, Mode, SchedulerBuilder, DEFAULT_SKEW_TOLERANCE, MAX_SKEW_TOLERANCE,
 };
 pub use clock::{SystemClock, WallClock};
-pub use connect::{connect, Backend};
+pub use connect::{connect, Backend, LockMode};
 pub use context::JobContext;
 pub use error::{Error, JobError, Result};
 pub use job::{Job, DEFAULT_JOB_TTL, MAX_JOB_NAME_LEN};
@@ -152,6 +167,7 @@ pub use leader::{
 };
 pub use metrics::{SchedulerMetrics, TickOutcome};
 pub use missed::MissedTicks;
+pub use policy::{connect_from_env, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 pub use runtime::RunReport;
 pub use schedule::Schedule;
 pub use scheduler::{Scheduler, SHUTDOWN_GRACE};

@@ -115,7 +115,10 @@ async fn run_mode(
     let mut replicas = Vec::new();
     for i in 0..REPLICAS {
         let backend = scheduler::connect(url).await?;
-        let wire = Severable::new(backend.lock_backend(), backend.tick_store());
+        let locks = backend
+            .lock_backend()
+            .ok_or("the replicas need a lock backend; memory:// is one")?;
+        let wire = Severable::new(locks, backend.tick_store());
         let locker = Locker::builder()
             .backend(wire.clone())
             .registry(&Registry::new())

@@ -64,6 +64,11 @@ impl Started {
         format!("postgres://{user}@127.0.0.1:{}/postgres", self.port())
     }
 
+    /// The server process, to kill and restart it.
+    pub fn process(&self) -> &ServerProcess {
+        &self.server
+    }
+
     /// The CA that signed the certificate the server presents.
     pub fn ca_file(&self) -> &Path {
         &self.ca

@@ -4,21 +4,38 @@ use std::fmt;
 use std::sync::Arc;
 
 use lock_core::redact::redact_url;
-use lock_core::{LockBackend, Locker, TickStore};
+use lock_core::{LockBackend, Locker, LockerBuilder, TickStore};
 use prometheus::Registry;
 
+use crate::local_ticks::LocalTicks;
 use crate::{Error, Result};
 
-/// A lock backend and the tick store on the same server, as [`connect`] makes them.
+/// Whether jobs run under distributed locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// Under a lock backend: a tick runs on one replica, and not at all
+    /// while the backend cannot be reached (counted `unavailable`).
+    Locked,
+    /// No backend was configured: every run goes ahead behind the
+    /// in-process guard only, with a warning, counted `unlocked`. Safe for
+    /// a single replica only.
+    Unlocked,
+}
+
+/// A lock backend and the tick store on the same server, as [`connect`]
+/// makes them; or, in [`LockMode::Unlocked`], no backend and an in-process
+/// tick store. Cheap to clone.
 #[derive(Clone)]
 pub struct Backend {
-    locks: Arc<dyn LockBackend>,
+    locks: Option<Arc<dyn LockBackend>>,
     ticks: Arc<dyn TickStore>,
 }
 
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Backend")
+            .field("mode", &self.mode())
             .field("locks", &self.locks)
             .finish()
     }
@@ -27,12 +44,34 @@ impl fmt::Debug for Backend {
 impl Backend {
     /// Pairs a lock backend with the tick store on the same server.
     pub fn new(locks: Arc<dyn LockBackend>, ticks: Arc<dyn TickStore>) -> Self {
-        Self { locks, ticks }
+        Self {
+            locks: Some(locks),
+            ticks,
+        }
     }
 
-    /// The lock backend.
-    pub fn lock_backend(&self) -> Arc<dyn LockBackend> {
-        Arc::clone(&self.locks)
+    /// No lock backend, for a single replica: its [`Backend::locker`] runs
+    /// every job unlocked (warning on each run), and its tick store lives in
+    /// this process.
+    pub fn unlocked() -> Self {
+        Self {
+            locks: None,
+            ticks: Arc::new(LocalTicks::default()),
+        }
+    }
+
+    /// Whether jobs run under distributed locks.
+    pub fn mode(&self) -> LockMode {
+        if self.locks.is_some() {
+            LockMode::Locked
+        } else {
+            LockMode::Unlocked
+        }
+    }
+
+    /// The lock backend; `None` in [`LockMode::Unlocked`].
+    pub fn lock_backend(&self) -> Option<Arc<dyn LockBackend>> {
+        self.locks.clone()
     }
 
     /// The tick store.
@@ -40,18 +79,36 @@ impl Backend {
         Arc::clone(&self.ticks)
     }
 
-    /// A [`Locker`] over this backend reporting into `registry`. Build one per
-    /// process (or per simulated replica) and clone it.
+    /// A [`Locker`] over this backend reporting into `registry`, unlocked in
+    /// [`LockMode::Unlocked`]. Build one per process (or per simulated
+    /// replica) and clone it.
     ///
     /// # Errors
     ///
     /// [`Error::Lock`] if the lock metrics cannot be registered in `registry`.
     pub fn locker(&self, registry: &Registry) -> Result<Locker> {
-        Ok(Locker::builder()
-            .backend_arc(self.lock_backend())
-            .registry(registry)
-            .build()?)
+        Ok(self.locker_builder().registry(registry).build()?)
     }
+
+    /// A [`LockerBuilder`] over this backend (none in
+    /// [`LockMode::Unlocked`]), for settings [`Backend::locker`] leaves at
+    /// their defaults.
+    pub fn locker_builder(&self) -> LockerBuilder {
+        match &self.locks {
+            Some(locks) => Locker::builder().backend_arc(Arc::clone(locks)),
+            None => Locker::builder(),
+        }
+    }
+}
+
+/// How a server that does not answer at start is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// It fails the call ([`connect`]).
+    Verified,
+    /// The backend is returned anyway and connects when the server answers
+    /// ([`Policy::connect`](crate::Policy::connect)).
+    Deferred,
 }
 
 /// Builds the backend a URL names.
@@ -69,13 +126,22 @@ impl Backend {
 /// [`Error::InvalidUrl`] for a malformed URL, [`Error::UnknownScheme`] for a
 /// scheme no backend handles, [`Error::BackendNotCompiled`] for a backend
 /// this build leaves out, [`Error::Connect`] when a server backend's URL is
-/// rejected or its server cannot be reached. Every error shows the URL with
+/// rejected or its server cannot be reached ([`Policy::connect`](crate::Policy::connect)
+/// starts anyway instead). Every error shows the URL with
 /// its credentials masked ([`lock_core::redact::redact_url`]).
 ///
 /// # Cancel safety
 ///
 /// Cancel safe: a dropped call leaves no connection behind.
 pub async fn connect(url: &str) -> Result<Backend> {
+    connect_with(url, Start::Verified).await
+}
+
+/// [`connect`], with `start` deciding what a server that does not answer does.
+pub(crate) async fn connect_with(url: &str, start: Start) -> Result<Backend> {
+    // Only server backends can be unreachable.
+    #[cfg(not(any(feature = "redis", feature = "postgres", feature = "etcd")))]
+    let _ = start;
     let (scheme, rest) = split_scheme(url)?;
     match scheme.as_str() {
         #[cfg(feature = "memory")]
@@ -83,71 +149,25 @@ pub async fn connect(url: &str) -> Result<Backend> {
         #[cfg(not(feature = "memory"))]
         "memory" => not_compiled("memory"),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => servers::redis(url).await,
+        "redis" | "rediss" => servers::redis(url, start).await,
         #[cfg(not(feature = "redis"))]
         "redis" | "rediss" => not_compiled("redis"),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => servers::postgres(url).await,
+        "postgres" | "postgresql" => servers::postgres(url, start).await,
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => not_compiled("postgres"),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => servers::etcd(url).await,
+        "etcd" | "etcds" => servers::etcd(url, start).await,
         #[cfg(not(feature = "etcd"))]
         "etcd" | "etcds" => not_compiled("etcd"),
         _ => Err(Error::UnknownScheme { scheme }),
     }
 }
 
+#[cfg(feature = "etcd")]
+mod deferred_etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
-mod servers {
-    use std::sync::Arc;
-
-    use lock_core::{BackendError, LockBackend, TickStore};
-
-    use super::Backend;
-    use crate::{Error, Result};
-
-    /// One connection serves both the locks and the tick store.
-    fn both<T: LockBackend + TickStore + 'static>(backend: T) -> Backend {
-        let shared = Arc::new(backend);
-        Backend::new(Arc::clone(&shared) as Arc<dyn LockBackend>, shared)
-    }
-
-    fn failed(backend: &'static str) -> impl Fn(BackendError) -> Error {
-        move |source| Error::Connect { backend, source }
-    }
-
-    #[cfg(feature = "redis")]
-    pub(super) async fn redis(url: &str) -> Result<Backend> {
-        let backend = lock_redis::RedisConfig::from_url(url)
-            .map_err(failed("redis"))?
-            .connect()
-            .await
-            .map_err(failed("redis"))?;
-        Ok(both(backend))
-    }
-
-    #[cfg(feature = "postgres")]
-    pub(super) async fn postgres(url: &str) -> Result<Backend> {
-        let config = lock_postgres::PostgresConfigBuilder::from_url(url)
-            .and_then(lock_postgres::PostgresConfigBuilder::build)
-            .map_err(failed("postgres"))?;
-        let backend = lock_postgres::PostgresBackend::connect(config)
-            .await
-            .map_err(failed("postgres"))?;
-        Ok(both(backend))
-    }
-
-    #[cfg(feature = "etcd")]
-    pub(super) async fn etcd(url: &str) -> Result<Backend> {
-        let backend = lock_etcd::EtcdBuilder::from_url(url)
-            .map_err(failed("etcd"))?
-            .connect()
-            .await
-            .map_err(failed("etcd"))?;
-        Ok(both(backend))
-    }
-}
+mod servers;
 
 #[cfg(not(all(
     feature = "memory",
@@ -163,7 +183,7 @@ fn not_compiled(backend: &'static str) -> Result<Backend> {
 }
 
 /// Splits `scheme://rest`, checking the scheme as RFC 3986 defines it.
-fn split_scheme(url: &str) -> Result<(String, &str)> {
+pub(crate) fn split_scheme(url: &str) -> Result<(String, &str)> {
     let invalid = |reason: &str| Error::InvalidUrl {
         url: redact_url(url),
         reason: reason.to_owned(),
@@ -182,50 +202,7 @@ fn split_scheme(url: &str) -> Result<(String, &str)> {
 }
 
 #[cfg(feature = "memory")]
-mod memory {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-
-    use lock_memory::MemoryBackend;
-
-    use lock_core::redact::redact_url;
-
-    use super::Backend;
-    use crate::{Error, Result};
-
-    /// Named in-process backends, so that every `connect("memory://NAME")`
-    /// in a process reaches the same locks, as connections to one server do.
-    fn named() -> &'static Mutex<HashMap<String, MemoryBackend>> {
-        static NAMED: OnceLock<Mutex<HashMap<String, MemoryBackend>>> = OnceLock::new();
-        NAMED.get_or_init(Mutex::default)
-    }
-
-    pub(super) fn connect(url: &str, rest: &str) -> Result<Backend> {
-        let name = rest.trim_end_matches('/');
-        if !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
-            return Err(Error::InvalidUrl {
-                url: redact_url(url),
-                reason:
-                    "a memory URL is memory:// or memory://NAME, NAME of letters, digits, - _ ."
-                        .into(),
-            });
-        }
-        let backend = if name.is_empty() {
-            MemoryBackend::new()
-        } else {
-            named()
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(name.to_owned())
-                .or_default()
-                .clone()
-        };
-        Ok(Backend::new(Arc::new(backend.clone()), Arc::new(backend)))
-    }
-}
+mod memory;
 
 #[cfg(test)]
 mod tests {

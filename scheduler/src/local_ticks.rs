@@ -1,0 +1,101 @@
+//! [`LocalTicks`]: the tick store of a scheduler that runs unlocked.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use lock_core::{async_trait, BackendError, LockName, TickStore};
+
+/// Completed ticks kept in this process, for [`LockMode::Unlocked`]: with
+/// one replica there is nobody to share them with, and they last as long as
+/// the process, which is how long an unlocked deployment's state lasts.
+///
+/// It is here rather than borrowed from the memory backend so that unlocked
+/// mode behaves the same whichever backends a build includes.
+///
+/// [`LockMode::Unlocked`]: crate::LockMode::Unlocked
+#[derive(Debug, Default)]
+pub(crate) struct LocalTicks {
+    jobs: Mutex<HashMap<LockName, Job>>,
+}
+
+#[derive(Debug, Default)]
+struct Job {
+    latest: Option<i64>,
+    marks: BTreeSet<i64>,
+}
+
+impl LocalTicks {
+    fn jobs(&self) -> MutexGuard<'_, HashMap<LockName, Job>> {
+        // Each critical section leaves the map whole: poison carries no half-state.
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[async_trait]
+impl TickStore for LocalTicks {
+    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
+        Ok(self.jobs().get(job).and_then(|j| j.latest))
+    }
+
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
+        let mut jobs = self.jobs();
+        let entry = jobs.entry(job.clone()).or_default();
+        entry.latest = Some(entry.latest.map_or(tick, |t| t.max(tick)));
+        entry.marks.insert(tick);
+        // Marks more than `keep` older than this tick may go; the set stays
+        // bounded by the ticks of one `keep` window.
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        entry.marks = entry.marks.split_off(&tick.saturating_sub(keep_ms));
+        Ok(())
+    }
+
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        Ok(self
+            .jobs()
+            .get(job)
+            .is_some_and(|j| j.marks.contains(&tick)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keeps_the_latest_tick_and_recent_marks() -> Result<(), Box<dyn std::error::Error>> {
+        let store = LocalTicks::default();
+        let (job, other) = (LockName::new("job")?, LockName::new("other")?);
+        let keep = Duration::from_millis(100);
+        assert_eq!(store.last_completed(&job).await?, None);
+        store.record_completed(&job, 1_000, keep).await?;
+        store.record_completed(&job, 900, keep).await?;
+        assert_eq!(
+            store.last_completed(&job).await?,
+            Some(1_000),
+            "keeps the maximum"
+        );
+        assert!(
+            store.is_completed(&job, 900).await?,
+            "an older tick is marked on its own"
+        );
+        assert!(!store.is_completed(&job, 950).await?);
+        assert_eq!(store.last_completed(&other).await?, None, "jobs are apart");
+        store.record_completed(&job, 1_200, keep).await?;
+        assert!(
+            !store.is_completed(&job, 900).await?,
+            "marks older than keep go"
+        );
+        assert!(store.is_completed(&job, 1_200).await?);
+        store
+            .record_completed(&job, i64::MIN, Duration::MAX)
+            .await?;
+        assert_eq!(store.last_completed(&job).await?, Some(1_200));
+        Ok(())
+    }
+}
