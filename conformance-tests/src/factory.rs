@@ -175,8 +175,8 @@ impl Ctx {
     pub fn replica_over(&self, backend: Arc<dyn LockBackend>) -> Replica {
         let metrics = LockMetrics::register(&Registry::new()).expect("fresh registry");
         let locker = Locker::builder()
-            .backend_arc(Arc::clone(&backend))
-            .metrics(metrics.clone())
+            .with_backend_arc(Arc::clone(&backend))
+            .with_metrics(metrics.clone())
             .build()
             .expect("locker builds");
         Replica {

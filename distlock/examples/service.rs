@@ -17,7 +17,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let locks = distlock::connect(&url).await?;
     let locker = locks.locker()?;
     let scheduler = Scheduler::builder(locker.clone(), locks.tick_store())
-        .job(Job::new(
+        .with_job(Job::new(
             "examples/every-second",
             "* * * * * *",
             |ctx| async move {

@@ -34,7 +34,10 @@ impl Locks {
     ///
     /// [`Error::Config`] if other code took the lock metrics' names in `registry`.
     pub fn locker_with_registry(&self, registry: &Registry) -> Result<Locker> {
-        self.backend.locker_builder().registry(registry).build()
+        self.backend
+            .locker_builder()
+            .with_registry(registry)
+            .build()
     }
 
     /// The lock backend itself, for a [`LockerBuilder`](crate::LockerBuilder)

@@ -94,32 +94,32 @@ impl fmt::Debug for LockerBuilder {
 
 impl LockerBuilder {
     /// Uses `backend`. Without one, the `Locker` runs in unlocked mode.
-    pub fn backend(mut self, backend: impl LockBackend + 'static) -> Self {
+    pub fn with_backend(mut self, backend: impl LockBackend + 'static) -> Self {
         self.backend = Some(Arc::new(backend));
         self
     }
 
     /// Uses an already shared backend.
-    pub fn backend_arc(mut self, backend: Arc<dyn LockBackend>) -> Self {
+    pub fn with_backend_arc(mut self, backend: Arc<dyn LockBackend>) -> Self {
         self.backend = Some(backend);
         self
     }
 
     /// Reports into `metrics` (shared with other `Locker`s).
-    pub fn metrics(mut self, metrics: LockMetrics) -> Self {
+    pub fn with_metrics(mut self, metrics: LockMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
     /// Registers fresh metrics in `registry` at [`LockerBuilder::build`].
-    pub fn registry(mut self, registry: &Registry) -> Self {
+    pub fn with_registry(mut self, registry: &Registry) -> Self {
         self.registry = Some(registry.clone());
         self
     }
 
     /// Refuses to run anything when no backend is configured, instead of
     /// falling back to the in-process guard.
-    pub fn lock_required(mut self, required: bool) -> Self {
+    pub fn with_lock_required(mut self, required: bool) -> Self {
         self.lock_required = required;
         self
     }
@@ -176,7 +176,7 @@ impl Locker {
     ///
     /// [`Error::Config`] if the metrics cannot be registered.
     pub fn new(backend: impl LockBackend + 'static) -> Result<Self> {
-        Self::builder().backend(backend).build()
+        Self::builder().with_backend(backend).build()
     }
 
     /// A `Locker` with no backend: jobs run behind the in-process guard only,
@@ -264,8 +264,8 @@ impl Locker {
     /// use lock_core::{Error, LockName, LockOptions, Locker};
     ///
     /// let locker = Locker::builder()
-    ///     .backend(lock_memory::MemoryBackend::new())
-    ///     .registry(&prometheus::Registry::new())
+    ///     .with_backend(lock_memory::MemoryBackend::new())
+    ///     .with_registry(&prometheus::Registry::new())
     ///     .build()?;
     /// let opts = LockOptions::new(Duration::from_secs(30)).with_metric_label("account");
     /// let name = LockName::for_key("account", "zoe@example.com")?;
@@ -310,8 +310,8 @@ impl Locker {
     /// use lock_core::{LockName, LockOptions, Locker};
     ///
     /// let locker = Locker::builder()
-    ///     .backend(lock_memory::MemoryBackend::new())
-    ///     .registry(&prometheus::Registry::new())
+    ///     .with_backend(lock_memory::MemoryBackend::new())
+    ///     .with_registry(&prometheus::Registry::new())
     ///     .build()?;
     /// let name = LockName::new("migrations")?;
     /// let opts = LockOptions::new(Duration::from_secs(30))
@@ -413,8 +413,8 @@ impl Locker {
     /// use lock_core::{LockName, LockOptions, Locker};
     ///
     /// let locker = Locker::builder()
-    ///     .backend(lock_memory::MemoryBackend::new())
-    ///     .registry(&prometheus::Registry::new())
+    ///     .with_backend(lock_memory::MemoryBackend::new())
+    ///     .with_registry(&prometheus::Registry::new())
     ///     .build()?;
     /// let name = LockName::new("reports/nightly")?;
     /// let opts = LockOptions::new(Duration::from_secs(30)).with_max_hold(Duration::from_secs(600));

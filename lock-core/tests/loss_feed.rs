@@ -104,8 +104,8 @@ impl LockBackend for SessionBackend {
 fn locker(backend: &Arc<SessionBackend>) -> (Locker, LockMetrics) {
     let metrics = LockMetrics::register(&Registry::new()).expect("metrics");
     let locker = Locker::builder()
-        .backend_arc(Arc::clone(backend) as Arc<dyn LockBackend>)
-        .metrics(metrics.clone())
+        .with_backend_arc(Arc::clone(backend) as Arc<dyn LockBackend>)
+        .with_metrics(metrics.clone())
         .build()
         .expect("locker");
     (locker, metrics)

@@ -34,13 +34,13 @@ fn exposed(registry: &Registry, lock: &str, outcome: &str) -> Option<u64> {
 #[tokio::test]
 async fn lockers_on_the_default_registry_share_one_series() {
     let explicit = Locker::builder()
-        .registry(prometheus::default_registry())
+        .with_registry(prometheus::default_registry())
         .build()
         .expect("explicit default registry");
     let first = Locker::unlocked().expect("first implicit default registry");
     let second = Locker::unlocked().expect("second implicit default registry");
     let again = Locker::builder()
-        .registry(&prometheus::default_registry().clone())
+        .with_registry(&prometheus::default_registry().clone())
         .build()
         .expect("a clone of the default registry");
     for (i, locker) in [&explicit, &first, &second, &again].into_iter().enumerate() {
@@ -68,11 +68,11 @@ async fn lockers_on_the_default_registry_share_one_series() {
 async fn a_registry_of_ones_own_is_shared_and_kept_apart() {
     let registry = Registry::new();
     let a = Locker::builder()
-        .registry(&registry)
+        .with_registry(&registry)
         .build()
         .expect("first");
     let b = Locker::builder()
-        .registry(&registry.clone())
+        .with_registry(&registry.clone())
         .build()
         .expect("second, through a clone of the registry");
     acquire_once(&a, "own").await;

@@ -13,8 +13,8 @@ use tokio::time::{sleep, Instant};
 
 fn replica(server: &MemoryBackend) -> lock_core::Result<Locker> {
     Locker::builder()
-        .backend(server.clone())
-        .registry(&Registry::new())
+        .with_backend(server.clone())
+        .with_registry(&Registry::new())
         .build()
 }
 

@@ -46,8 +46,8 @@ const PURGE_THRESHOLD: usize = 1024;
 /// use lock_memory::MemoryBackend;
 ///
 /// let backend = MemoryBackend::new();
-/// let a = Locker::builder().backend(backend.clone()).registry(&Default::default()).build()?;
-/// let b = Locker::builder().backend(backend).registry(&Default::default()).build()?;
+/// let a = Locker::builder().with_backend(backend.clone()).with_registry(&Default::default()).build()?;
+/// let b = Locker::builder().with_backend(backend).with_registry(&Default::default()).build()?;
 /// let name = LockName::new("job")?;
 /// let opts = LockOptions::new(Duration::from_secs(5));
 /// let guard = a.try_lock(&name, &opts).await?;

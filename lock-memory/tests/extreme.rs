@@ -24,8 +24,8 @@ fn extreme() -> impl Strategy<Value = Duration> {
 
 fn locker(backend: &MemoryBackend) -> Locker {
     Locker::builder()
-        .backend(backend.clone())
-        .registry(&Registry::new())
+        .with_backend(backend.clone())
+        .with_registry(&Registry::new())
         .build()
         .expect("locker")
 }

@@ -26,7 +26,7 @@ pub enum SslMode {
     Prefer,
     /// TLS. Without a root certificate the server's certificate is not
     /// verified (encryption only); with one
-    /// ([`PostgresConfigBuilder::root_certificate_file`], `sslrootcert`) its
+    /// ([`PostgresConfigBuilder::with_root_certificate_file`], `sslrootcert`) its
     /// chain must lead to that root, as under [`SslMode::VerifyCa`]: libpq's
     /// rule, so that a URL means the same to this crate as to `psql`.
     Require,
@@ -335,21 +335,21 @@ impl PostgresConfigBuilder {
     }
 
     /// The password (never shown by `Debug`).
-    pub fn password(mut self, password: impl AsRef<[u8]>) -> Self {
+    pub fn with_password(mut self, password: impl AsRef<[u8]>) -> Self {
         self.inner.pg.password(password.as_ref());
         self
     }
 
     /// The namespace hashed in front of every name (default `lock`).
     /// Deployments with different namespaces never block each other.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.inner.namespace = namespace.into();
         self
     }
 
     /// Maps `name` to a fixed key instead of the hash, for interoperating
     /// with programs that already lock `pg_try_advisory_lock(key1, key2)`.
-    pub fn explicit_key(mut self, name: LockName, key: AdvisoryKey) -> Self {
+    pub fn with_explicit_key(mut self, name: LockName, key: AdvisoryKey) -> Self {
         self.inner.keys.insert(name, key);
         self
     }
@@ -361,57 +361,57 @@ impl PostgresConfigBuilder {
     }
 
     /// Bounds every statement, client side and as the session's `statement_timeout`.
-    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_statement_timeout(mut self, timeout: Duration) -> Self {
         self.inner.statement_timeout = timeout;
         self
     }
 
     /// The longest TTL acquisitions may ask for (default 30 s). The server's
     /// dead-client detection is derived from it; see the crate docs.
-    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+    pub fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
         self.inner.max_ttl = max_ttl;
         self
     }
 
     /// Turns fencing tokens on (default) or off, for roles that cannot use a sequence.
-    pub fn fencing(mut self, on: bool) -> Self {
+    pub fn with_fencing(mut self, on: bool) -> Self {
         self.inner.fencing = on;
         self
     }
 
     /// Announces releases with `NOTIFY` and lets waiters `LISTEN` on an extra
     /// connection (default on); off, waiters poll.
-    pub fn release_notify(mut self, on: bool) -> Self {
+    pub fn with_release_notify(mut self, on: bool) -> Self {
         self.inner.release_notify = on;
         self
     }
 
     /// The schema of the fencing sequence and the tick table (default `public`).
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
         self.inner.schema = schema.into();
         self
     }
 
     /// The fencing sequence's name (default `lock_fencing`).
-    pub fn fence_sequence(mut self, name: impl Into<String>) -> Self {
+    pub fn with_fence_sequence(mut self, name: impl Into<String>) -> Self {
         self.inner.fence_sequence = name.into();
         self
     }
 
     /// The tick table's name (default `lock_ticks`).
-    pub fn tick_table(mut self, name: impl Into<String>) -> Self {
+    pub fn with_tick_table(mut self, name: impl Into<String>) -> Self {
         self.inner.tick_table = name.into();
         self
     }
 
     /// The `application_name` lock sessions show in `pg_stat_activity`.
-    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+    pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
         self.inner.pg.application_name(name.into());
         self
     }
 
     /// The TLS mode, as libpq's `sslmode`.
-    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+    pub fn with_ssl_mode(mut self, mode: SslMode) -> Self {
         self.inner.ssl_mode = mode;
         self
     }
@@ -419,7 +419,7 @@ impl PostgresConfigBuilder {
     /// Trusts the PEM certificate(s) in `pem`, and only them, as roots (as
     /// libpq's `sslrootcert` does). With [`SslMode::Require`] this turns on
     /// verification of the chain (without the host name), as in libpq.
-    pub fn root_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+    pub fn with_root_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.inner.root_cert = Some(RootCert::Pem(pem.into()));
         self
     }
@@ -427,7 +427,7 @@ impl PostgresConfigBuilder {
     /// Trusts the PEM certificate(s) in the file at `path`, and only them, as
     /// roots (libpq's `sslrootcert`). With [`SslMode::Require`] this turns on
     /// verification of the chain (without the host name), as in libpq.
-    pub fn root_certificate_file(mut self, path: impl Into<PathBuf>) -> Self {
+    pub fn with_root_certificate_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.inner.root_cert = Some(RootCert::File(path.into()));
         self
     }
@@ -534,17 +534,17 @@ mod tests {
     #[test]
     fn rejects_unsafe_identifiers_and_zero_bounds() {
         let b = PostgresConfig::builder;
-        assert!(b().schema("public; drop table x").build().is_err());
-        assert!(b().fence_sequence("Upper").build().is_err());
-        assert!(b().max_ttl(Duration::ZERO).build().is_err());
-        assert!(b().statement_timeout(Duration::ZERO).build().is_err());
-        assert!(b().namespace("a\0b").build().is_err());
+        assert!(b().with_schema("public; drop table x").build().is_err());
+        assert!(b().with_fence_sequence("Upper").build().is_err());
+        assert!(b().with_max_ttl(Duration::ZERO).build().is_err());
+        assert!(b().with_statement_timeout(Duration::ZERO).build().is_err());
+        assert!(b().with_namespace("a\0b").build().is_err());
     }
 
     #[test]
     fn keepalive_is_derived_from_max_ttl() -> Result<(), BackendError> {
         let c = PostgresConfig::builder()
-            .max_ttl(Duration::from_millis(1500))
+            .with_max_ttl(Duration::from_millis(1500))
             .build()?;
         assert_eq!(c.keepalive_idle_secs(), 2);
         assert_eq!(c.user_timeout_ms(), 3000);
@@ -556,7 +556,7 @@ mod tests {
     fn explicit_keys_override_the_hash() -> Result<(), BackendError> {
         let name = LockName::new("cron").map_err(|e| config(e.to_string()))?;
         let c = PostgresConfig::builder()
-            .explicit_key(name.clone(), AdvisoryKey::new(42, 7))
+            .with_explicit_key(name.clone(), AdvisoryKey::new(42, 7))
             .build()?;
         assert_eq!(c.key_for(&name), AdvisoryKey::new(42, 7));
         Ok(())

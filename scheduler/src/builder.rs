@@ -64,20 +64,20 @@ impl ElectionOptions {
     }
 
     /// The election lock's name; replicas of one service must agree on it.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
 
     /// The election lock's TTL: a crashed leader is replaced within
     /// `ttl + interval`.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// How often standbys try to take over.
-    pub fn interval(mut self, interval: Duration) -> Self {
+    pub fn with_interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self
     }
@@ -125,20 +125,20 @@ impl SchedulerBuilder {
     }
 
     /// The coordination mode (default [`Mode::PerTick`]).
-    pub fn mode(mut self, mode: Mode) -> Self {
+    pub fn with_mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
         self
     }
 
     /// Adds a job.
-    pub fn job(mut self, job: Job) -> Self {
+    pub fn with_job(mut self, job: Job) -> Self {
         self.jobs.push(job);
         self
     }
 
     /// The wall clock cron expressions are evaluated against (default the
     /// system clock).
-    pub fn clock(mut self, clock: Arc<dyn WallClock>) -> Self {
+    pub fn with_clock(mut self, clock: Arc<dyn WallClock>) -> Self {
         self.clock = clock;
         self
     }
@@ -147,26 +147,26 @@ impl SchedulerBuilder {
     /// most [`MAX_SKEW_TOLERANCE`]). A finished tick's lock is kept until the
     /// tick plus this tolerance has passed, and a tick that a late timer
     /// finds passed still runs while it is within the tolerance.
-    pub fn skew_tolerance(mut self, tolerance: Duration) -> Self {
+    pub fn with_skew_tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
         self
     }
 
     /// Registers the metrics in `registry` (default: the process default registry).
-    pub fn registry(mut self, registry: &Registry) -> Self {
+    pub fn with_registry(mut self, registry: &Registry) -> Self {
         self.registry = Some(registry.clone());
         self
     }
 
     /// Reports into already registered metrics.
-    pub fn metrics(mut self, metrics: SchedulerMetrics) -> Self {
+    pub fn with_metrics(mut self, metrics: SchedulerMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
     /// Calls `hook` with every tick's outcome on this replica. It runs on the
     /// scheduler's own tasks: keep it quick and never block in it.
-    pub fn on_outcome(mut self, hook: impl Fn(&RunReport) + Send + Sync + 'static) -> Self {
+    pub fn with_on_outcome(mut self, hook: impl Fn(&RunReport) + Send + Sync + 'static) -> Self {
         self.on_outcome = Some(Arc::new(hook));
         self
     }
@@ -190,7 +190,7 @@ impl SchedulerBuilder {
     /// use scheduler::{Job, Scheduler};
     ///
     /// Scheduler::builder(locker, ticks)
-    ///     .job(Job::new("reports/hourly", "0 0 * * * *", |_ctx| async { Ok(()) }))
+    ///     .with_job(Job::new("reports/hourly", "0 0 * * * *", |_ctx| async { Ok(()) }))
     ///     .start()?;
     /// # Ok(()) }
     /// ```

@@ -39,10 +39,10 @@ pub(crate) type Handler = Arc<dyn Fn(JobContext) -> BoxFuture + Send + Sync + 's
 ///     ctx.assert_held()?; // before every unsafe write
 ///     Ok(())
 /// })
-/// .time_zone("Europe/Berlin")
-/// .ttl(Duration::from_secs(30))
-/// .max_hold(Duration::from_secs(600))
-/// .missed_ticks(MissedTicks::RunOnce);
+/// .with_time_zone("Europe/Berlin")
+/// .with_ttl(Duration::from_secs(30))
+/// .with_max_hold(Duration::from_secs(600))
+/// .with_missed_ticks(MissedTicks::RunOnce);
 /// # drop(job);
 /// ```
 #[derive(Clone)]
@@ -131,27 +131,27 @@ impl Job {
     }
 
     /// Reads the cron expression in the IANA time zone `zone` (default `UTC`).
-    pub fn time_zone(mut self, zone: impl Into<String>) -> Self {
+    pub fn with_time_zone(mut self, zone: impl Into<String>) -> Self {
         self.zone = zone.into();
         self
     }
 
     /// The TTL of the per-tick lock: how long a crashed runner blocks the
     /// tick (renewed every `ttl / 3` while the handler runs).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// The longest a run may hold its lock; the watchdog then aborts it.
     /// `Duration::MAX` means no limit, the default.
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = (max_hold != Duration::MAX).then_some(max_hold);
         self
     }
 
     /// What to do with ticks nobody ran (default [`MissedTicks::Skip`]).
-    pub fn missed_ticks(mut self, policy: MissedTicks) -> Self {
+    pub fn with_missed_ticks(mut self, policy: MissedTicks) -> Self {
         self.missed = policy;
         self
     }
@@ -242,28 +242,32 @@ mod tests {
         assert!(reason(job("has space").compile(zero)).contains("not allowed"));
         assert!(reason(job("").compile(zero)).contains("empty"));
         assert!(reason(job(&"a".repeat(MAX_JOB_NAME_LEN + 1)).compile(zero)).contains("at most"));
-        assert!(reason(job("j").ttl(Duration::ZERO).compile(zero)).contains("TTL"));
+        assert!(reason(job("j").with_ttl(Duration::ZERO).compile(zero)).contains("TTL"));
         assert!(reason(
             job("j")
-                .ttl(Duration::from_secs(10))
-                .max_hold(Duration::from_secs(1))
+                .with_ttl(Duration::from_secs(10))
+                .with_max_hold(Duration::from_secs(1))
                 .compile(zero)
         )
         .contains("max_hold"));
         let bounded = lock_core::Capabilities::new(lock_core::backend::Expiry::Session)
             .with_min_ttl(Duration::from_secs(1))
             .with_max_ttl(Duration::from_secs(2));
+        assert!(reason(
+            job("j")
+                .with_ttl(Duration::from_millis(50))
+                .compile(&bounded)
+        )
+        .contains("minimum"));
         assert!(
-            reason(job("j").ttl(Duration::from_millis(50)).compile(&bounded)).contains("minimum")
-        );
-        assert!(
-            reason(job("j").ttl(Duration::from_secs(30)).compile(&bounded)).contains("maximum")
+            reason(job("j").with_ttl(Duration::from_secs(30)).compile(&bounded))
+                .contains("maximum")
         );
         let policy = MissedTicks::RunAll {
             window: Duration::ZERO,
             max: 3,
         };
-        assert!(reason(job("j").missed_ticks(policy).compile(zero)).contains("window"));
+        assert!(reason(job("j").with_missed_ticks(policy).compile(zero)).contains("window"));
         assert!(job(&"a".repeat(MAX_JOB_NAME_LEN)).compile(zero).is_ok());
     }
 
@@ -272,7 +276,7 @@ mod tests {
         let any = lock_core::Capabilities::new(lock_core::backend::Expiry::Ttl);
         let bad_cron = Job::new("j", "every minute", |_| async { Ok(()) }).compile(&any);
         assert!(matches!(bad_cron, Err(Error::InvalidCron { .. })));
-        let bad_zone = job("j").time_zone("Europe/Atlantis").compile(&any);
+        let bad_zone = job("j").with_time_zone("Europe/Atlantis").compile(&any);
         assert!(matches!(bad_zone, Err(Error::InvalidTimeZone { .. })));
     }
 }

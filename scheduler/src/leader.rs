@@ -38,8 +38,8 @@ type Hook = Arc<dyn Fn() + Send + Sync + 'static>;
 /// use scheduler::LeaderElection;
 ///
 /// let election = LeaderElection::builder(locker, "reports/leader")
-///     .on_elected(|| tracing::info!("leading"))
-///     .on_demoted(|| tracing::info!("standing by"))
+///     .with_on_elected(|| tracing::info!("leading"))
+///     .with_on_demoted(|| tracing::info!("standing by"))
 ///     .start()?;
 /// let mut leading = election.subscribe();
 /// while leading.changed().await.is_ok() {
@@ -91,31 +91,31 @@ impl fmt::Debug for ElectionBuilder {
 
 impl ElectionBuilder {
     /// The election lock's TTL (default 15 s).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// How often a standby tries to become leader (default 5 s).
-    pub fn interval(mut self, interval: Duration) -> Self {
+    pub fn with_interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self
     }
 
     /// Sets `scheduler_is_leader` in these metrics.
-    pub fn metrics(mut self, metrics: SchedulerMetrics) -> Self {
+    pub fn with_metrics(mut self, metrics: SchedulerMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
     /// Calls `hook` each time this replica becomes leader.
-    pub fn on_elected(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+    pub fn with_on_elected(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_elected.push(Arc::new(hook));
         self
     }
 
     /// Calls `hook` each time this replica stops being leader.
-    pub fn on_demoted(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+    pub fn with_on_demoted(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_demoted.push(Arc::new(hook));
         self
     }

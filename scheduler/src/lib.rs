@@ -53,7 +53,7 @@
 //! # Clock skew
 //!
 //! Replicas' clocks may differ by up to the skew tolerance (default 5 s,
-//! [`SchedulerBuilder::skew_tolerance`]). A replica ahead fires early and a
+//! [`SchedulerBuilder::with_skew_tolerance`]). A replica ahead fires early and a
 //! replica behind fires late, but they fire the same tick name. Skew larger
 //! than the tolerance is still caught by the completed-tick record (2.); the
 //! tolerance only bounds how long completion marks are kept. Ticks are

@@ -294,8 +294,8 @@ mod tests {
             }
         });
         let scheduler = Scheduler::builder(locker.clone(), backend.tick_store())
-            .registry(&registry)
-            .job(job)
+            .with_registry(&registry)
+            .with_job(job)
             .build()?;
         let scheduler = scheduler.start()?;
         // Two runs: each tick is counted, and the tick store lets the second

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::{SchedulerMetrics, TickOutcome, WallClock};
 
 /// What happened to one tick on this replica, as passed to
-/// [`SchedulerBuilder::on_outcome`](crate::SchedulerBuilder::on_outcome).
+/// [`SchedulerBuilder::with_on_outcome`](crate::SchedulerBuilder::with_on_outcome).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunReport {

@@ -37,9 +37,9 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// let backend = scheduler::connect("memory://").await?;
 /// let locker = backend.locker(&prometheus::Registry::new())?;
 /// let scheduler = Scheduler::builder(locker, backend.tick_store())
-///     .mode(Mode::Leader(ElectionOptions::new()))
-///     .registry(&prometheus::Registry::new())
-///     .job(Job::new("reports/hourly", "0 0 * * * *", |ctx| async move {
+///     .with_mode(Mode::Leader(ElectionOptions::new()))
+///     .with_registry(&prometheus::Registry::new())
+///     .with_job(Job::new("reports/hourly", "0 0 * * * *", |ctx| async move {
 ///         ctx.assert_held()?;
 ///         Ok(())
 ///     }))
@@ -112,9 +112,9 @@ impl Scheduler {
             }
             Mode::Leader(opts) => {
                 let election = LeaderElection::builder(self.rt.locker.clone(), opts.name.clone())
-                    .ttl(opts.ttl)
-                    .interval(opts.interval)
-                    .metrics(self.rt.metrics.clone())
+                    .with_ttl(opts.ttl)
+                    .with_interval(opts.interval)
+                    .with_metrics(self.rt.metrics.clone())
                     .start()?;
                 let election = Arc::new(election);
                 *self.election.lock().unwrap_or_else(PoisonError::into_inner) =

@@ -13,8 +13,8 @@ use scheduler::{ElectionOptions, Error, Job, LeaderElection, Mode, Scheduler, To
 fn backend() -> (Locker, Arc<dyn TickStore>, MemoryBackend) {
     let memory = MemoryBackend::new();
     let locker = Locker::builder()
-        .backend(memory.clone())
-        .registry(&Registry::new())
+        .with_backend(memory.clone())
+        .with_registry(&Registry::new())
         .build()
         .expect("locker");
     (locker, Arc::new(memory.clone()), memory)
@@ -31,7 +31,7 @@ fn build(
     f: impl FnOnce(scheduler::SchedulerBuilder) -> scheduler::SchedulerBuilder,
 ) -> scheduler::Result<Scheduler> {
     let (locker, ticks, _) = backend();
-    f(Scheduler::builder(locker, ticks).registry(&Registry::new())).build()
+    f(Scheduler::builder(locker, ticks).with_registry(&Registry::new())).build()
 }
 
 #[test]
@@ -44,39 +44,44 @@ fn configuration_errors_say_what_is_wrong() {
         Duration::from_millis(u64::MAX),
         Duration::MAX,
     ] {
-        let refused = msg(build(|b| b.job(noop("a")).skew_tolerance(tolerance)));
+        let refused = msg(build(|b| {
+            b.with_job(noop("a")).with_skew_tolerance(tolerance)
+        }));
         assert!(refused.contains("skew tolerance"), "{refused}");
     }
-    let zero_interval = ElectionOptions::new().interval(Duration::ZERO);
+    let zero_interval = ElectionOptions::new().with_interval(Duration::ZERO);
     assert!(msg(build(|b| b
-        .job(noop("a"))
-        .mode(Mode::Leader(zero_interval))))
+        .with_job(noop("a"))
+        .with_mode(Mode::Leader(zero_interval))))
     .contains("election interval"));
-    let zero_ttl = ElectionOptions::new().ttl(Duration::ZERO);
-    assert!(msg(build(|b| b.job(noop("a")).mode(Mode::Leader(zero_ttl)))).contains("TTL"));
-    assert!(msg(build(|b| b.job(noop("a")).job(noop("a")))).contains("unique"));
+    let zero_ttl = ElectionOptions::new().with_ttl(Duration::ZERO);
+    assert!(msg(build(|b| b
+        .with_job(noop("a"))
+        .with_mode(Mode::Leader(zero_ttl))))
+    .contains("TTL"));
+    assert!(msg(build(|b| b.with_job(noop("a")).with_job(noop("a")))).contains("unique"));
     assert!(msg(build(|b| b)).contains("at least one job"));
     let bad_cron = Job::new("a", "61 * * * *", |_| async { Ok(()) });
     assert!(matches!(
-        build(|b| b.job(bad_cron)),
+        build(|b| b.with_job(bad_cron)),
         Err(Error::InvalidCron { .. })
     ));
-    let bad_zone = noop("a").time_zone("Nowhere/Special");
+    let bad_zone = noop("a").with_time_zone("Nowhere/Special");
     assert!(matches!(
-        build(|b| b.job(bad_zone)),
+        build(|b| b.with_job(bad_zone)),
         Err(Error::InvalidTimeZone { .. })
     ));
     // A second scheduler on one registry shares the first one's metrics.
     let registry = Registry::new();
     let (locker, ticks, _) = backend();
     let first = Scheduler::builder(locker.clone(), Arc::clone(&ticks))
-        .registry(&registry)
-        .job(noop("a"))
+        .with_registry(&registry)
+        .with_job(noop("a"))
         .build()
         .expect("first");
     let again = Scheduler::builder(locker, ticks)
-        .registry(&registry)
-        .job(noop("a"))
+        .with_registry(&registry)
+        .with_job(noop("a"))
         .build();
     assert!(again.is_ok(), "{again:?}");
     drop(first);
@@ -84,7 +89,7 @@ fn configuration_errors_say_what_is_wrong() {
 
 #[test]
 fn start_outside_a_runtime_is_an_error_not_a_panic() {
-    let s = build(|b| b.job(noop("a"))).expect("valid");
+    let s = build(|b| b.with_job(noop("a"))).expect("valid");
     assert!(matches!(s.start(), Err(Error::Config(m)) if m.contains("tokio runtime")));
 }
 
@@ -111,9 +116,9 @@ async fn wall_clock_steps_never_refire_a_tick() {
         }
     });
     let s = Scheduler::builder(locker, ticks)
-        .registry(&Registry::new())
-        .clock(clock.clone())
-        .job(job)
+        .with_registry(&Registry::new())
+        .with_clock(clock.clone())
+        .with_job(job)
         .build()
         .expect("valid");
     let s = s.start().expect("starts");
@@ -141,8 +146,8 @@ async fn election_elects_one_and_hands_over() {
     let lockers: Vec<Locker> = (0..3)
         .map(|_| {
             Locker::builder()
-                .backend(memory.clone())
-                .registry(&Registry::new())
+                .with_backend(memory.clone())
+                .with_registry(&Registry::new())
                 .build()
                 .expect("locker")
         })
@@ -155,10 +160,10 @@ async fn election_elects_one_and_hands_over() {
         .map(|(i, l)| {
             let (up, down) = (Arc::clone(&events), Arc::clone(&events));
             LeaderElection::builder(l.clone(), "svc/leader")
-                .ttl(ttl)
-                .interval(interval)
-                .on_elected(move || up.lock().expect("log").push(format!("{i} up")))
-                .on_demoted(move || down.lock().expect("log").push(format!("{i} down")))
+                .with_ttl(ttl)
+                .with_interval(interval)
+                .with_on_elected(move || up.lock().expect("log").push(format!("{i} up")))
+                .with_on_demoted(move || down.lock().expect("log").push(format!("{i} down")))
                 .start()
                 .expect("starts")
         })
@@ -205,10 +210,10 @@ async fn function_handlers_with_their_own_error_type_run() {
     let outcomes: Arc<Mutex<Vec<scheduler::TickOutcome>>> = Arc::default();
     let log = Arc::clone(&outcomes);
     let s = Scheduler::builder(locker, ticks)
-        .registry(&Registry::new())
-        .clock(Arc::new(TokioClock::starting_at(base)))
-        .on_outcome(move |report| log.lock().expect("log").push(report.outcome))
-        .job(Job::from_fn("reports/failing", "* * * * * *", fails))
+        .with_registry(&Registry::new())
+        .with_clock(Arc::new(TokioClock::starting_at(base)))
+        .with_on_outcome(move |report| log.lock().expect("log").push(report.outcome))
+        .with_job(Job::from_fn("reports/failing", "* * * * * *", fails))
         .start()
         .expect("starts");
     tokio::time::sleep(Duration::from_secs(2)).await; // ticks at +0.5 s and +1.5 s

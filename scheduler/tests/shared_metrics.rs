@@ -13,13 +13,13 @@ use scheduler::{Job, Scheduler, SchedulerBuilder, TickOutcome, TokioClock};
 /// A replica of a per-tick service on `memory`, running `job` every second.
 fn replica(memory: &MemoryBackend, clock: &Arc<TokioClock>) -> SchedulerBuilder {
     let locker = Locker::builder()
-        .backend(memory.clone())
-        .registry(&Registry::new())
+        .with_backend(memory.clone())
+        .with_registry(&Registry::new())
         .build()
         .expect("locker");
     Scheduler::builder(locker, Arc::new(memory.clone()))
-        .clock(Arc::clone(clock) as _)
-        .job(Job::new("shared/job", "* * * * * *", |_| async { Ok(()) }))
+        .with_clock(Arc::clone(clock) as _)
+        .with_job(Job::new("shared/job", "* * * * * *", |_| async { Ok(()) }))
 }
 
 #[tokio::test(start_paused = true)]
@@ -30,7 +30,7 @@ async fn schedulers_on_the_default_registry_share_one_series() {
     let implicit = replica(&memory, &clock).build().expect("first implicit");
     let again = replica(&memory, &clock).build().expect("second implicit");
     let explicit = replica(&memory, &clock)
-        .registry(prometheus::default_registry())
+        .with_registry(prometheus::default_registry())
         .build()
         .expect("explicit default registry");
     let replicas = [implicit, again, explicit].map(|s| s.start().expect("starts"));

@@ -177,21 +177,22 @@ async fn phase(
     let reports: Reports = Arc::default();
     let hook = Arc::clone(&reports);
     let mut builder = Scheduler::builder(locker.clone(), backend.tick_store())
-        .registry(&registry)
-        .job(
-            Job::new(job.as_str(), "* * * * * *", |_| async { Ok(()) }).ttl(Duration::from_secs(3)),
+        .with_registry(&registry)
+        .with_job(
+            Job::new(job.as_str(), "* * * * * *", |_| async { Ok(()) })
+                .with_ttl(Duration::from_secs(3)),
         )
-        .on_outcome(move |r| {
+        .with_on_outcome(move |r| {
             hook.lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push((Instant::now(), r.clone()));
         });
     if leader {
         let options = ElectionOptions::new()
-            .name(election.as_str())
-            .ttl(Duration::from_secs(3))
-            .interval(Duration::from_millis(300));
-        builder = builder.mode(Mode::Leader(options));
+            .with_name(election.as_str())
+            .with_ttl(Duration::from_secs(3))
+            .with_interval(Duration::from_millis(300));
+        builder = builder.with_mode(Mode::Leader(options));
     }
     let scheduler = builder.build()?;
     let scheduler = scheduler.start()?;

@@ -184,8 +184,8 @@ pub(super) async fn election_lease_ends_on_stop_and_drop(ctx: Ctx) {
         let a = ctx.replica().await;
         let name = ctx.name(if stop { "leader-stop" } else { "leader-drop" });
         let election = scheduler::LeaderElection::builder(a.locker.clone(), name.as_str())
-            .ttl(timing.ttl)
-            .interval(timing.ttl / 4)
+            .with_ttl(timing.ttl)
+            .with_interval(timing.ttl / 4)
             .start()
             .expect("start");
         let lease = leading(&election, bound).await;

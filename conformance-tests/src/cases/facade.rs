@@ -64,17 +64,17 @@ pub(crate) async fn scheduler_through_facade(ctx: Ctx) {
     let job = ctx.name("job");
     let (reports, mut reported) = mpsc::unbounded_channel::<RunReport>();
     let scheduler = Scheduler::builder(locker, a.tick_store())
-        .registry(&distlock::prometheus::Registry::new())
-        .on_outcome(move |r| {
+        .with_registry(&distlock::prometheus::Registry::new())
+        .with_on_outcome(move |r| {
             let _ = reports.send(r.clone());
         })
-        .job(
+        .with_job(
             Job::new(job.as_str(), "* * * * * *", |run| async move {
                 run.assert_held()?;
                 Ok(())
             })
             // The profile's TTL: backends may cap it (Postgres's max_ttl).
-            .ttl(ctx.timing().ttl),
+            .with_ttl(ctx.timing().ttl),
         )
         .start()
         .expect("scheduler starts");

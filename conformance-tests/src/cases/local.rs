@@ -66,7 +66,7 @@ pub(super) async fn in_process_guard(ctx: Ctx) {
 pub(super) async fn unlocked_mode(ctx: Ctx) {
     let metrics = LockMetrics::register(&Registry::new()).expect("registry");
     let locker = Locker::builder()
-        .metrics(metrics.clone())
+        .with_metrics(metrics.clone())
         .build()
         .expect("builds");
     let name = ctx.name("unlocked");
@@ -95,8 +95,8 @@ pub(super) async fn unlocked_mode(ctx: Ctx) {
     held.release().await.expect("release");
 
     let strict = Locker::builder()
-        .metrics(metrics.clone())
-        .lock_required(true)
+        .with_metrics(metrics.clone())
+        .with_lock_required(true)
         .build()
         .expect("builds");
     let ran = AtomicBool::new(false);

@@ -62,13 +62,13 @@ async fn run() -> Result<(), BoxError> {
     let key = backend.key_for(&name);
     let fence = backend.fence_key();
     let locker = Locker::builder()
-        .backend(backend)
-        .registry(&registry)
+        .with_backend(backend)
+        .with_registry(&registry)
         .build()?;
     let token = format!("scrape-{run_id}");
     let endpoint = MetricsServer::builder(registry.clone())
-        .token(token.clone())
-        .bind(([127, 0, 0, 1], 0).into())
+        .with_token(token.clone())
+        .with_bind(([127, 0, 0, 1], 0).into())
         .start()
         .await?;
     let target = endpoint.local_addr().to_string();

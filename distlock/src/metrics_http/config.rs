@@ -7,7 +7,7 @@ use prometheus::Registry;
 
 use super::auth::BearerToken;
 
-/// The environment variable [`MetricsServerBuilder::token_from_env`] reads.
+/// The environment variable [`MetricsServerBuilder::with_token_from_env`] reads.
 pub const METRICS_TOKEN_ENV: &str = "METRICS_TOKEN";
 
 /// What went wrong serving metrics. Never carries the token.
@@ -63,14 +63,14 @@ impl MetricsServerBuilder {
 
     /// Requires `Authorization: Bearer <token>` on every scrape. An empty
     /// token counts as none.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
         self.token = BearerToken::new(token);
         self
     }
 
     /// Takes the token from `METRICS_TOKEN` when it is set and not empty;
     /// otherwise keeps the one set before, if any.
-    pub fn token_from_env(mut self) -> Self {
+    pub fn with_token_from_env(mut self) -> Self {
         if let Some(token) = std::env::var(METRICS_TOKEN_ENV)
             .ok()
             .and_then(BearerToken::new)
@@ -82,34 +82,34 @@ impl MetricsServerBuilder {
 
     /// Listens on `addr` (port 0 picks a free port; see
     /// [`MetricsServerHandle::local_addr`](super::MetricsServerHandle::local_addr)).
-    pub fn bind(mut self, addr: SocketAddr) -> Self {
+    pub fn with_bind(mut self, addr: SocketAddr) -> Self {
         self.addr = addr;
         self
     }
 
     /// Serves at most `n` connections at once (at least 1); one more is
     /// answered `503` and closed at once.
-    pub fn max_connections(mut self, n: usize) -> Self {
+    pub fn with_max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);
         self
     }
 
     /// Closes a connection whose request headers have not all arrived
     /// within `timeout` (a slow or stalled client).
-    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_header_read_timeout(mut self, timeout: Duration) -> Self {
         self.header_read_timeout = timeout;
         self
     }
 
     /// Answers `431` to request headers larger than `bytes` (at least 8 KiB).
-    pub fn max_header_bytes(mut self, bytes: usize) -> Self {
+    pub fn with_max_header_bytes(mut self, bytes: usize) -> Self {
         self.max_header_bytes = bytes.max(MIN_HEADER_BYTES);
         self
     }
 
     /// Closes any connection, even a busy keep-alive one, after `timeout`: a
     /// response being sent gets 5 s more to finish, then it is cut.
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
     }
@@ -124,22 +124,29 @@ mod tests {
     fn the_env_token_counts_only_when_set_and_not_empty() {
         let builder = || MetricsServerBuilder::new(Registry::new());
         std::env::remove_var(METRICS_TOKEN_ENV);
-        assert!(builder().token_from_env().token.is_none());
+        assert!(builder().with_token_from_env().token.is_none());
         std::env::set_var(METRICS_TOKEN_ENV, "");
-        assert!(builder().token_from_env().token.is_none());
+        assert!(builder().with_token_from_env().token.is_none());
         assert!(
-            builder().token("kept").token_from_env().token.is_some(),
+            builder()
+                .with_token("kept")
+                .with_token_from_env()
+                .token
+                .is_some(),
             "an empty variable keeps a token set before"
         );
         std::env::set_var(METRICS_TOKEN_ENV, "from-env");
-        let token = builder().token_from_env().token.expect("read from the env");
+        let token = builder()
+            .with_token_from_env()
+            .token
+            .expect("read from the env");
         assert!(token.authorize(Some(b"Bearer from-env")));
         std::env::remove_var(METRICS_TOKEN_ENV);
-        assert!(builder().token("").token.is_none(), "empty is unset");
+        assert!(builder().with_token("").token.is_none(), "empty is unset");
         assert_eq!(
-            builder().max_header_bytes(10).max_header_bytes,
+            builder().with_max_header_bytes(10).max_header_bytes,
             MIN_HEADER_BYTES
         );
-        assert_eq!(builder().max_connections(0).max_connections, 1);
+        assert_eq!(builder().with_max_connections(0).max_connections, 1);
     }
 }

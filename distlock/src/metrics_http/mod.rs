@@ -12,8 +12,8 @@
 //! use distlock::metrics_http::MetricsServer;
 //!
 //! let server = MetricsServer::builder(distlock::prometheus::default_registry().clone())
-//!     .token_from_env() // METRICS_TOKEN; without one, anyone who can connect may scrape
-//!     .bind(([0, 0, 0, 0], 9464).into())
+//!     .with_token_from_env() // METRICS_TOKEN; without one, anyone who can connect may scrape
+//!     .with_bind(([0, 0, 0, 0], 9464).into())
 //!     .start()
 //!     .await?;
 //! // ... run the service ...

@@ -25,10 +25,10 @@ pub(crate) fn registry() -> Registry {
 
 pub(crate) async fn start(max_connections: usize, header_timeout: Duration) -> MetricsServerHandle {
     MetricsServer::builder(registry())
-        .token(TOKEN)
-        .bind(([127, 0, 0, 1], 0).into())
-        .max_connections(max_connections)
-        .header_read_timeout(header_timeout)
+        .with_token(TOKEN)
+        .with_bind(([127, 0, 0, 1], 0).into())
+        .with_max_connections(max_connections)
+        .with_header_read_timeout(header_timeout)
         .start()
         .await
         .expect("binds a free loopback port")

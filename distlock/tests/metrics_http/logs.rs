@@ -47,7 +47,7 @@ async fn start_warns_without_a_token_and_never_logs_the_token() {
             .finish();
         let _default = tracing::subscriber::set_default(subscriber);
         let open = MetricsServer::builder(registry())
-            .bind(([127, 0, 0, 1], 0).into())
+            .with_bind(([127, 0, 0, 1], 0).into())
             .start()
             .await
             .expect("binds");

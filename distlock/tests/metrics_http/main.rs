@@ -220,8 +220,8 @@ async fn shutdown_and_drop_stop_listening() {
 async fn without_a_token_anyone_can_scrape() {
     timeout(CASE_LIMIT, async {
         let server = MetricsServer::builder(registry())
-            .token("")
-            .bind(([127, 0, 0, 1], 0).into())
+            .with_token("")
+            .with_bind(([127, 0, 0, 1], 0).into())
             .start()
             .await
             .expect("binds");
@@ -239,10 +239,10 @@ async fn a_keep_alive_connection_is_closed_at_its_lifetime() {
     timeout(CASE_LIMIT, async {
         let lifetime = Duration::from_secs(1);
         let server = MetricsServer::builder(registry())
-            .token(TOKEN)
-            .bind(([127, 0, 0, 1], 0).into())
-            .connection_timeout(lifetime)
-            .header_read_timeout(Duration::from_secs(20))
+            .with_token(TOKEN)
+            .with_bind(([127, 0, 0, 1], 0).into())
+            .with_connection_timeout(lifetime)
+            .with_header_read_timeout(Duration::from_secs(20))
             .start()
             .await
             .expect("binds");

@@ -72,9 +72,9 @@ async fn run() -> Result<(), BoxError> {
     println!("per-tick failover = kill to the next run on a survivor; leader failover = kill to a new leader");
     let per_tick = run_mode(&url, "per-tick", Mode::PerTick, MissedTicks::Skip).await?;
     let election = ElectionOptions::new()
-        .name("example/leader")
-        .ttl(Duration::from_secs(1))
-        .interval(Duration::from_millis(250));
+        .with_name("example/leader")
+        .with_ttl(Duration::from_secs(1))
+        .with_interval(Duration::from_millis(250));
     let leader = run_mode(&url, "leader", Mode::Leader(election), MissedTicks::RunOnce).await?;
     println!("\nper-tick: {per_tick}\nleader:   {leader}");
     Ok(())
@@ -120,8 +120,8 @@ async fn run_mode(
             .ok_or("the replicas need a lock backend; memory:// is one")?;
         let wire = Severable::new(locks, backend.tick_store());
         let locker = Locker::builder()
-            .backend(wire.clone())
-            .registry(&Registry::new())
+            .with_backend(wire.clone())
+            .with_registry(&Registry::new())
             .build()?;
         let skew = if i == 0 { SKEW_MS } else { 0 };
         let clock = TokioClock::starting_at(base).with_skew_ms(skew);
@@ -136,14 +136,14 @@ async fn run_mode(
                 Ok(())
             }
         })
-        .ttl(Duration::from_secs(1))
-        .missed_ticks(missed);
+        .with_ttl(Duration::from_secs(1))
+        .with_missed_ticks(missed);
         let scheduler = Scheduler::builder(locker, Arc::new(wire.clone()))
-            .mode(mode.clone())
-            .clock(Arc::new(clock))
-            .registry(&Registry::new())
-            .on_outcome(move |report| hook.reported(i, report))
-            .job(job)
+            .with_mode(mode.clone())
+            .with_clock(Arc::new(clock))
+            .with_registry(&Registry::new())
+            .with_on_outcome(move |report| hook.reported(i, report))
+            .with_job(job)
             .start()?;
         replicas.push(Some(Replica { scheduler, wire }));
     }

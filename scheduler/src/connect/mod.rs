@@ -87,7 +87,7 @@ impl Backend {
     ///
     /// [`Error::Lock`] if the lock metrics cannot be registered in `registry`.
     pub fn locker(&self, registry: &Registry) -> Result<Locker> {
-        Ok(self.locker_builder().registry(registry).build()?)
+        Ok(self.locker_builder().with_registry(registry).build()?)
     }
 
     /// A [`LockerBuilder`] over this backend (none in
@@ -95,7 +95,7 @@ impl Backend {
     /// their defaults.
     pub fn locker_builder(&self) -> LockerBuilder {
         match &self.locks {
-            Some(locks) => Locker::builder().backend_arc(Arc::clone(locks)),
+            Some(locks) => Locker::builder().with_backend_arc(Arc::clone(locks)),
             None => Locker::builder(),
         }
     }

@@ -54,8 +54,8 @@ fn on_paused_clock(
 
 fn locker(backend: &MemoryBackend) -> Result<Locker, Failed> {
     Ok(Locker::builder()
-        .backend(backend.clone())
-        .registry(&Registry::new())
+        .with_backend(backend.clone())
+        .with_registry(&Registry::new())
         .build()?)
 }
 

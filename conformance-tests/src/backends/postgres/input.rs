@@ -44,11 +44,17 @@ pub(super) async fn tls_verify_full(f: Arc<PostgresFactory>) -> Result<(), BoxEr
         version.unwrap_or_default()
     );
     // Encryption without verification needs no CA.
-    let require =
-        PostgresBackend::connect(f.builder_for(&url)?.ssl_mode(SslMode::Require).build()?);
+    let require = PostgresBackend::connect(
+        f.builder_for(&url)?
+            .with_ssl_mode(SslMode::Require)
+            .build()?,
+    );
     require.await?;
     // Without the test CA the self-signed certificate is untrusted.
-    let untrusted = f.builder_for(&url)?.ssl_mode(SslMode::VerifyFull).build()?;
+    let untrusted = f
+        .builder_for(&url)?
+        .with_ssl_mode(SslMode::VerifyFull)
+        .build()?;
     match PostgresBackend::connect(untrusted).await {
         Err(e) if e.kind() == BackendErrorKind::Config => Ok(()),
         Err(e) => Err(format!("an untrusted certificate gave {e} (kind {:?})", e.kind()).into()),
@@ -77,8 +83,8 @@ pub(super) async fn tls_require_with_root_verifies(
     refused("require + sslrootcert of another CA (URL)", by_url)?;
     let config = f
         .builder_for(&url)?
-        .ssl_mode(SslMode::Require)
-        .root_certificate_file(other)
+        .with_ssl_mode(SslMode::Require)
+        .with_root_certificate_file(other)
         .build()?;
     refused(
         "require + a root certificate of another CA (builder)",
@@ -141,7 +147,7 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
         "password",
     )?;
     let right = format!("postgres://{ROLE_WITH_PASSWORD}:{PASSWORD}@127.0.0.1:{port}/postgres");
-    let config = f.builder_for(&right)?.fencing(false).build()?;
+    let config = f.builder_for(&right)?.with_fencing(false).build()?;
     if format!("{config:?}").contains(PASSWORD) {
         return Err("Debug shows the password".into());
     }
@@ -200,7 +206,8 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
     let seq = format!("ct_fence_{:08x}", getrandom::u32().unwrap_or(0));
     let nocreate = private_url(&f, ROLE_NO_CREATE)?;
     let backend =
-        PostgresBackend::connect(f.builder_for(&nocreate)?.fence_sequence(seq).build()?).await?;
+        PostgresBackend::connect(f.builder_for(&nocreate)?.with_fence_sequence(seq).build()?)
+            .await?;
     let n = name(&f, "no-create");
     let token = OwnerToken::generate()?;
     match backend.try_acquire(&n, &token, TTL).await {
@@ -216,7 +223,7 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
         return Err("a failed fencing acquire left the lock held".into());
     }
     let read_only =
-        PostgresBackend::connect(f.builder_for(&nocreate)?.fencing(false).build()?).await?;
+        PostgresBackend::connect(f.builder_for(&nocreate)?.with_fencing(false).build()?).await?;
     match read_only.try_acquire(&n, &token, TTL).await? {
         AcquireAttempt::Acquired(lease) if lease.fencing_token.is_none() => {}
         other => return Err(format!("fencing off: {other:?}").into()),

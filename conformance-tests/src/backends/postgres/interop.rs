@@ -26,7 +26,10 @@ pub(super) async fn psql_pairs_interoperate(f: Arc<PostgresFactory>) -> Result<(
         i32::from_ne_bytes(getrandom::u32().unwrap_or(1).to_ne_bytes()),
         i32::from_ne_bytes(getrandom::u32().unwrap_or(2).to_ne_bytes()),
     );
-    let config = f.builder_for(&url)?.explicit_key(n.clone(), key).build()?;
+    let config = f
+        .builder_for(&url)?
+        .with_explicit_key(n.clone(), key)
+        .build()?;
     let ours = PostgresBackend::connect(config).await?;
     let mut psql = Psql::spawn(&url, f.application_name()).await?;
     let (a, b) = (key.key1, key.key2);
@@ -140,8 +143,8 @@ pub(super) async fn golden_keys_on_the_server(f: Arc<PostgresFactory>) -> Result
     let url = tokio::task::block_in_place(|| f.url())?;
     let config = f
         .builder_for(&url)?
-        .namespace("lock")
-        .fencing(false)
+        .with_namespace("lock")
+        .with_fencing(false)
         .build()?;
     let backend = PostgresBackend::connect(config).await?;
     let n = LockName::new("job")?;

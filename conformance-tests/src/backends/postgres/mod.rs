@@ -120,11 +120,11 @@ impl PostgresFactory {
     /// The suite's configuration for `url`.
     pub fn builder_for(&self, url: &str) -> Result<PostgresConfigBuilder, BoxError> {
         Ok(PostgresConfigBuilder::from_url(url)?
-            .namespace(self.namespace.clone())
-            .application_name(self.app.clone())
+            .with_namespace(self.namespace.clone())
+            .with_application_name(self.app.clone())
             .connect_timeout(Duration::from_secs(3))
-            .statement_timeout(OP_TIMEOUT)
-            .max_ttl(Duration::from_secs(2)))
+            .with_statement_timeout(OP_TIMEOUT)
+            .with_max_ttl(Duration::from_secs(2)))
     }
 
     async fn config(&self) -> Result<PostgresConfig, BoxError> {

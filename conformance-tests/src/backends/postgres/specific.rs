@@ -125,8 +125,8 @@ pub(super) fn register_leftover_check(suite: &mut Suite, f: &Arc<PostgresFactory
 pub(super) fn locker(backend: Arc<dyn LockBackend>) -> Result<Locker, BoxError> {
     let metrics = LockMetrics::register(&Registry::new())?;
     Ok(Locker::builder()
-        .backend_arc(backend)
-        .metrics(metrics)
+        .with_backend_arc(backend)
+        .with_metrics(metrics)
         .build()?)
 }
 

@@ -100,8 +100,8 @@ pub(super) fn locker_over(
 ) -> Result<(Locker, LockMetrics), BoxError> {
     let metrics = LockMetrics::register(&Registry::new())?;
     let locker = Locker::builder()
-        .backend_arc(backend)
-        .metrics(metrics.clone())
+        .with_backend_arc(backend)
+        .with_metrics(metrics.clone())
         .build()?;
     Ok((locker, metrics))
 }

@@ -59,8 +59,8 @@ async fn start_leader(
             let faulty = FaultyBackend::new(ctx.factory().replica().await?, Duration::ZERO);
             let replica = ctx.replica_over(Arc::new(faulty.clone()));
             let election = LeaderElection::builder(replica.locker, name)
-                .ttl(ttl)
-                .interval(INTERVAL)
+                .with_ttl(ttl)
+                .with_interval(INTERVAL)
                 .start()?;
             leads(&mut election.subscribe(), ttl * 4).await?;
             Ok::<_, BoxError>((faulty, election))
@@ -95,8 +95,8 @@ pub(crate) async fn failover(ctx: &Ctx, mode: Mode) -> Result<Row, BoxError> {
         let (process, faulty) = start_leader(ctx, &name, ttl).await?;
         let standby = ctx.replica().await;
         let election = LeaderElection::builder(standby.locker.clone(), name)
-            .ttl(ttl)
-            .interval(INTERVAL)
+            .with_ttl(ttl)
+            .with_interval(INTERVAL)
             .start()?;
         let mut rx = election.subscribe();
         // Let the standby try (and fail) at least once.

@@ -53,9 +53,9 @@ fn main() -> ExitCode {
         "per-tick" => Mode::PerTick,
         "leader" => Mode::Leader(
             ElectionOptions::new()
-                .name("chaos/leader")
-                .ttl(election_ttl)
-                .interval(election_ttl / 4),
+                .with_name("chaos/leader")
+                .with_ttl(election_ttl)
+                .with_interval(election_ttl / 4),
         ),
         other => {
             eprintln!("unknown mode {other:?}");
@@ -103,12 +103,12 @@ async fn replica(url: &str, mode: Mode, job_ttl: Duration, run: Duration) -> Res
         say(format_args!("END {tick}"));
         Ok(())
     })
-    .ttl(job_ttl)
-    .missed_ticks(MissedTicks::Skip);
+    .with_ttl(job_ttl)
+    .with_missed_ticks(MissedTicks::Skip);
     let scheduler = Scheduler::builder(locker, backend.tick_store())
-        .mode(mode)
-        .registry(&Registry::new())
-        .on_outcome(|report| {
+        .with_mode(mode)
+        .with_registry(&Registry::new())
+        .with_on_outcome(|report| {
             say(format_args!(
                 "OUTCOME {} {} {}",
                 report.scheduled.timestamp_millis(),
@@ -116,7 +116,7 @@ async fn replica(url: &str, mode: Mode, job_ttl: Duration, run: Duration) -> Res
                 u8::from(report.catch_up)
             ));
         })
-        .job(job)
+        .with_job(job)
         .start()?;
     say(format_args!("READY"));
     let mut leadership = scheduler.leadership();

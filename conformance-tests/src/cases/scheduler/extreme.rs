@@ -94,28 +94,28 @@ impl Settings {
             ctx.assert_held()?;
             Ok(())
         })
-        .ttl(self.job_ttl);
+        .with_ttl(self.job_ttl);
         if let Some(max_hold) = self.max_hold {
-            j = j.max_hold(max_hold);
+            j = j.with_max_hold(max_hold);
         }
         if let Some(window) = self.window {
-            j = j.missed_ticks(MissedTicks::RunAll { window, max: 3 });
+            j = j.with_missed_ticks(MissedTicks::RunAll { window, max: 3 });
         }
         let mode = match self.election {
             Some((ttl, interval)) => Mode::Leader(
                 ElectionOptions::new()
-                    .name(format!("{job}/leader"))
-                    .ttl(ttl)
-                    .interval(interval),
+                    .with_name(format!("{job}/leader"))
+                    .with_ttl(ttl)
+                    .with_interval(interval),
             ),
             None => Mode::PerTick,
         };
         Scheduler::builder(locker, ticks)
-            .mode(mode)
-            .clock(clock)
-            .registry(&Registry::new())
-            .skew_tolerance(self.tolerance)
-            .job(j)
+            .with_mode(mode)
+            .with_clock(clock)
+            .with_registry(&Registry::new())
+            .with_skew_tolerance(self.tolerance)
+            .with_job(j)
             .build()
     }
 }

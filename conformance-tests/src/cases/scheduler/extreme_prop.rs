@@ -89,8 +89,8 @@ fn one(s: &Settings) -> Result<(), TestCaseError> {
     rt.block_on(async {
         let memory = MemoryBackend::new();
         let locker = Locker::builder()
-            .backend(memory.clone())
-            .registry(&Registry::new())
+            .with_backend(memory.clone())
+            .with_registry(&Registry::new())
             .build()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let base = DateTime::from_timestamp(1_800_000_001, 0).expect("valid");

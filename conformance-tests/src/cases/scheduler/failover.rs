@@ -42,7 +42,7 @@ pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) 
                     plan.work
                 }
             })
-            .missed_ticks(MissedTicks::RunOnce)
+            .with_missed_ticks(MissedTicks::RunOnce)
     };
     let schedulers = fleet.start_all(&ctx, Mode::Leader(election), job).await;
     let mut leadership: Vec<_> = schedulers.iter().map(|s| s.leadership()).collect();

@@ -49,9 +49,9 @@ impl Plan {
 pub(crate) fn election(ctx: &Ctx) -> ElectionOptions {
     let ttl = ctx.timing().ttl;
     ElectionOptions::new()
-        .name(ctx.name("leader").as_str())
-        .ttl(ttl)
-        .interval(ttl / 4)
+        .with_name(ctx.name("leader").as_str())
+        .with_ttl(ttl)
+        .with_interval(ttl / 4)
 }
 
 /// The skew tolerance cases give schedulers: 5 s, or the TTL if longer.
@@ -213,7 +213,7 @@ impl Fleet {
                 Ok(())
             }
         })
-        .ttl(self.job_ttl)
+        .with_ttl(self.job_ttl)
     }
 
     /// A scheduler for `replica` with `jobs`, not started.
@@ -242,18 +242,18 @@ impl Fleet {
             self.replicas[replica].locker.clone(),
             Arc::clone(&self.ticks),
         )
-        .mode(mode)
-        .clock(clock)
-        .metrics(self.metrics[replica].clone())
-        .skew_tolerance(tolerance(ctx))
-        .on_outcome(move |report| {
+        .with_mode(mode)
+        .with_clock(clock)
+        .with_metrics(self.metrics[replica].clone())
+        .with_skew_tolerance(tolerance(ctx))
+        .with_on_outcome(move |report| {
             log.reports
                 .lock()
                 .expect("log")
                 .push((replica, report.clone()))
         });
         for job in jobs {
-            builder = builder.job(job);
+            builder = builder.with_job(job);
         }
         builder.build().expect("valid scheduler")
     }

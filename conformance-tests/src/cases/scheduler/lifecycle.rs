@@ -36,7 +36,7 @@ pub(crate) async fn scheduler_overlapping_tick_is_skipped(ctx: Ctx) {
         }
     })
     // The profile's TTL: backends may cap it (Postgres's max_ttl).
-    .ttl(ctx.timing().ttl);
+    .with_ttl(ctx.timing().ttl);
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
     let s = s.start().expect("starts");
@@ -75,7 +75,7 @@ pub(crate) async fn scheduler_panic_is_caught_and_lock_released(ctx: Ctx) {
         }
     })
     // The profile's TTL: backends may cap it (Postgres's max_ttl).
-    .ttl(ctx.timing().ttl);
+    .with_ttl(ctx.timing().ttl);
     sleep_until_phase(fleet.clocks[0].as_ref(), plan.period, 4).await;
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
     let s = s.start().expect("starts");
@@ -126,7 +126,7 @@ pub(crate) async fn scheduler_shutdown_releases_every_lock(ctx: Ctx) {
         }
     })
     // The profile's TTL: backends may cap it (Postgres's max_ttl).
-    .ttl(ctx.timing().ttl);
+    .with_ttl(ctx.timing().ttl);
     let election = fleet::election(&ctx);
     let leader_lock = LockName::new(ctx.name("leader").as_str()).expect("valid");
     let s = fleet.scheduler(&ctx, 0, Mode::Leader(election), vec![job]);

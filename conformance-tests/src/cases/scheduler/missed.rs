@@ -23,7 +23,7 @@ pub(crate) async fn scheduler_missed_tick_policies_after_outage(ctx: Ctx) {
             .map(|(n, p)| {
                 fleet
                     .recording_job(n.as_str(), plan.cron, replica, plan.work)
-                    .missed_ticks(p)
+                    .with_missed_ticks(p)
             })
             .collect()
     };

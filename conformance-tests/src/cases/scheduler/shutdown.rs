@@ -64,8 +64,8 @@ pub(crate) async fn scheduler_shutdown_stops_a_catch_up_batch(ctx: Ctx) {
             Ok(())
         }
     })
-    .ttl(ctx.timing().ttl)
-    .missed_ticks(run_all(plan));
+    .with_ttl(ctx.timing().ttl)
+    .with_missed_ticks(run_all(plan));
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
     let s = s.start().expect("starts");
     timeout(plan.period, started.notified())
@@ -119,8 +119,8 @@ pub(crate) async fn scheduler_shutdown_is_not_held_up_by_a_catch_up_wait(ctx: Ct
         count.fetch_add(1, Ordering::SeqCst);
         async { Ok(()) }
     })
-    .ttl(timing.ttl)
-    .missed_ticks(run_all(plan));
+    .with_ttl(timing.ttl)
+    .with_missed_ticks(run_all(plan));
     let s = fleet.scheduler(&ctx, 0, Mode::PerTick, vec![job]);
     let s = s.start().expect("starts");
     // The replica's first backend call is the catch-up's acquire; from then
