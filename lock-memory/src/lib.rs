@@ -8,9 +8,9 @@
 //! It coordinates tasks of one process only: use it for single-replica
 //! deployments, development and tests, and a server backend for more replicas.
 //!
-//! The saboteur methods ([`MemoryBackend::steal`], [`MemoryBackend::expire`])
-//! change a lease behind its holder's back, the way another client or an
-//! operator could on a real server.
+//! With the `test-util` feature, the saboteur methods `MemoryBackend::steal`
+//! and `MemoryBackend::expire` change a lease behind its holder's back, the
+//! way another client or an operator could on a real server.
 #![forbid(unsafe_code)]
 
 mod ticks;
