@@ -74,10 +74,10 @@ pub use prometheus;
 pub use lock_memory::{self as memory, MemoryBackend};
 
 #[cfg(feature = "redis")]
-pub use lock_redis::{self as redis, RedisConfig};
+pub use lock_redis::{self as redis, RedisBuilder};
 
 #[cfg(feature = "postgres")]
-pub use lock_postgres::{self as postgres, PostgresBackend, PostgresConfigBuilder};
+pub use lock_postgres::{self as postgres, PostgresBackend, PostgresBuilder};
 
 #[cfg(feature = "etcd")]
 pub use lock_etcd::{self as etcd, EtcdBuilder};

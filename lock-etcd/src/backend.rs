@@ -16,7 +16,7 @@ use lock_core::{
 };
 use tracing::{debug, warn};
 
-use crate::connection::{classify, EtcdBackend, Held, Inner};
+use crate::connection::{classify, Connected, Held, Inner};
 use crate::error::{bounded, convert, protocol};
 use crate::lease::lease_seconds;
 
@@ -205,7 +205,7 @@ pub(crate) fn capabilities_with(min_ttl: Duration) -> Capabilities {
 }
 
 #[async_trait]
-impl LockBackend for EtcdBackend {
+impl LockBackend for Connected {
     fn capabilities(&self) -> Capabilities {
         capabilities_with(self.inner.min_ttl)
     }

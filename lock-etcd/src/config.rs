@@ -7,10 +7,20 @@ use std::time::Duration;
 use lock_core::redact::redact_url;
 use lock_core::{BackendError, BackendErrorKind, Capabilities};
 
-use crate::connection::EtcdBackend;
+use crate::connection::Connected;
+use crate::deferred::Deferred;
+use crate::EtcdBackend;
 
-/// The environment variable [`EtcdBuilder::from_env`] reads: comma-separated endpoints.
-pub const ENDPOINTS_ENV: &str = "ETCD_ENDPOINTS";
+/// The environment variable [`EtcdBuilder::from_env`] reads: comma-separated
+/// endpoints, or an `etcd://` URL.
+pub const ENV_VAR: &str = "ETCD_ENDPOINTS";
+
+/// The URL schemes [`EtcdBuilder::from_url`] accepts: plaintext and TLS.
+pub const URL_SCHEMES: &[&str] = &["etcd", "etcds"];
+
+/// The old name of [`ENV_VAR`].
+#[deprecated(since = "0.1.0", note = "use lock_etcd::ENV_VAR")]
+pub const ENDPOINTS_ENV: &str = ENV_VAR;
 
 /// The key prefix used unless [`EtcdBuilder::with_prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "/locks/";
@@ -142,8 +152,8 @@ impl EtcdBuilder {
     ///
     /// A [`BackendErrorKind::Config`] error when the variable is unset, empty or malformed.
     pub fn from_env() -> Result<Self, BackendError> {
-        let value = std::env::var(ENDPOINTS_ENV)
-            .map_err(|_| config_error(format!("{ENDPOINTS_ENV} is not set")))?;
+        let value =
+            std::env::var(ENV_VAR).map_err(|_| config_error(format!("{ENV_VAR} is not set")))?;
         if value.starts_with("etcd://") || value.starts_with("etcds://") {
             return Self::from_url(&value);
         }
@@ -230,10 +240,10 @@ impl EtcdBuilder {
         self
     }
 
-    /// The capabilities of the backend [`EtcdBuilder::connect_lazy`] makes
-    /// from this builder, known without contacting the cluster (its minimum
-    /// TTL is the declared one or 2 s; [`EtcdBuilder::connect`] measures it).
-    pub fn lazy_capabilities(&self) -> Capabilities {
+    /// The capabilities of the backend [`EtcdBuilder::build`] makes from
+    /// this builder, known without contacting the cluster (its minimum TTL
+    /// is the declared one or 2 s; [`EtcdBuilder::connect`] measures it).
+    pub(crate) fn lazy_capabilities(&self) -> Capabilities {
         crate::backend::capabilities_with(self.unmeasured_min_ttl())
     }
 
@@ -282,6 +292,11 @@ impl EtcdBuilder {
             self.ca_pem = Some(pem);
         }
         let tls = self.uses_tls();
+        if tls && self.ca_pem.is_none() {
+            return Err(config_error(
+                "TLS needs a CA certificate: set with_ca_file or with_ca_pem",
+            ));
+        }
         if tls && self.endpoints.iter().any(|e| e.starts_with("http://")) {
             return Err(config_error(
                 "TLS is configured but an endpoint uses http://; use https:// or host:port",
@@ -316,22 +331,32 @@ impl EtcdBuilder {
     /// probe lease it may have granted expires on its own within one second
     /// or two.
     pub async fn connect(self) -> Result<EtcdBackend, BackendError> {
-        EtcdBackend::connect(self, true).await
+        Connected::connect(self, true).await.map(EtcdBackend::ready)
     }
 
-    /// Builds the backend without contacting the cluster (except to
-    /// authenticate when credentials are set); unreachable servers surface on
-    /// the first lock call. The minimum TTL is the declared one or 2 s.
+    /// Checks the settings and builds the backend without contacting the
+    /// cluster: it connects (and authenticates) when a lock call first finds
+    /// the cluster answering, at most one attempt at a time and one every
+    /// half second, and every call fails closed as `unavailable` until then.
+    /// Its minimum TTL is the declared one or 2 s.
     ///
     /// # Errors
     ///
-    /// As [`EtcdBuilder::connect`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: nothing is left behind.
-    pub async fn connect_lazy(self) -> Result<EtcdBackend, BackendError> {
-        EtcdBackend::connect(self, false).await
+    /// [`BackendErrorKind::Config`] for bad settings (no endpoints, a bad
+    /// prefix, a zero timeout, an unreadable CA file, TLS with `http://`).
+    pub fn build(self) -> Result<EtcdBackend, BackendError> {
+        let endpoints = self.clone().validated()?;
+        let shown = endpoints
+            .iter()
+            .map(|e| redact_url(e))
+            .collect::<Vec<_>>()
+            .join(",");
+        let capabilities = self.lazy_capabilities();
+        Ok(EtcdBackend::deferred(Deferred::new(
+            self,
+            capabilities,
+            shown,
+        )))
     }
 }
 
@@ -448,6 +473,16 @@ mod tests {
             .with_ca_pem("pem");
         assert!(b.validated().is_err(), "TLS with an http:// endpoint");
         let mut b = EtcdBuilder::from_url("etcds://h:1").expect("valid");
+        assert!(
+            b.validated()
+                .expect_err("no CA")
+                .message()
+                .contains("CA certificate"),
+            "TLS without a CA is refused before any connection"
+        );
+        let mut b = EtcdBuilder::from_url("etcds://h:1")
+            .expect("valid")
+            .with_ca_pem("pem");
         assert_eq!(b.validated().expect("valid"), ["https://h:1"]);
         let mut b = EtcdBuilder::from_url("etcd://h:1")
             .expect("valid")
@@ -458,13 +493,13 @@ mod tests {
     #[test]
     fn reads_the_environment() {
         // The only test in this binary that touches ETCD_ENDPOINTS.
-        std::env::set_var(ENDPOINTS_ENV, "http://a:1, b:2");
+        std::env::set_var(ENV_VAR, "http://a:1, b:2");
         let listed = EtcdBuilder::from_env().map(|b| b.endpoints);
-        std::env::set_var(ENDPOINTS_ENV, "etcd://u:p@c:3");
+        std::env::set_var(ENV_VAR, "etcd://u:p@c:3");
         let url = EtcdBuilder::from_env().map(|b| (b.endpoints, b.username));
-        std::env::set_var(ENDPOINTS_ENV, "c:notaport");
+        std::env::set_var(ENV_VAR, "c:notaport");
         let bad = EtcdBuilder::from_env();
-        std::env::remove_var(ENDPOINTS_ENV);
+        std::env::remove_var(ENV_VAR);
         let unset = EtcdBuilder::from_env();
         assert_eq!(listed.expect("valid"), ["http://a:1", "b:2"]);
         assert_eq!(
@@ -473,7 +508,7 @@ mod tests {
         );
         assert_eq!(bad.expect_err("bad port").kind(), BackendErrorKind::Config);
         let unset = unset.expect_err("unset");
-        assert!(unset.message().contains(ENDPOINTS_ENV), "{unset}");
+        assert!(unset.message().contains(ENV_VAR), "{unset}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! [`EtcdBackend`]: connecting, the key layout, and the leases this instance holds.
+//! A connected etcd backend: connecting, the key layout, and the leases this instance holds.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -14,30 +14,10 @@ use crate::config::EtcdBuilder;
 use crate::error::{bounded, convert};
 use crate::lease::{lease_seconds, Leases};
 
-/// A lock backend over an etcd v3 cluster: one lease per lock, a
-/// put-if-absent transaction to acquire, the key's create revision as the
-/// fencing token. Cloning is cheap and clones share the connection.
-///
-/// See the [crate documentation](crate) for the guarantees and limits.
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// use lock_core::{LockName, LockOptions, Locker};
-/// use lock_etcd::EtcdBuilder;
-///
-/// let backend = EtcdBuilder::from_env()?.connect().await?;
-/// let locker = Locker::new(backend)?;
-/// let opts = LockOptions::new(Duration::from_secs(10));
-/// let guard = locker.try_lock(&LockName::new("reports/daily")?, &opts).await?;
-/// // … write with guard.fencing_token() …
-/// guard.release().await?;
-/// # Ok(()) }
-/// ```
+/// A backend connected to its cluster: what [`EtcdBackend`](crate::EtcdBackend)
+/// holds once the cluster answered. Cloning is cheap and clones share the connection.
 #[derive(Clone)]
-pub struct EtcdBackend {
+pub(crate) struct Connected {
     pub(crate) inner: Arc<Inner>,
 }
 
@@ -72,9 +52,9 @@ pub(crate) struct Held {
     pub(crate) revision: i64,
 }
 
-impl fmt::Debug for EtcdBackend {
+impl fmt::Debug for Connected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdBackend")
+        f.debug_struct("Connected")
             .field("prefix", &self.inner.prefix)
             .field("request_timeout", &self.inner.timeout)
             .field("min_ttl", &self.inner.min_ttl)
@@ -82,12 +62,7 @@ impl fmt::Debug for EtcdBackend {
     }
 }
 
-impl EtcdBackend {
-    /// A builder; see [`EtcdBuilder`].
-    pub fn builder() -> EtcdBuilder {
-        EtcdBuilder::new()
-    }
-
+impl Connected {
     pub(crate) async fn connect(mut b: EtcdBuilder, probe: bool) -> Result<Self, BackendError> {
         let endpoints = b.validated()?;
         let mut options = ConnectOptions::new()
@@ -152,19 +127,19 @@ impl EtcdBackend {
 
     /// The shortest TTL this backend accepts: the cluster's minimum lease
     /// TTL (measured at connect, or declared), in whole seconds.
-    pub fn min_ttl(&self) -> Duration {
+    pub(crate) fn min_ttl(&self) -> Duration {
         self.inner.min_ttl
     }
 
     /// The etcd key that holds the lock `name`.
-    pub fn key_for(&self, name: &LockName) -> String {
+    pub(crate) fn key_for(&self, name: &LockName) -> String {
         self.inner.key(name)
     }
 }
 
 impl Inner {
     pub(crate) fn key(&self, name: &LockName) -> String {
-        format!("{}{}", self.prefix, name.as_str())
+        key_in(&self.prefix, name)
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<LockName, Held>> {
@@ -266,6 +241,11 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// The key that holds the lock `name` under `prefix`.
+pub(crate) fn key_in(prefix: &str, name: &LockName) -> String {
+    format!("{prefix}{}", name.as_str())
 }
 
 pub(crate) fn secs(seconds: i64) -> Duration {

@@ -96,14 +96,18 @@
 mod backend;
 mod config;
 mod connection;
+mod deferred;
 mod error;
+mod handle;
 mod lease;
 mod renewal;
 #[cfg(feature = "test-util")]
 mod test_util;
 mod ticks;
 
-pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENDPOINTS_ENV};
-pub use connection::EtcdBackend;
+#[allow(deprecated)]
+pub use config::ENDPOINTS_ENV;
+pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENV_VAR, URL_SCHEMES};
+pub use handle::EtcdBackend;
 #[cfg(feature = "test-util")]
 pub use test_util::RenewalPause;

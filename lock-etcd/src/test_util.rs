@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{watch, Notify};
 
-use crate::connection::{EtcdBackend, Inner};
+use crate::connection::{Connected, Inner};
 
 /// Where an armed pause waits: told when a renewal arrives, opened to let
 /// it go on.
@@ -31,7 +31,7 @@ impl PauseSlot {
     }
 }
 
-/// A pause armed with [`EtcdBackend::pause_next_renewal_before_read`]. The
+/// A pause armed with [`EtcdBackend::pause_next_renewal_before_read`](crate::EtcdBackend::pause_next_renewal_before_read). The
 /// renewal it catches stays parked until [`RenewalPause::resume`] is called
 /// or the pause is dropped; the backend's request timeout still bounds it.
 #[derive(Debug)]
@@ -57,11 +57,11 @@ impl RenewalPause {
     }
 }
 
-impl EtcdBackend {
+impl Connected {
     /// Test hook: the next renewal of this instance (single or batch) that
     /// has sent its keep-alives stops before it reads the keys, until the
     /// returned pause is resumed or dropped.
-    pub fn pause_next_renewal_before_read(&self) -> RenewalPause {
+    pub(crate) fn pause_next_renewal_before_read(&self) -> RenewalPause {
         let reached = Arc::new(Notify::new());
         let (open, rx) = watch::channel(false);
         self.inner.pause.arm(Gate {

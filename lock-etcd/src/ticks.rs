@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use lock_core::{async_trait, BackendError, LockName, TickStore};
 
-use crate::connection::EtcdBackend;
+use crate::connection::Connected;
 use crate::error::{bounded, convert, protocol};
 
 /// Tick keys live under the lock prefix (so one RBAC grant covers both) but
@@ -33,7 +33,7 @@ fn decode(raw: &[u8]) -> Option<i64> {
 /// contiguous key range that no other job's marks fall into.
 const MARKS: &str = "#marks/";
 
-impl EtcdBackend {
+impl Connected {
     fn tick_key(&self, job: &LockName) -> String {
         format!("{}{TICKS}{}", self.inner.prefix, job.as_str())
     }
@@ -49,7 +49,7 @@ impl EtcdBackend {
 }
 
 #[async_trait]
-impl TickStore for EtcdBackend {
+impl TickStore for Connected {
     async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
         let key = self.tick_key(job);
         bounded(self.inner.timeout, "read tick", async {

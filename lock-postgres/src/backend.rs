@@ -101,7 +101,13 @@ impl Inner {
 }
 
 impl PostgresBackend {
-    /// A backend that connects its lock session on first use.
+    /// A builder; see [`PostgresBuilder`](crate::PostgresBuilder).
+    pub fn builder() -> crate::PostgresBuilder {
+        crate::PostgresBuilder::new()
+    }
+
+    /// A backend that connects its lock session on first use (as
+    /// [`PostgresBuilder::build`](crate::PostgresBuilder::build)).
     pub fn new(config: PostgresConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -118,7 +124,8 @@ impl PostgresBackend {
     }
 
     /// A backend whose lock session is connected now, so that a wrong URL,
-    /// wrong credentials or an unreachable server show up here.
+    /// wrong credentials or an unreachable server show up here (as
+    /// [`PostgresBuilder::connect`](crate::PostgresBuilder::connect)).
     ///
     /// # Errors
     ///

@@ -11,10 +11,21 @@ use lock_core::redact::redact_url;
 use lock_core::{BackendError, LockName};
 
 use crate::error::config;
-use crate::AdvisoryKey;
+use crate::{AdvisoryKey, PostgresBackend};
 
-/// The environment variable [`PostgresConfigBuilder::from_env`] reads.
-pub const DATABASE_URL: &str = "DATABASE_URL";
+/// The environment variable [`PostgresBuilder::from_env`] reads.
+pub const ENV_VAR: &str = "DATABASE_URL";
+
+/// The URL schemes [`PostgresBuilder::from_url`] accepts.
+pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// The old name of [`ENV_VAR`].
+#[deprecated(since = "0.1.0", note = "use lock_postgres::ENV_VAR")]
+pub const DATABASE_URL: &str = ENV_VAR;
+
+/// The old name of [`PostgresBuilder`].
+#[deprecated(since = "0.1.0", note = "use lock_postgres::PostgresBuilder")]
+pub type PostgresConfigBuilder = PostgresBuilder;
 
 /// How the lock session uses TLS, with libpq's `sslmode` meanings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,7 +37,7 @@ pub enum SslMode {
     Prefer,
     /// TLS. Without a root certificate the server's certificate is not
     /// verified (encryption only); with one
-    /// ([`PostgresConfigBuilder::with_root_certificate_file`], `sslrootcert`) its
+    /// ([`PostgresBuilder::with_root_certificate_file`], `sslrootcert`) its
     /// chain must lead to that root, as under [`SslMode::VerifyCa`]: libpq's
     /// rule, so that a URL means the same to this crate as to `psql`.
     Require,
@@ -51,8 +62,8 @@ impl SslMode {
 
 /// A validated configuration for [`PostgresBackend`](crate::PostgresBackend).
 ///
-/// Build it with [`PostgresConfig::builder`], [`PostgresConfigBuilder::from_url`]
-/// or [`PostgresConfigBuilder::from_env`]. Its `Debug` form never shows the password.
+/// Build it with [`PostgresConfig::builder`], [`PostgresBuilder::from_url`]
+/// or [`PostgresBuilder::from_env`]. Its `Debug` form never shows the password.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) pg: tokio_postgres::Config,
@@ -100,8 +111,8 @@ impl fmt::Debug for PostgresConfig {
 
 impl PostgresConfig {
     /// Starts a builder for `localhost:5432` with every default.
-    pub fn builder() -> PostgresConfigBuilder {
-        PostgresConfigBuilder::new()
+    pub fn builder() -> PostgresBuilder {
+        PostgresBuilder::new()
     }
 
     /// The advisory key `name` maps to: an explicit key if one was configured
@@ -158,21 +169,36 @@ impl PostgresConfig {
     }
 }
 
-/// Builds a [`PostgresConfig`].
+/// Builds a [`PostgresBackend`]: server URL, credentials, TLS, namespace,
+/// timeouts and fencing; then [`connect`](Self::connect) (opens the lock
+/// session now) or [`build`](Self::build) (opens it on first use).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_postgres::PostgresBuilder;
+///
+/// let builder = PostgresBuilder::from_url("postgres://locksvc:secret@127.0.0.1:5432/app")?
+///     .with_namespace("billing")
+///     .with_statement_timeout(Duration::from_millis(500));
+/// assert!(!format!("{builder:?}").contains("secret"));
+/// let backend = builder.build()?; // no connection yet
+/// # drop(backend);
+/// # Ok::<(), lock_core::BackendError>(())
+/// ```
 #[derive(Clone)]
-pub struct PostgresConfigBuilder {
+pub struct PostgresBuilder {
     inner: PostgresConfig,
 }
 
-impl fmt::Debug for PostgresConfigBuilder {
+impl fmt::Debug for PostgresBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("PostgresConfigBuilder")
-            .field(&self.inner)
-            .finish()
+        f.debug_tuple("PostgresBuilder").field(&self.inner).finish()
     }
 }
 
-impl Default for PostgresConfigBuilder {
+impl Default for PostgresBuilder {
     fn default() -> Self {
         Self::new()
     }
@@ -199,7 +225,7 @@ fn valid_ident(what: &str, ident: &str) -> Result<(), BackendError> {
     }
 }
 
-impl PostgresConfigBuilder {
+impl PostgresBuilder {
     /// A builder for `localhost:5432`, user `postgres`, with the defaults:
     /// namespace `lock`, connect timeout 5 s, statement timeout 2 s, max TTL
     /// 30 s, fencing on with sequence `public.lock_fencing`, no TLS.
@@ -252,7 +278,7 @@ impl PostgresConfigBuilder {
                 "{hint} ({shown}): use postgres://user:password@host:port/db"
             )));
         };
-        if scheme != "postgres" && scheme != "postgresql" {
+        if !URL_SCHEMES.contains(&scheme) {
             return Err(config(format!(
                 "unsupported URL scheme in {shown}: expected postgres:// or postgresql://"
             )));
@@ -320,16 +346,16 @@ impl PostgresConfigBuilder {
         Ok(builder)
     }
 
-    /// [`PostgresConfigBuilder::from_url`] with the URL in `DATABASE_URL`.
+    /// [`PostgresBuilder::from_url`] with the URL in `DATABASE_URL`.
     ///
     /// # Errors
     ///
     /// A `Config` error if the variable is unset or not a valid URL.
     pub fn from_env() -> Result<Self, BackendError> {
-        match std::env::var(DATABASE_URL) {
+        match std::env::var(ENV_VAR) {
             Ok(url) => Self::from_url(&url),
             Err(_) => Err(config(format!(
-                "{DATABASE_URL} is not set (expected postgres://user@host:port/db)"
+                "{ENV_VAR} is not set (expected postgres://user@host:port/db)"
             ))),
         }
     }
@@ -355,7 +381,7 @@ impl PostgresConfigBuilder {
     }
 
     /// Bounds connecting (TCP, TLS, authentication and session setup).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.inner.connect_timeout = timeout;
         self
     }
@@ -432,14 +458,44 @@ impl PostgresConfigBuilder {
         self
     }
 
-    /// Checks and returns the configuration.
+    /// Checks the settings and builds the backend without touching the
+    /// network: the lock session opens on first use and reopens after a loss.
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresBuilder::config`].
+    pub fn build(self) -> Result<PostgresBackend, BackendError> {
+        Ok(PostgresBackend::new(self.config()?))
+    }
+
+    /// Checks the settings, builds the backend and opens its lock session
+    /// now, so that a wrong URL, wrong credentials or an unreachable server
+    /// show up here.
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresBuilder::config`]; then `Unavailable` or `Timeout` if the
+    /// server cannot be reached within the connect timeout, `Auth` for
+    /// refused credentials, `Config` for a missing database, a bad TLS setup
+    /// or a transaction-mode pooler.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped future leaves nothing behind.
+    pub async fn connect(self) -> Result<PostgresBackend, BackendError> {
+        PostgresBackend::connect(self.config()?).await
+    }
+
+    /// Checks and returns the configuration, for
+    /// [`PostgresBackend::new`] or to read what it derives
+    /// ([`PostgresConfig::key_for`], [`PostgresConfig::fencing_ddl`]).
     ///
     /// # Errors
     ///
     /// A `Config` error for a zero timeout or max TTL, a namespace with a NUL
     /// byte, a schema or object name that is not a plain identifier, or a
     /// root certificate with TLS disabled.
-    pub fn build(self) -> Result<PostgresConfig, BackendError> {
+    pub fn config(self) -> Result<PostgresConfig, BackendError> {
         let c = self.inner;
         if c.connect_timeout.is_zero() || c.statement_timeout.is_zero() {
             return Err(config("connect and statement timeouts must be above zero"));
@@ -471,10 +527,10 @@ mod tests {
 
     #[test]
     fn parses_both_schemes_and_libpq_parameters() -> Result<(), BackendError> {
-        let c = PostgresConfigBuilder::from_url(
+        let c = PostgresBuilder::from_url(
             "postgres://app:s3cret@db.example:6543/locks?sslmode=verify-full&sslrootcert=/ca.pem&application_name=svc",
         )?
-        .build()?;
+        .config()?;
         assert_eq!(c.ssl_mode, SslMode::VerifyFull);
         assert!(matches!(c.root_cert, Some(RootCert::File(_))));
         assert_eq!(c.pg.get_ports(), &[6543]);
@@ -483,7 +539,7 @@ mod tests {
         let debug = format!("{c:?}");
         assert!(!debug.contains("s3cret"), "{debug}");
         assert!(debug.contains("<redacted>"));
-        let c = PostgresConfigBuilder::from_url("postgresql://u@h/d")?.build()?;
+        let c = PostgresBuilder::from_url("postgresql://u@h/d")?.config()?;
         assert_eq!(c.ssl_mode, SslMode::Disable);
         Ok(())
     }
@@ -500,7 +556,7 @@ mod tests {
             "host=h password=pw",
             "not a url",
         ] {
-            match PostgresConfigBuilder::from_url(url).and_then(PostgresConfigBuilder::build) {
+            match PostgresBuilder::from_url(url).and_then(PostgresBuilder::config) {
                 Err(e) => {
                     assert_eq!(e.kind(), BackendErrorKind::Config, "{url}: {e}");
                     assert!(!format!("{e} {e:?}").contains("pw"), "{e}");
@@ -522,11 +578,11 @@ mod tests {
             ("postgres://u:a@b@h/d", "%40"),
             ("host=h user=u", "key=value"),
         ] {
-            let err = PostgresConfigBuilder::from_url(url).expect_err(url);
+            let err = PostgresBuilder::from_url(url).expect_err(url);
             assert!(err.message().contains(needle), "{url}: {err}");
         }
         // After a secret parameter, a quoted value could be a piece of it.
-        let err = PostgresConfigBuilder::from_url("postgres://h/d?password=a&sslmode=b")
+        let err = PostgresBuilder::from_url("postgres://h/d?password=a&sslmode=b")
             .expect_err("bad sslmode");
         assert!(!err.message().contains("\"b\""), "{err}");
     }
@@ -534,18 +590,18 @@ mod tests {
     #[test]
     fn rejects_unsafe_identifiers_and_zero_bounds() {
         let b = PostgresConfig::builder;
-        assert!(b().with_schema("public; drop table x").build().is_err());
-        assert!(b().with_fence_sequence("Upper").build().is_err());
-        assert!(b().with_max_ttl(Duration::ZERO).build().is_err());
-        assert!(b().with_statement_timeout(Duration::ZERO).build().is_err());
-        assert!(b().with_namespace("a\0b").build().is_err());
+        assert!(b().with_schema("public; drop table x").config().is_err());
+        assert!(b().with_fence_sequence("Upper").config().is_err());
+        assert!(b().with_max_ttl(Duration::ZERO).config().is_err());
+        assert!(b().with_statement_timeout(Duration::ZERO).config().is_err());
+        assert!(b().with_namespace("a\0b").config().is_err());
     }
 
     #[test]
     fn keepalive_is_derived_from_max_ttl() -> Result<(), BackendError> {
         let c = PostgresConfig::builder()
             .with_max_ttl(Duration::from_millis(1500))
-            .build()?;
+            .config()?;
         assert_eq!(c.keepalive_idle_secs(), 2);
         assert_eq!(c.user_timeout_ms(), 3000);
         assert!(Duration::from_millis(c.user_timeout_ms()) > c.max_ttl());
@@ -557,7 +613,7 @@ mod tests {
         let name = LockName::new("cron").map_err(|e| config(e.to_string()))?;
         let c = PostgresConfig::builder()
             .with_explicit_key(name.clone(), AdvisoryKey::new(42, 7))
-            .build()?;
+            .config()?;
         assert_eq!(c.key_for(&name), AdvisoryKey::new(42, 7));
         Ok(())
     }

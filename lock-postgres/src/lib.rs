@@ -53,7 +53,7 @@
 //! it the peer is gone. That release must come only after the client's own
 //! validity bound has run out, or a successor could enter while the old
 //! holder still believes it holds the lock. The session therefore sets, from
-//! the configured [`max_ttl`](PostgresConfigBuilder::with_max_ttl) `M`:
+//! the configured [`max_ttl`](PostgresBuilder::with_max_ttl) `M`:
 //!
 //! - `tcp_keepalives_idle = ceil(M)` seconds, `tcp_keepalives_interval = 1`,
 //!   `tcp_keepalives_count = 3`;
@@ -93,7 +93,7 @@
 //!
 //! A role without `CREATE` on the schema gets an `Auth` error naming the
 //! statement; create the sequence once as its owner and grant `USAGE` on it,
-//! or turn fencing off ([`PostgresConfigBuilder::with_fencing`]) for read-only roles.
+//! or turn fencing off ([`PostgresBuilder::with_fencing`]) for read-only roles.
 //!
 //! # Release notification
 //!
@@ -101,13 +101,13 @@
 //! `NOTIFY lock_release, 'key1:key2'`; waiting acquires `LISTEN` on one extra
 //! connection per backend and wake at once. Locks that end otherwise (a
 //! session that dies, an unlock from another program) are found by polling.
-//! Turn it off with [`PostgresConfigBuilder::with_release_notify`].
+//! Turn it off with [`PostgresBuilder::with_release_notify`].
 //!
 //! # Keys
 //!
 //! A name maps to a two-`int4` key by the stable hash documented on
 //! [`AdvisoryKey`], inside a configurable namespace; explicit keys
-//! ([`PostgresConfigBuilder::with_explicit_key`]) interoperate with programs
+//! ([`PostgresBuilder::with_explicit_key`]) interoperate with programs
 //! that lock a fixed pair with `pg_try_advisory_lock(a, b)`.
 //!
 //! # Requirements
@@ -122,10 +122,9 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
 //! use lock_core::{LockName, LockOptions, Locker};
-//! use lock_postgres::{PostgresBackend, PostgresConfigBuilder};
+//! use lock_postgres::PostgresBuilder;
 //!
-//! let config = PostgresConfigBuilder::from_env()?.build()?;
-//! let locker = Locker::new(PostgresBackend::connect(config).await?)?;
+//! let locker = Locker::new(PostgresBuilder::from_env()?.connect().await?)?;
 //! let guard = locker
 //!     .try_lock(&LockName::new("cron/leader")?, &LockOptions::new(Duration::from_secs(10)))
 //!     .await?;
@@ -150,5 +149,7 @@ mod test_util;
 mod ticks;
 
 pub use backend::PostgresBackend;
-pub use config::{PostgresConfig, PostgresConfigBuilder, SslMode, DATABASE_URL};
+pub use config::{PostgresBuilder, PostgresConfig, SslMode, ENV_VAR, URL_SCHEMES};
+#[allow(deprecated)]
+pub use config::{PostgresConfigBuilder, DATABASE_URL};
 pub use key::AdvisoryKey;

@@ -19,11 +19,11 @@ use crate::connection::Connection;
 use crate::error::{config, protocol};
 use crate::notify::ReleaseNotifier;
 use crate::scripts::{KeySpace, ACQUIRE, RELEASE, RENEW, RENEW_MANY};
-use crate::RedisConfig;
+use crate::RedisBuilder;
 
 /// Locks in one Redis primary. Cheap to clone; clones share connections.
 ///
-/// Build it with [`RedisConfig`]. Each value holds one command connection and,
+/// Build it with [`RedisBuilder`]. Each value holds one command connection and,
 /// once a waiter needs it, one subscriber connection; separate processes (or
 /// tests simulating them) build separate backends.
 ///
@@ -33,9 +33,9 @@ use crate::RedisConfig;
 /// # async fn demo() -> lock_core::Result<()> {
 /// use std::time::Duration;
 /// use lock_core::{Locker, LockName, LockOptions};
-/// use lock_redis::RedisConfig;
+/// use lock_redis::RedisBuilder;
 ///
-/// let backend = RedisConfig::from_env()?.connect().await?;
+/// let backend = RedisBuilder::from_env()?.connect().await?;
 /// let locker = Locker::new(backend)?;
 /// let guard = locker
 ///     .try_lock(&LockName::new("reports/nightly")?, &LockOptions::new(Duration::from_secs(30)))
@@ -66,7 +66,7 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    pub(crate) fn from_parts(config: RedisConfig, client: redis::Client) -> Self {
+    pub(crate) fn from_parts(config: RedisBuilder, client: redis::Client) -> Self {
         let target = config.target();
         let conn = Connection::new(
             client.clone(),

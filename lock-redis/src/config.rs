@@ -1,4 +1,4 @@
-//! [`RedisConfig`]: where the server is, how to log in, how long to wait.
+//! [`RedisBuilder`]: where the server is, how to log in, how long to wait.
 
 use std::fmt;
 use std::time::Duration;
@@ -12,14 +12,26 @@ use rustls::pki_types::CertificateDer;
 use crate::error::config;
 use crate::RedisBackend;
 
-/// The environment variable [`RedisConfig::from_env`] reads.
-pub const REDIS_URL_ENV: &str = "REDIS_URL";
+/// The environment variable [`RedisBuilder::from_env`] reads.
+pub const ENV_VAR: &str = "REDIS_URL";
+
+/// The URL schemes [`RedisBuilder::from_url`] accepts: plaintext and TLS.
+pub const URL_SCHEMES: &[&str] = &["redis", "rediss"];
+
+/// The old name of [`ENV_VAR`].
+#[deprecated(since = "0.1.0", note = "use lock_redis::ENV_VAR")]
+pub const REDIS_URL_ENV: &str = ENV_VAR;
+
+/// The old name of [`RedisBuilder`].
+#[deprecated(since = "0.1.0", note = "use lock_redis::RedisBuilder")]
+pub type RedisConfig = RedisBuilder;
 
 const DEFAULT_PREFIX: &str = "lock:";
 const MAX_PREFIX_LEN: usize = 100;
 
-/// Configures a [`RedisBackend`]: server URL, credentials, TLS trust, key
-/// prefix and timeouts.
+/// Builds a [`RedisBackend`]: server URL, credentials, TLS trust, key
+/// prefix and timeouts; then [`connect`](Self::connect) (checks the server
+/// answers) or [`build`](Self::build) (connects on first use).
 ///
 /// The password never appears in `Debug` output or in error messages.
 ///
@@ -27,16 +39,16 @@ const MAX_PREFIX_LEN: usize = 100;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_redis::RedisConfig;
+/// use lock_redis::RedisBuilder;
 ///
-/// let config = RedisConfig::from_url("redis://locksvc:secret@127.0.0.1:6379/0")?
+/// let config = RedisBuilder::from_url("redis://locksvc:secret@127.0.0.1:6379/0")?
 ///     .with_key_prefix("billing:lock:")
 ///     .with_operation_timeout(Duration::from_millis(500));
 /// assert!(!format!("{config:?}").contains("secret"));
 /// # Ok::<(), lock_core::BackendError>(())
 /// ```
 #[derive(Clone)]
-pub struct RedisConfig {
+pub struct RedisBuilder {
     host: String,
     port: u16,
     tls: bool,
@@ -49,15 +61,15 @@ pub struct RedisConfig {
     ca_certificate_pem: Option<Vec<u8>>,
 }
 
-impl Default for RedisConfig {
+impl Default for RedisBuilder {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl fmt::Debug for RedisConfig {
+impl fmt::Debug for RedisBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
+        f.debug_struct("RedisBuilder")
             .field("server", &self.target())
             .field("db", &self.db)
             .field("username", &self.username)
@@ -70,7 +82,7 @@ impl fmt::Debug for RedisConfig {
     }
 }
 
-impl RedisConfig {
+impl RedisBuilder {
     /// `redis://127.0.0.1:6379/0`, key prefix `lock:`, connect timeout 2 s,
     /// operation timeout 1 s.
     pub fn new() -> Self {
@@ -171,10 +183,10 @@ impl RedisConfig {
     ///
     /// A `Config` error when the variable is unset or its URL is invalid.
     pub fn from_env() -> Result<Self, BackendError> {
-        match std::env::var(REDIS_URL_ENV) {
+        match std::env::var(ENV_VAR) {
             Ok(url) => Self::from_url(&url),
             Err(_) => Err(config(format!(
-                "{REDIS_URL_ENV} is not set (expected a redis:// or rediss:// URL)"
+                "{ENV_VAR} is not set (expected a redis:// or rediss:// URL)"
             ))),
         }
     }
@@ -263,7 +275,7 @@ impl RedisConfig {
     ///
     /// # Errors
     ///
-    /// As [`RedisConfig::build`]; then `Unavailable`/`Timeout` when the server
+    /// As [`RedisBuilder::build`]; then `Unavailable`/`Timeout` when the server
     /// cannot be reached, `Auth` for refused credentials, `Config` for a TLS
     /// mismatch.
     ///
@@ -380,11 +392,11 @@ mod tests {
 
     #[test]
     fn urls_parse_into_parts() -> Result<(), BackendError> {
-        let c = RedisConfig::from_url("rediss://u:p%40ss@example.com:6380/2")?;
+        let c = RedisBuilder::from_url("rediss://u:p%40ss@example.com:6380/2")?;
         assert_eq!(c.target(), "rediss://example.com:6380/2");
         assert_eq!(c.username.as_deref(), Some("u"));
         assert_eq!(c.password.as_deref(), Some("p@ss"));
-        let d = RedisConfig::from_url("redis://127.0.0.1")?;
+        let d = RedisBuilder::from_url("redis://127.0.0.1")?;
         assert_eq!(d.target(), "redis://127.0.0.1:6379/0");
         Ok(())
     }
@@ -399,18 +411,18 @@ mod tests {
             ("rediss://127.0.0.1:6379/#insecure", "fragments"),
         ];
         for (url, needle) in cases {
-            let err = RedisConfig::from_url(url).expect_err(url);
+            let err = RedisBuilder::from_url(url).expect_err(url);
             assert_eq!(err.kind(), BackendErrorKind::Config, "{url}");
             assert!(err.to_string().contains(needle), "{url}: {err}");
             assert!(!err.to_string().contains(":pw@"), "{err}");
         }
-        let plain_with_ca = RedisConfig::new()
+        let plain_with_ca = RedisBuilder::new()
             .with_ca_certificate_pem(b"x".to_vec())
             .build();
         assert!(matches!(plain_with_ca, Err(e) if e.to_string().contains("rediss://")));
-        let bad_prefix = RedisConfig::new().with_key_prefix("a*").build();
+        let bad_prefix = RedisBuilder::new().with_key_prefix("a*").build();
         assert!(matches!(bad_prefix, Err(e) if e.kind() == BackendErrorKind::Config));
-        let zero = RedisConfig::new()
+        let zero = RedisBuilder::new()
             .with_operation_timeout(Duration::ZERO)
             .build();
         assert!(matches!(zero, Err(e) if e.kind() == BackendErrorKind::Config));
@@ -429,18 +441,18 @@ mod tests {
             "host=h password=s3cret",
             "host=h password=s3cret://x",
         ] {
-            let err = RedisConfig::from_url(url).expect_err(url);
+            let err = RedisBuilder::from_url(url).expect_err(url);
             assert_eq!(err.kind(), BackendErrorKind::Config, "{url}");
             let shown = format!("{err} {err:?}");
             assert!(!shown.contains("s3cret"), "{url}: {shown}");
         }
-        let err = RedisConfig::from_url("redis://u:ab/s3cret@h:6379").expect_err("ambiguous");
+        let err = RedisBuilder::from_url("redis://u:ab/s3cret@h:6379").expect_err("ambiguous");
         assert!(err.message().contains("percent-encode"), "{err}");
     }
 
     #[test]
     fn secrets_stay_out_of_debug() -> Result<(), BackendError> {
-        let c = RedisConfig::from_url("redis://user:hunter2@h:1")?.with_password("hunter3");
+        let c = RedisBuilder::from_url("redis://user:hunter2@h:1")?.with_password("hunter3");
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter"), "{shown}");
         assert!(shown.contains("<redacted>"));

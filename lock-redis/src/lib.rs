@@ -61,7 +61,7 @@
 //!
 //! `rediss://` URLs use rustls and verify the server's certificate and host
 //! name against the system's roots, or against a CA given with
-//! [`RedisConfig::with_ca_certificate_pem`]. rustls needs one process-wide
+//! [`RedisBuilder::with_ca_certificate_pem`]. rustls needs one process-wide
 //! crypto provider: unless the application installed one, this crate
 //! installs ring's when it builds a TLS client.
 //!
@@ -71,9 +71,9 @@
 //! # async fn demo() -> lock_core::Result<()> {
 //! use std::time::Duration;
 //! use lock_core::{Locker, LockName, LockOptions, RunOutcome};
-//! use lock_redis::RedisConfig;
+//! use lock_redis::RedisBuilder;
 //!
-//! let backend = RedisConfig::from_url("redis://127.0.0.1:6379")?
+//! let backend = RedisBuilder::from_url("redis://127.0.0.1:6379")?
 //!     .with_operation_timeout(Duration::from_millis(500))
 //!     .connect()
 //!     .await?;
@@ -98,4 +98,6 @@ mod scripts;
 mod ticks;
 
 pub use backend::RedisBackend;
+pub use config::{RedisBuilder, ENV_VAR, URL_SCHEMES};
+#[allow(deprecated)]
 pub use config::{RedisConfig, REDIS_URL_ENV};

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
 use lock_core::{Error, LockGuard, LockName, LockOptions, LossReason, RenewalOutcome};
-use lock_postgres::{AdvisoryKey, PostgresBackend, PostgresConfig, PostgresConfigBuilder};
+use lock_postgres::{AdvisoryKey, PostgresBackend, PostgresBuilder, PostgresConfig};
 use prometheus::Registry;
 use tokio::process::Command;
 use tokio::task::JoinHandle;
@@ -177,7 +177,7 @@ impl Setup {
         let config = f
             .builder_for(&url)
             .expect("configuration")
-            .build()
+            .config()
             .expect("the configuration builds");
         let inspector = plain_session(&url, INSPECTOR)
             .await
@@ -249,7 +249,7 @@ async fn replica_at(f: &PostgresFactory, ctx: &Ctx, url: &str) -> (Arc<PostgresB
     let config = f
         .builder_for(url)
         .expect("configuration")
-        .build()
+        .config()
         .expect("the configuration builds");
     let backend = Arc::new(
         PostgresBackend::connect(config)
@@ -316,8 +316,8 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
     let setup = Setup::new(&f).await;
     // The holder and the successor connect as a user of the library would,
     // with the default configuration; the key follows from it.
-    let default_config = PostgresConfigBuilder::from_url(&setup.url)
-        .and_then(PostgresConfigBuilder::build)
+    let default_config = PostgresBuilder::from_url(&setup.url)
+        .and_then(PostgresBuilder::config)
         .expect("the default configuration builds");
     let successor = scheduler::connect(&setup.url)
         .await

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use check::Findings;
 use lock_etcd::EtcdBuilder;
-use lock_postgres::{PostgresBackend, PostgresConfigBuilder};
-use lock_redis::RedisConfig;
+use lock_postgres::{PostgresBackend, PostgresBuilder};
+use lock_redis::RedisBuilder;
 use table::Case;
 
 /// Longer than any connect timeout of the backends' defaults: reaching it
@@ -117,18 +117,18 @@ fn parse_everywhere(findings: &mut Findings, case: &Case) {
     let input = case.input.as_str();
     outcome(
         findings,
-        "RedisConfig::from_url",
+        "RedisBuilder::from_url",
         case,
-        RedisConfig::from_url(input),
+        RedisBuilder::from_url(input),
     );
     let pg = outcome(
         findings,
-        "PostgresConfigBuilder::from_url",
+        "PostgresBuilder::from_url",
         case,
-        PostgresConfigBuilder::from_url(input),
+        PostgresBuilder::from_url(input),
     );
     if let Some(pg) = pg {
-        outcome(findings, "PostgresConfigBuilder::build", case, pg.build());
+        outcome(findings, "PostgresBuilder::config", case, pg.config());
     }
     outcome(
         findings,
@@ -171,23 +171,18 @@ fn from_env_hides_passwords() {
         }
         outcome(
             &mut findings,
-            "RedisConfig::from_env",
+            "RedisBuilder::from_env",
             case,
-            RedisConfig::from_env(),
+            RedisBuilder::from_env(),
         );
         let pg = outcome(
             &mut findings,
-            "PostgresConfigBuilder::from_env",
+            "PostgresBuilder::from_env",
             case,
-            PostgresConfigBuilder::from_env(),
+            PostgresBuilder::from_env(),
         );
         if let Some(pg) = pg {
-            outcome(
-                &mut findings,
-                "PostgresConfigBuilder::build",
-                case,
-                pg.build(),
-            );
+            outcome(&mut findings, "PostgresBuilder::config", case, pg.config());
         }
         outcome(
             &mut findings,
@@ -252,10 +247,10 @@ fn connect_hides_passwords() {
             let f = &mut findings;
             let input = case.input.as_str();
             bounded(f, "scheduler::connect", case, scheduler::connect(input)).await;
-            if let Ok(config) = RedisConfig::from_url(input) {
-                bounded(f, "RedisConfig::connect", case, config.connect()).await;
+            if let Ok(config) = RedisBuilder::from_url(input) {
+                bounded(f, "RedisBuilder::connect", case, config.connect()).await;
             }
-            let pg = PostgresConfigBuilder::from_url(input).and_then(PostgresConfigBuilder::build);
+            let pg = PostgresBuilder::from_url(input).and_then(PostgresBuilder::config);
             if let Ok(config) = pg {
                 bounded(
                     f,
@@ -330,11 +325,11 @@ fn server_replies_hide_passwords() {
                 let f = &mut findings;
                 let input = case.input.as_str();
                 if *var == "REDIS_URL" {
-                    if let Ok(config) = RedisConfig::from_url(input) {
-                        bounded_any(f, "RedisConfig::connect", &case, config.connect()).await;
+                    if let Ok(config) = RedisBuilder::from_url(input) {
+                        bounded_any(f, "RedisBuilder::connect", &case, config.connect()).await;
                     }
                 } else if let Ok(config) =
-                    PostgresConfigBuilder::from_url(input).and_then(PostgresConfigBuilder::build)
+                    PostgresBuilder::from_url(input).and_then(PostgresBuilder::config)
                 {
                     let attempt = PostgresBackend::connect(config);
                     bounded_any(f, "PostgresBackend::connect", &case, attempt).await;

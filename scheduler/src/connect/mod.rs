@@ -164,8 +164,6 @@ pub(crate) async fn connect_with(url: &str, start: Start) -> Result<Backend> {
     }
 }
 
-#[cfg(feature = "etcd")]
-mod deferred_etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 mod servers;
 

@@ -3,8 +3,8 @@
 //! Redis and Postgres backends are built without touching the network
 //! (each connects on first use and reconnects after failures, one attempt
 //! at a time), then asked once whether their server answers. etcd is
-//! connected with a probe, and wrapped in [`DeferredEtcd`] when the probe
-//! cannot reach it. Whether a server that does not answer fails the call is
+//! connected with a probe (which also measures its minimum lease TTL), and
+//! built to connect on first use when the probe cannot reach it. Whether a server that does not answer fails the call is
 //! the caller's [`Start`] policy; a server that answers and refuses
 //! (credentials, a missing database, TLS) always does, since waiting would
 //! not fix it.
@@ -13,8 +13,6 @@
 //! made later, keeps what a `Locker` reads when it is built right from the
 //! start: the capabilities come from the parsed configuration, and the
 //! Postgres loss feed is the one its sessions will report through.
-//!
-//! [`DeferredEtcd`]: super::deferred_etcd::DeferredEtcd
 
 use std::sync::Arc;
 
@@ -60,8 +58,8 @@ fn first_contact(
 
 #[cfg(feature = "redis")]
 pub(super) async fn redis(url: &str, start: Start) -> Result<Backend> {
-    let backend = lock_redis::RedisConfig::from_url(url)
-        .and_then(lock_redis::RedisConfig::build)
+    let backend = lock_redis::RedisBuilder::from_url(url)
+        .and_then(lock_redis::RedisBuilder::build)
         .map_err(failed("redis"))?;
     first_contact(start, "redis", url, backend.ping().await)?;
     Ok(both(backend))
@@ -69,10 +67,9 @@ pub(super) async fn redis(url: &str, start: Start) -> Result<Backend> {
 
 #[cfg(feature = "postgres")]
 pub(super) async fn postgres(url: &str, start: Start) -> Result<Backend> {
-    let config = lock_postgres::PostgresConfigBuilder::from_url(url)
-        .and_then(lock_postgres::PostgresConfigBuilder::build)
+    let backend = lock_postgres::PostgresBuilder::from_url(url)
+        .and_then(lock_postgres::PostgresBuilder::build)
         .map_err(failed("postgres"))?;
-    let backend = lock_postgres::PostgresBackend::new(config);
     let answer = backend.session_pid().await.map(drop);
     first_contact(start, "postgres", url, answer)?;
     Ok(both(backend))
@@ -86,12 +83,7 @@ pub(super) async fn etcd(url: &str, start: Start) -> Result<Backend> {
         Ok(backend) => Ok(both(backend)),
         Err(e) => {
             first_contact(start, "etcd", url, Err(e))?;
-            let capabilities = builder.lazy_capabilities();
-            Ok(both(super::deferred_etcd::DeferredEtcd::new(
-                builder,
-                capabilities,
-                redact_url(url),
-            )))
+            Ok(both(builder.build().map_err(failed("etcd"))?))
         }
     }
 }

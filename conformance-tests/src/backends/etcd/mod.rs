@@ -64,7 +64,7 @@ pub fn factory() -> Availability<Arc<dyn BackendFactory>> {
 
 /// [`factory`], as the concrete type (for its endpoints).
 pub fn find() -> Availability<Arc<EtcdFactory>> {
-    if std::env::var_os(lock_etcd::ENDPOINTS_ENV).is_some() {
+    if std::env::var_os(lock_etcd::ENV_VAR).is_some() {
         return match EtcdBuilder::from_env() {
             Ok(b) => Availability::Ready(Arc::new(EtcdFactory {
                 name: "etcd_env",
@@ -141,7 +141,7 @@ impl EtcdFactory {
     pub fn endpoints(&self) -> Result<Vec<String>, BoxError> {
         match &self.source {
             Source::Env(_) => {
-                let raw = std::env::var(lock_etcd::ENDPOINTS_ENV)?;
+                let raw = std::env::var(lock_etcd::ENV_VAR)?;
                 let list = raw
                     .trim_start_matches("etcd://")
                     .split(',')
@@ -264,7 +264,7 @@ impl BackendFactory for EtcdFactory {
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
         let port = free_port().ok()?;
-        let backend = server::builder(port).connect_lazy().await.ok()?;
+        let backend = server::builder(port).build().ok()?;
         Some(Arc::new(backend))
     }
 }

@@ -162,7 +162,7 @@ pub(super) async fn transaction_pooler_is_refused(f: Arc<PostgresFactory>) -> Re
     let via = format!("postgres://postgres@127.0.0.1:{}/postgres", bouncer.port());
     let direct = tokio::task::block_in_place(|| f.url())?;
     let inspector = plain_session(&direct, "lock-ct-inspector").await?;
-    let config = f.builder_for(&via)?.with_fencing(false).build()?;
+    let config = f.builder_for(&via)?.with_fencing(false).config()?;
 
     // The backend's setup ran on the only server connection, X. A client in
     // an open transaction now pins X, so our next statement runs on Y.
@@ -227,8 +227,7 @@ pub(super) async fn server_keepalive_follows_max_ttl(
     let port = tokio::task::block_in_place(|| f.private_started())?.port();
     for max_ttl in [Duration::from_secs(2), Duration::from_secs(30)] {
         let url = tokio::task::block_in_place(|| f.url())?;
-        let backend =
-            PostgresBackend::connect(f.builder_for(&url)?.with_max_ttl(max_ttl).build()?).await?;
+        let backend = f.builder_for(&url)?.with_max_ttl(max_ttl).connect().await?;
         let pid = backend.session_pid().await?;
         // Right after a statement the socket may show its retransmission
         // timer instead, until the client's delayed ACK arrives.

@@ -20,7 +20,7 @@ pub(super) async fn tls_verify_full(f: Arc<PostgresFactory>) -> Result<(), BoxEr
     let url = started.url("postgres");
     let ca = started.ca_file().to_path_buf();
     let tls_url = format!("{url}?sslmode=verify-full&sslrootcert={}", ca.display());
-    let backend = PostgresBackend::connect(f.builder_for(&tls_url)?.build()?).await?;
+    let backend = f.builder_for(&tls_url)?.connect().await?;
     let locker = locker(Arc::new(backend.clone()))?;
     locker
         .try_lock(&name(&f, "tls"), &LockOptions::new(TTL))
@@ -47,14 +47,14 @@ pub(super) async fn tls_verify_full(f: Arc<PostgresFactory>) -> Result<(), BoxEr
     let require = PostgresBackend::connect(
         f.builder_for(&url)?
             .with_ssl_mode(SslMode::Require)
-            .build()?,
+            .config()?,
     );
     require.await?;
     // Without the test CA the self-signed certificate is untrusted.
     let untrusted = f
         .builder_for(&url)?
         .with_ssl_mode(SslMode::VerifyFull)
-        .build()?;
+        .config()?;
     match PostgresBackend::connect(untrusted).await {
         Err(e) if e.kind() == BackendErrorKind::Config => Ok(()),
         Err(e) => Err(format!("an untrusted certificate gave {e} (kind {:?})", e.kind()).into()),
@@ -79,24 +79,27 @@ pub(super) async fn tls_require_with_root_verifies(
     };
 
     let wrong = format!("{url}?sslmode=require&sslrootcert={}", other.display());
-    let by_url = PostgresBackend::connect(f.builder_for(&wrong)?.build()?).await;
+    let by_url = f.builder_for(&wrong)?.connect().await;
     refused("require + sslrootcert of another CA (URL)", by_url)?;
     let config = f
         .builder_for(&url)?
         .with_ssl_mode(SslMode::Require)
         .with_root_certificate_file(other)
-        .build()?;
+        .config()?;
     refused(
         "require + a root certificate of another CA (builder)",
         PostgresBackend::connect(config).await,
     )?;
 
     let right = format!("{url}?sslmode=require&sslrootcert={}", ca.display());
-    PostgresBackend::connect(f.builder_for(&right)?.build()?)
+    f.builder_for(&right)?
+        .connect()
         .await
         .map_err(|e| format!("require + the server's CA was refused: {e}"))?;
     let plain = format!("{url}?sslmode=require");
-    let backend = PostgresBackend::connect(f.builder_for(&plain)?.build()?)
+    let backend = f
+        .builder_for(&plain)?
+        .connect()
         .await
         .map_err(|e| format!("plain require was refused: {e}"))?;
     let inspector = plain_session(&url, f.application_name()).await?;
@@ -133,13 +136,13 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
         }
     };
 
-    match lock_postgres::PostgresConfigBuilder::from_url("postgres://u:pw@host:99999999/db") {
+    match lock_postgres::PostgresBuilder::from_url("postgres://u:pw@host:99999999/db") {
         Err(e) if e.kind() == BackendErrorKind::Config && e.to_string().contains("malformed") => {}
         other => return Err(format!("malformed URL: {other:?}").into()),
     }
 
     let wrong = format!("postgres://{ROLE_WITH_PASSWORD}:not-{PASSWORD}@127.0.0.1:{port}/postgres");
-    let r = PostgresBackend::connect(f.builder_for(&wrong)?.build()?).await;
+    let r = f.builder_for(&wrong)?.connect().await;
     check(
         "wrong password",
         kind_of(r),
@@ -147,14 +150,14 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
         "password",
     )?;
     let right = format!("postgres://{ROLE_WITH_PASSWORD}:{PASSWORD}@127.0.0.1:{port}/postgres");
-    let config = f.builder_for(&right)?.with_fencing(false).build()?;
+    let config = f.builder_for(&right)?.with_fencing(false).config()?;
     if format!("{config:?}").contains(PASSWORD) {
         return Err("Debug shows the password".into());
     }
     PostgresBackend::connect(config).await?;
 
     let nodb = format!("postgres://postgres@127.0.0.1:{port}/no_such_database");
-    let r = PostgresBackend::connect(f.builder_for(&nodb)?.build()?).await;
+    let r = f.builder_for(&nodb)?.connect().await;
     check(
         "missing database",
         kind_of(r),
@@ -165,7 +168,7 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
     let closed = crate::harness::free_port()?;
     let down = format!("postgres://postgres@127.0.0.1:{closed}/postgres");
     let started = Instant::now();
-    let r = PostgresBackend::connect(f.builder_for(&down)?.build()?).await;
+    let r = f.builder_for(&down)?.connect().await;
     check(
         "server down",
         kind_of(r),
@@ -188,8 +191,8 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
     let frozen = format!("postgres://postgres@127.0.0.1:{silent_port}/postgres");
     let config = f
         .builder_for(&frozen)?
-        .connect_timeout(Duration::from_millis(500))
-        .build()?;
+        .with_connect_timeout(Duration::from_millis(500))
+        .config()?;
     let started = Instant::now();
     let r = PostgresBackend::connect(config).await;
     keeper.abort();
@@ -205,9 +208,11 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
 
     let seq = format!("ct_fence_{:08x}", getrandom::u32().unwrap_or(0));
     let nocreate = private_url(&f, ROLE_NO_CREATE)?;
-    let backend =
-        PostgresBackend::connect(f.builder_for(&nocreate)?.with_fence_sequence(seq).build()?)
-            .await?;
+    let backend = f
+        .builder_for(&nocreate)?
+        .with_fence_sequence(seq)
+        .connect()
+        .await?;
     let n = name(&f, "no-create");
     let token = OwnerToken::generate()?;
     match backend.try_acquire(&n, &token, TTL).await {
@@ -222,8 +227,11 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
     {
         return Err("a failed fencing acquire left the lock held".into());
     }
-    let read_only =
-        PostgresBackend::connect(f.builder_for(&nocreate)?.with_fencing(false).build()?).await?;
+    let read_only = f
+        .builder_for(&nocreate)?
+        .with_fencing(false)
+        .connect()
+        .await?;
     match read_only.try_acquire(&n, &token, TTL).await? {
         AcquireAttempt::Acquired(lease) if lease.fencing_token.is_none() => {}
         other => return Err(format!("fencing off: {other:?}").into()),

@@ -29,7 +29,7 @@ pub(super) async fn psql_pairs_interoperate(f: Arc<PostgresFactory>) -> Result<(
     let config = f
         .builder_for(&url)?
         .with_explicit_key(n.clone(), key)
-        .build()?;
+        .config()?;
     let ours = PostgresBackend::connect(config).await?;
     let mut psql = Psql::spawn(&url, f.application_name()).await?;
     let (a, b) = (key.key1, key.key2);
@@ -145,7 +145,7 @@ pub(super) async fn golden_keys_on_the_server(f: Arc<PostgresFactory>) -> Result
         .builder_for(&url)?
         .with_namespace("lock")
         .with_fencing(false)
-        .build()?;
+        .config()?;
     let backend = PostgresBackend::connect(config).await?;
     let n = LockName::new("job")?;
     let golden = AdvisoryKey::new(-711_063_049, 1_043_648_169);

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend, TickStore};
-use lock_postgres::{PostgresBackend, PostgresConfig, PostgresConfigBuilder};
+use lock_postgres::{PostgresBackend, PostgresBuilder, PostgresConfig};
 
 pub(crate) use faults::Frozen;
 pub(crate) use partition::{client_port, nft_installed, Blackhole};
@@ -68,7 +68,7 @@ impl PostgresFactory {
             // The capabilities do not depend on the server.
             caps: PostgresBackend::new(
                 PostgresConfig::builder()
-                    .build()
+                    .config()
                     .expect("the default configuration is valid"),
             )
             .capabilities(),
@@ -118,17 +118,17 @@ impl PostgresFactory {
     }
 
     /// The suite's configuration for `url`.
-    pub fn builder_for(&self, url: &str) -> Result<PostgresConfigBuilder, BoxError> {
-        Ok(PostgresConfigBuilder::from_url(url)?
+    pub fn builder_for(&self, url: &str) -> Result<PostgresBuilder, BoxError> {
+        Ok(PostgresBuilder::from_url(url)?
             .with_namespace(self.namespace.clone())
             .with_application_name(self.app.clone())
-            .connect_timeout(Duration::from_secs(3))
+            .with_connect_timeout(Duration::from_secs(3))
             .with_statement_timeout(OP_TIMEOUT)
             .with_max_ttl(Duration::from_secs(2)))
     }
 
     async fn config(&self) -> Result<PostgresConfig, BoxError> {
-        Ok(self.builder_for(&self.url_async().await?)?.build()?)
+        Ok(self.builder_for(&self.url_async().await?)?.config()?)
     }
 }
 
@@ -191,15 +191,13 @@ impl BackendFactory for PostgresFactory {
         addr: SocketAddr,
     ) -> Result<Option<Arc<dyn LockBackend>>, BoxError> {
         let url = format!("postgres://postgres@{addr}/postgres");
-        Ok(Some(Arc::new(
-            PostgresBackend::connect(self.builder_for(&url)?.build()?).await?,
-        )))
+        Ok(Some(Arc::new(self.builder_for(&url)?.connect().await?)))
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
         let port = free_port().ok()?;
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-        let config = self.builder_for(&url).ok()?.build().ok()?;
+        let config = self.builder_for(&url).ok()?.config().ok()?;
         Some(Arc::new(PostgresBackend::new(config)))
     }
 }
@@ -208,7 +206,7 @@ impl BackendFactory for PostgresFactory {
 /// when set (as `postgres_env`), else a private server started on first use
 /// (as `postgres`).
 pub fn factory(run: &str) -> Availability<Arc<PostgresFactory>> {
-    if let Ok(url) = std::env::var(lock_postgres::DATABASE_URL) {
+    if let Ok(url) = std::env::var(lock_postgres::ENV_VAR) {
         return Availability::Ready(Arc::new(PostgresFactory::new(
             "postgres_env",
             Source::Env(url),
@@ -288,7 +286,7 @@ pub fn register(suite: &mut Suite) {
             }
         },
     };
-    let env = match std::env::var(lock_postgres::DATABASE_URL) {
+    let env = match std::env::var(lock_postgres::ENV_VAR) {
         Ok(url) => {
             let factory = Arc::new(PostgresFactory::new("postgres_env", Source::Env(url), &run));
             let as_dyn: Arc<dyn BackendFactory> = factory.clone();
@@ -298,7 +296,7 @@ pub fn register(suite: &mut Suite) {
         Err(_) => {
             suite.add_server_backend(
                 "postgres_env",
-                Availability::Missing(format!("{} is not set", lock_postgres::DATABASE_URL)),
+                Availability::Missing(format!("{} is not set", lock_postgres::ENV_VAR)),
             );
             None
         }

@@ -192,7 +192,7 @@ async fn session_end_marks_every_lease_lost_first(f: Arc<PostgresFactory>) -> Re
     for kind in ["pg_terminate_backend", "proxy reset"] {
         let p = if kind == "proxy reset" {
             let via = format!("postgres://postgres@{}/postgres", proxy.addr());
-            Arc::new(PostgresBackend::connect(f.builder_for(&via)?.build()?).await?)
+            Arc::new(f.builder_for(&via)?.connect().await?)
         } else {
             Arc::new(backend_as(&f, "postgres").await?)
         };

@@ -135,7 +135,7 @@ pub(super) async fn backend_as(
     user: &str,
 ) -> Result<PostgresBackend, BoxError> {
     let url = private_url(f, user)?;
-    Ok(PostgresBackend::connect(f.builder_for(&url)?.build()?).await?)
+    Ok(f.builder_for(&url)?.connect().await?)
 }
 
 pub(super) fn private_url(f: &PostgresFactory, user: &str) -> Result<String, BoxError> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{BackendErrorKind, LockBackend, LockName, LockOptions, OwnerToken, TickStore};
-use lock_redis::RedisConfig;
+use lock_redis::RedisBuilder;
 use tokio::time::{timeout, Instant};
 
 use super::specific::{ensure, locker_over, plain, tracing_line};
@@ -236,25 +236,25 @@ async fn acl_body(f: &RedisFactory, user: &str, allowed: &str) -> Result<(), Box
 pub(super) async fn bad_input_errors(_f: Arc<RedisFactory>) -> Result<(), BoxError> {
     expect_kind(
         "no scheme",
-        RedisConfig::from_url("127.0.0.1:6379"),
+        RedisBuilder::from_url("127.0.0.1:6379"),
         BackendErrorKind::Config,
         "malformed",
     )?;
     expect_kind(
         "unknown scheme",
-        RedisConfig::from_url("http://127.0.0.1:6379"),
+        RedisBuilder::from_url("http://127.0.0.1:6379"),
         BackendErrorKind::Config,
         "\"http\"",
     )?;
     expect_kind(
         "bad port",
-        RedisConfig::from_url("redis://127.0.0.1:99999"),
+        RedisBuilder::from_url("redis://127.0.0.1:99999"),
         BackendErrorKind::Config,
         "malformed",
     )?;
     expect_kind(
         "CA with a plaintext URL",
-        RedisConfig::new()
+        RedisBuilder::new()
             .with_ca_certificate_pem(b"-----".to_vec())
             .build(),
         BackendErrorKind::Config,
@@ -262,7 +262,7 @@ pub(super) async fn bad_input_errors(_f: Arc<RedisFactory>) -> Result<(), BoxErr
     )?;
     expect_kind(
         "unreadable CA",
-        RedisConfig::from_url("rediss://127.0.0.1:1")?
+        RedisBuilder::from_url("rediss://127.0.0.1:1")?
             .with_ca_certificate_pem(b"not a pem".to_vec())
             .build(),
         BackendErrorKind::Config,

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend, TickStore};
-use lock_redis::{RedisBackend, RedisConfig};
+use lock_redis::{RedisBackend, RedisBuilder};
 
 pub use access::acl_rules;
 pub use saboteur::RedisSaboteur;
@@ -80,7 +80,7 @@ impl RedisFactory {
     }
 
     /// The configuration replicas use.
-    pub fn config(&self) -> Result<RedisConfig, BoxError> {
+    pub fn config(&self) -> Result<RedisBuilder, BoxError> {
         Ok(config_for(&self.url)?.with_key_prefix(&self.prefix))
     }
 
@@ -91,8 +91,8 @@ impl RedisFactory {
 }
 
 /// The test profile's timeouts on `url`.
-pub fn config_for(url: &str) -> Result<RedisConfig, BoxError> {
-    Ok(RedisConfig::from_url(url)?
+pub fn config_for(url: &str) -> Result<RedisBuilder, BoxError> {
+    Ok(RedisBuilder::from_url(url)?
         .with_operation_timeout(OP_TIMEOUT)
         .with_connect_timeout(CONNECT_TIMEOUT))
 }
@@ -108,7 +108,7 @@ impl BackendFactory for RedisFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        RedisConfig::new().build().map_or_else(
+        RedisBuilder::new().build().map_or_else(
             |_| Capabilities::new(lock_core::backend::Expiry::Ttl),
             |b| b.capabilities(),
         )
@@ -249,7 +249,7 @@ pub fn factory(prefix: &str) -> Availability<Arc<RedisFactory>> {
 
 /// `redis_env`, on the server at `REDIS_URL` when it is set.
 fn from_env(prefix: &str) -> Option<RedisFactory> {
-    let url = std::env::var(lock_redis::REDIS_URL_ENV).ok()?;
+    let url = std::env::var(lock_redis::ENV_VAR).ok()?;
     Some(RedisFactory {
         name: "redis_env",
         url,

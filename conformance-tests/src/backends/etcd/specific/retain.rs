@@ -37,7 +37,9 @@ pub(super) async fn retain_during_renewal_keeps_the_mark(
     let key = backend.key_for(&name);
     let label = name.as_str();
 
-    let pause = backend.pause_next_renewal_before_read();
+    let pause = backend
+        .pause_next_renewal_before_read()
+        .ok_or("a connected backend arms a renewal pause")?;
     let guard = replica.locker.try_lock(&name, &opts).await?;
     let handle = guard.handle();
     let first_lease = sab

@@ -64,9 +64,7 @@ pub(super) async fn bad_input_gives_typed_errors(
     )?;
     expect_kind(
         "TLS without a CA",
-        EtcdBuilder::from_url("etcds://127.0.0.1:1")?
-            .connect_lazy()
-            .await,
+        EtcdBuilder::from_url("etcds://127.0.0.1:1")?.build(),
         BackendErrorKind::Config,
         "CA certificate",
     )?;
@@ -129,7 +127,7 @@ pub(super) async fn bad_input_gives_typed_errors(
     ensure(started.elapsed() < Duration::from_secs(4), || {
         format!("connect took {:?}", started.elapsed())
     })?;
-    let lazy = server::builder(closed).connect_lazy().await?;
+    let lazy = server::builder(closed).build()?;
     let started = Instant::now();
     expect_kind(
         "acquire on a closed port",
@@ -212,7 +210,7 @@ pub(super) async fn rbac_user_limited_to_prefix(
         BackendErrorKind::Auth,
         "refused",
     )?;
-    let anonymous = server::builder(srv.port()).connect_lazy().await?;
+    let anonymous = server::builder(srv.port()).build()?;
     expect_kind(
         "no credentials",
         anonymous

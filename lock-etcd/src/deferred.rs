@@ -1,4 +1,5 @@
-//! An etcd backend whose cluster did not answer at start.
+//! An etcd backend that connects when its cluster first answers: what
+//! [`EtcdBuilder::build`] makes.
 //!
 //! A lazily built etcd client does not fit here: with credentials it
 //! authenticates while being built, which fails while the cluster is down,
@@ -18,12 +19,13 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
+use crate::connection::Connected;
+use crate::EtcdBuilder;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest},
     BackendError, Capabilities, LockBackend, LockName, OwnerToken, TickStore,
 };
-use lock_etcd::{EtcdBackend, EtcdBuilder};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -33,11 +35,11 @@ use tracing::{info, warn};
 pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// An etcd backend that connects when its cluster first answers.
-pub(super) struct DeferredEtcd {
+pub(crate) struct Deferred {
     builder: EtcdBuilder,
     capabilities: Capabilities,
     shown: Arc<str>,
-    connected: Arc<OnceLock<EtcdBackend>>,
+    connected: Arc<OnceLock<Connected>>,
     attempts: Mutex<Attempts>,
 }
 
@@ -50,16 +52,16 @@ struct Attempts {
     task: Option<JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for DeferredEtcd {
+impl std::fmt::Debug for Deferred {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeferredEtcd")
+        f.debug_struct("Deferred")
             .field("url", &self.shown)
             .field("connected", &self.connected.get())
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for DeferredEtcd {
+impl Drop for Deferred {
     fn drop(&mut self) {
         if let Some(task) = self.attempts().task.take() {
             task.abort();
@@ -67,10 +69,10 @@ impl Drop for DeferredEtcd {
     }
 }
 
-impl DeferredEtcd {
-    /// Wraps `builder`, whose cluster does not answer now; `capabilities`
-    /// are those of its backend, `shown` its URL with credentials masked.
-    pub(super) fn new(builder: EtcdBuilder, capabilities: Capabilities, shown: String) -> Self {
+impl Deferred {
+    /// Wraps `builder`, whose cluster is not contacted yet; `capabilities`
+    /// are those of its backend, `shown` its endpoints with credentials masked.
+    pub(crate) fn new(builder: EtcdBuilder, capabilities: Capabilities, shown: String) -> Self {
         // The probing connect must not raise the minimum TTL above the
         // capabilities already handed out; a cluster whose minimum is
         // higher grants longer leases than asked, which only delays a takeover.
@@ -89,9 +91,19 @@ impl DeferredEtcd {
         self.attempts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The connected backend, if the cluster has answered.
+    pub(crate) fn connected(&self) -> Option<&Connected> {
+        self.connected.get()
+    }
+
+    /// The builder this backend connects with.
+    pub(crate) fn builder(&self) -> &EtcdBuilder {
+        &self.builder
+    }
+
     fn unavailable(&self, why: &str) -> BackendError {
         BackendError::unavailable(format!(
-            "etcd at {} has not answered since the start ({why}); lock calls fail closed until it does",
+            "etcd at {} has not answered yet ({why}); lock calls fail closed until it does",
             self.shown
         ))
     }
@@ -101,7 +113,7 @@ impl DeferredEtcd {
     /// The attempt runs in a task of its own, so that it ends by its bound
     /// whatever becomes of the call that started it, and no lock is held
     /// across an await. Cancel safe.
-    async fn backend(&self) -> Result<&EtcdBackend, BackendError> {
+    async fn backend(&self) -> Result<&Connected, BackendError> {
         if let Some(b) = self.connected.get() {
             return Ok(b);
         }
@@ -125,7 +137,9 @@ impl DeferredEtcd {
             let shown = Arc::clone(&self.shown);
             attempts.started = Some(Instant::now());
             attempts.task = Some(tokio::spawn(async move {
-                let answer = match tokio::time::timeout(limit, builder.connect()).await {
+                let answer = match tokio::time::timeout(limit, Connected::connect(builder, true))
+                    .await
+                {
                     Ok(Ok(backend)) => {
                         info!(url = %shown, "etcd answers; lock calls go through from now on");
                         let _ = connected.set(backend);
@@ -162,7 +176,7 @@ impl DeferredEtcd {
 
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
-impl LockBackend for DeferredEtcd {
+impl LockBackend for Deferred {
     fn capabilities(&self) -> Capabilities {
         self.capabilities.clone()
     }
@@ -227,7 +241,7 @@ impl LockBackend for DeferredEtcd {
 
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
-impl TickStore for DeferredEtcd {
+impl TickStore for Deferred {
     async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
         self.backend().await?.last_completed(job).await
     }
@@ -274,7 +288,7 @@ mod tests {
         let url = format!("etcd://u:s3cret@127.0.0.1:{}", refusing_port());
         let builder = EtcdBuilder::from_url(&url).expect("a valid URL");
         let capabilities = builder.lazy_capabilities();
-        let deferred = DeferredEtcd::new(builder, capabilities.clone(), "shown".into());
+        let deferred = Deferred::new(builder, capabilities.clone(), "shown".into());
         assert_eq!(
             deferred.capabilities(),
             capabilities,

@@ -1,0 +1,213 @@
+//! [`EtcdBackend`]: the public backend, connected now or on first use.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    async_trait,
+    backend::{AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest},
+    BackendError, Capabilities, LockBackend, LockName, OwnerToken, TickStore,
+};
+
+use crate::connection::{key_in, Connected};
+use crate::deferred::Deferred;
+use crate::EtcdBuilder;
+
+/// A lock backend over an etcd v3 cluster: one lease per lock, a
+/// put-if-absent transaction to acquire, the key's create revision as the
+/// fencing token. Cloning is cheap and clones share the connection.
+///
+/// Made by [`EtcdBuilder::connect`] (connected and measured now) or
+/// [`EtcdBuilder::build`] (connects when the cluster first answers; every
+/// call fails closed as `unavailable` until then). See the
+/// [crate documentation](crate) for the guarantees and limits.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use lock_core::{LockName, LockOptions, Locker};
+/// use lock_etcd::EtcdBuilder;
+///
+/// let backend = EtcdBuilder::from_env()?.connect().await?;
+/// let locker = Locker::new(backend)?;
+/// let opts = LockOptions::new(Duration::from_secs(10));
+/// let guard = locker.try_lock(&LockName::new("reports/daily")?, &opts).await?;
+/// // … write with guard.fencing_token() …
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EtcdBackend {
+    kind: Kind,
+}
+
+#[derive(Clone)]
+enum Kind {
+    Ready(Connected),
+    Deferred(Arc<Deferred>),
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Ready(c) => c.fmt(f),
+            Kind::Deferred(d) => d.fmt(f),
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// A builder; see [`EtcdBuilder`].
+    pub fn builder() -> EtcdBuilder {
+        EtcdBuilder::new()
+    }
+
+    pub(crate) fn ready(connected: Connected) -> Self {
+        Self {
+            kind: Kind::Ready(connected),
+        }
+    }
+
+    pub(crate) fn deferred(deferred: Deferred) -> Self {
+        Self {
+            kind: Kind::Deferred(Arc::new(deferred)),
+        }
+    }
+
+    /// The connected backend, if the cluster has answered.
+    fn connected(&self) -> Option<&Connected> {
+        match &self.kind {
+            Kind::Ready(c) => Some(c),
+            Kind::Deferred(d) => d.connected(),
+        }
+    }
+
+    /// The shortest TTL this backend accepts: the cluster's minimum lease
+    /// TTL in whole seconds, measured by [`EtcdBuilder::connect`], or the
+    /// declared one (else 2 s) for a backend made by [`EtcdBuilder::build`].
+    pub fn min_ttl(&self) -> Duration {
+        match &self.kind {
+            Kind::Ready(c) => c.min_ttl(),
+            Kind::Deferred(d) => d.capabilities().min_ttl,
+        }
+    }
+
+    /// The etcd key that holds the lock `name`.
+    pub fn key_for(&self, name: &LockName) -> String {
+        match &self.kind {
+            Kind::Ready(c) => c.key_for(name),
+            Kind::Deferred(d) => key_in(&d.builder().prefix, name),
+        }
+    }
+
+    /// Test hook: the next renewal of this instance (single or batch) that
+    /// has sent its keep-alives stops before it reads the keys, until the
+    /// returned pause is resumed or dropped. `None` while a backend made by
+    /// [`EtcdBuilder::build`] has not connected yet.
+    #[cfg(feature = "test-util")]
+    pub fn pause_next_renewal_before_read(&self) -> Option<crate::RenewalPause> {
+        self.connected()
+            .map(Connected::pause_next_renewal_before_read)
+    }
+}
+
+/// Runs `$call` on whichever backend this is.
+macro_rules! dispatch {
+    ($self:ident, $b:ident => $call:expr) => {
+        match &$self.kind {
+            Kind::Ready($b) => $call,
+            Kind::Deferred(d) => {
+                let $b = d.as_ref();
+                $call
+            }
+        }
+    };
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl LockBackend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        dispatch!(self, b => b.capabilities())
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        dispatch!(self, b => b.try_acquire(name, owner, ttl).await)
+    }
+
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        dispatch!(self, b => b.renew(name, owner, ttl).await)
+    }
+
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        dispatch!(self, b => b.check(name, owner).await)
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        dispatch!(self, b => b.release(name, owner).await)
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        dispatch!(self, b => b.renew_many(requests).await)
+    }
+
+    async fn subscribe_release(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
+        dispatch!(self, b => b.subscribe_release(name).await)
+    }
+
+    fn loss_feed(&self) -> Option<LossFeed> {
+        dispatch!(self, b => b.loss_feed())
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl TickStore for EtcdBackend {
+    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
+        dispatch!(self, b => b.last_completed(job).await)
+    }
+
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
+        dispatch!(self, b => b.record_completed(job, tick, keep).await)
+    }
+
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        dispatch!(self, b => b.is_completed(job, tick).await)
+    }
+
+    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
+        dispatch!(self, b => b.server_time().await)
+    }
+}
