@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::{BackendError, LockName};
 
+pub use crate::local_ticks::LocalTicks;
 pub use crate::loss_feed::LossFeed;
 pub use crate::ticks::TickStore;
 pub use crate::token::OwnerToken;

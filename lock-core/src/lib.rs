@@ -38,6 +38,7 @@ mod error;
 mod heartbeat;
 mod lease;
 mod local;
+mod local_ticks;
 mod locker;
 mod loss_feed;
 mod metrics;

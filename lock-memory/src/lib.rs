@@ -24,7 +24,8 @@ use std::time::Duration;
 use lock_core::{
     async_trait,
     backend::{
-        AcquireAttempt, Expiry, Lease, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
+        AcquireAttempt, Expiry, Lease, LeaseStatus, LocalTicks, ReleaseOutcome, ReleaseSignal,
+        RenewRequest,
     },
     BackendError, Capabilities, LockBackend, LockName, OwnerToken,
 };
@@ -65,6 +66,7 @@ pub struct MemoryBackend {
 struct Shared {
     state: Mutex<State>,
     fence: AtomicU64,
+    ticks: LocalTicks,
 }
 
 impl Shared {
@@ -78,9 +80,6 @@ impl Shared {
 #[derive(Debug, Default)]
 struct State {
     locks: HashMap<LockName, Entry>,
-    ticks: HashMap<LockName, i64>,
-    /// Per job, the ticks marked done, pruned as later ones are recorded.
-    marks: HashMap<LockName, std::collections::BTreeSet<i64>>,
     waiters: Waiters,
 }
 

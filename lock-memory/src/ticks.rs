@@ -1,4 +1,5 @@
-//! The [`TickStore`] of the memory backend: completed scheduler ticks, per job.
+//! The [`TickStore`] of the memory backend: lock-core's in-process one,
+//! shared by every clone of the backend.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use crate::MemoryBackend;
 #[async_trait]
 impl TickStore for MemoryBackend {
     async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
-        Ok(self.state().ticks.get(job).copied())
+        self.shared.ticks.last_completed(job).await
     }
 
     async fn record_completed(
@@ -18,24 +19,11 @@ impl TickStore for MemoryBackend {
         tick: i64,
         keep: Duration,
     ) -> Result<(), BackendError> {
-        let mut st = self.state();
-        let slot = st.ticks.entry(job.clone()).or_insert(tick);
-        *slot = (*slot).max(tick);
-        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
-        let marks = st.marks.entry(job.clone()).or_default();
-        marks.insert(tick);
-        let cut = tick.saturating_sub(keep_ms);
-        // Only marks more than `keep` older than this tick go.
-        *marks = marks.split_off(&cut);
-        Ok(())
+        self.shared.ticks.record_completed(job, tick, keep).await
     }
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
-        Ok(self
-            .state()
-            .marks
-            .get(job)
-            .is_some_and(|m| m.contains(&tick)))
+        self.shared.ticks.is_completed(job, tick).await
     }
 }
 
@@ -43,33 +31,25 @@ impl TickStore for MemoryBackend {
 mod tests {
     use super::*;
 
-    fn name(s: &str) -> LockName {
-        LockName::new(s).expect("valid name")
-    }
-
     #[tokio::test]
-    async fn tick_store_keeps_the_maximum() -> Result<(), BackendError> {
-        let b = MemoryBackend::new();
-        let job = name("job");
-        assert_eq!(b.last_completed(&job).await?, None);
-        b.record_completed(&job, 2_000, std::time::Duration::from_secs(60))
-            .await?;
-        b.record_completed(&job, 1_000, std::time::Duration::from_secs(60))
-            .await?;
-        assert_eq!(b.last_completed(&job).await?, Some(2_000));
-        assert!(
-            b.is_completed(&job, 1_000).await?,
-            "an earlier tick keeps its mark"
+    async fn clones_share_one_tick_store() -> Result<(), Box<dyn std::error::Error>> {
+        let (a, other) = (MemoryBackend::new(), MemoryBackend::new());
+        let b = a.clone();
+        let job = LockName::new("job")?;
+        let keep = Duration::from_secs(60);
+        a.record_completed(&job, 2_000, keep).await?;
+        b.record_completed(&job, 1_000, keep).await?;
+        assert_eq!(
+            b.last_completed(&job).await?,
+            Some(2_000),
+            "the maximum, seen by both"
         );
-        assert!(
-            !b.is_completed(&job, 1_500).await?,
-            "no mark for a tick never recorded"
+        assert!(a.is_completed(&job, 1_000).await?, "a clone's mark is seen");
+        assert_eq!(
+            other.last_completed(&job).await?,
+            None,
+            "backends are apart"
         );
-        // A tick more than `keep` later prunes the older marks.
-        b.record_completed(&job, 70_000, std::time::Duration::from_secs(60))
-            .await?;
-        assert!(!b.is_completed(&job, 1_000).await?, "pruned");
-        assert!(b.is_completed(&job, 70_000).await?);
         Ok(())
     }
 }

@@ -141,7 +141,6 @@ mod driver;
 mod error;
 mod job;
 mod leader;
-mod local_ticks;
 mod metrics;
 mod missed;
 mod overlap;

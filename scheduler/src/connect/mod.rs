@@ -7,8 +7,8 @@ use lock_core::redact::redact_url;
 use lock_core::{LockBackend, Locker, LockerBuilder, TickStore};
 use prometheus::Registry;
 
-use crate::local_ticks::LocalTicks;
 use crate::{Error, Result};
+use lock_core::backend::LocalTicks;
 
 /// Whether jobs run under distributed locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,21 +1,17 @@
-//! [`LocalTicks`]: the tick store of a scheduler that runs unlocked.
+//! [`LocalTicks`]: completed scheduler ticks kept in this process.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use lock_core::{async_trait, BackendError, LockName, TickStore};
+use crate::{async_trait, BackendError, LockName, TickStore};
 
-/// Completed ticks kept in this process, for [`LockMode::Unlocked`]: with
-/// one replica there is nobody to share them with, and they last as long as
-/// the process, which is how long an unlocked deployment's state lasts.
-///
-/// It is here rather than borrowed from the memory backend so that unlocked
-/// mode behaves the same whichever backends a build includes.
-///
-/// [`LockMode::Unlocked`]: crate::LockMode::Unlocked
+/// A [`TickStore`] kept in this process: the latest completed tick of each
+/// job and the marks of recent ones, for the memory backend and for a
+/// scheduler running unlocked. Nothing is shared with other processes and
+/// nothing outlives this one.
 #[derive(Debug, Default)]
-pub(crate) struct LocalTicks {
+pub struct LocalTicks {
     jobs: Mutex<HashMap<LockName, Job>>,
 }
 
