@@ -113,6 +113,18 @@ pub struct Replica {
     pub metrics: LockMetrics,
 }
 
+impl Replica {
+    /// Asserts that this replica takes `name` with a single attempt (then
+    /// gives it back): whatever released it has finished by now. `what`
+    /// names the step in the failure.
+    pub async fn takes_at_once(&self, what: &str, name: &LockName, ctx: &Ctx) {
+        match self.locker.try_lock(name, &ctx.opts()).await {
+            Ok(g) => g.release().await.expect("release"),
+            Err(e) => panic!("{what}: the lock was not free yet ({e})"),
+        }
+    }
+}
+
 /// What a case gets: the factory, a unique name prefix, and helpers.
 #[derive(Clone)]
 pub struct Ctx {

@@ -24,15 +24,6 @@ async fn assert_free(what: &str, other: &Replica, name: &LockName, ctx: &Ctx, bo
     }
 }
 
-/// A refused `retain_for` has released the lock by the time it returns: the
-/// same replica takes it again with a single attempt.
-async fn retaken_at_once(what: &str, replica: &Replica, name: &LockName, ctx: &Ctx) {
-    match replica.locker.try_lock(name, &ctx.opts()).await {
-        Ok(g) => g.release().await.expect("release"),
-        Err(e) => panic!("{what}: the refused hold had not released the lock yet ({e})"),
-    }
-}
-
 /// `Duration::MAX` and friends as TTL, max hold, acquire timeout, renewal
 /// interval and retained hold: refused with a clear error or taken as "no
 /// limit"; no panic, and nothing is left held.
@@ -80,7 +71,9 @@ pub(super) async fn extreme_durations_never_panic_or_leak(ctx: Ctx) {
         let g = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
         let r = g.retain_for(huge).await;
         assert!(matches!(r, Err(Error::Config(_))), "retain {huge:?}: {r:?}");
-        retaken_at_once(&format!("retain {huge:?}"), &a, &name, &ctx).await;
+        // A refused `retain_for` has released the lock by the time it returns.
+        a.takes_at_once(&format!("retain {huge:?}"), &name, &ctx)
+            .await;
         assert_free(&format!("retain {huge:?}"), &b, &name, &ctx, bound).await;
     }
     for tiny in [Duration::ZERO, Duration::from_nanos(1)] {
@@ -103,7 +96,7 @@ pub(super) async fn extreme_durations_never_panic_or_leak(ctx: Ctx) {
         let r = g.retain_for(tiny).await;
         if tiny.is_zero() {
             assert!(matches!(r, Err(Error::Config(_))), "retain 0: {r:?}");
-            retaken_at_once("retain 0", &a, &name, &ctx).await;
+            a.takes_at_once("retain 0", &name, &ctx).await;
         }
         assert_free(&format!("retain {tiny:?}"), &b, &name, &ctx, bound).await;
     }

@@ -5,19 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{Error, LockName, LossReason};
+use lock_core::{Error, LossReason};
 use tokio::time::{timeout, Instant};
 
 use crate::faulty::{Fault, FaultyBackend};
-use crate::{Ctx, Replica};
-
-/// Another replica takes `name` with a single attempt.
-async fn taken_at_once(what: &str, other: &Replica, name: &LockName, ctx: &Ctx) {
-    match other.locker.try_lock(name, &ctx.opts()).await {
-        Ok(g) => g.release().await.expect("release"),
-        Err(e) => panic!("{what}: still held after shutdown returned ({e})"),
-    }
-}
+use crate::Ctx;
 
 /// Held guards, a guard dropped just before (its release only queued) and a
 /// guarded run in progress: after `shutdown` returns every lock is free on
@@ -78,7 +70,7 @@ pub(super) async fn locker_shutdown_releases_every_lease(ctx: Ctx) {
         ("a dropped guard", &dropped),
         ("a guarded run", &running),
     ] {
-        taken_at_once(what, &b, name, &ctx).await;
+        b.takes_at_once(what, name, &ctx).await;
     }
     let later = ctx.name("later");
     for locker in [&a.locker, &a.locker.clone()] {
