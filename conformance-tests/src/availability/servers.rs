@@ -1,10 +1,8 @@
 //! A private server of each kind, with the URL a service would be given.
 
-use std::time::Duration;
-
 use crate::backends::postgres::PrivatePostgres;
 use crate::backends::{etcd, redis};
-use crate::harness::{which, ServerProcess, ServerSpec};
+use crate::harness::ServerProcess;
 use crate::BoxError;
 
 /// The server backends the policy is checked on.
@@ -79,25 +77,5 @@ impl Private {
 
 /// Starts `redis-server` requiring `password`, on a free loopback port.
 pub(super) fn redis_with_password(password: &str) -> Result<ServerProcess, BoxError> {
-    let program = which("redis-server").ok_or("redis-server is not on PATH")?;
-    let args = [
-        "--port",
-        "{port}",
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        "{dir}",
-        "--requirepass",
-        password,
-    ];
-    ServerProcess::start(ServerSpec {
-        program,
-        args: args.iter().map(|a| (*a).to_owned()).collect(),
-        run_as: None,
-        ready_timeout: Duration::from_secs(10),
-    })
+    redis::server::start_with(&["--requirepass", password])
 }

@@ -11,10 +11,18 @@ use crate::BoxError;
 /// Starts `redis-server` from `PATH` on a free loopback port, without
 /// persistence, so a restart loses every key (as a crash would).
 pub fn start_plain() -> Result<ServerProcess, BoxError> {
+    start_with(&[])
+}
+
+/// [`start_plain`] with more `redis-server` arguments, such as
+/// `--requirepass`.
+pub fn start_with(extra: &[&str]) -> Result<ServerProcess, BoxError> {
     let program = which("redis-server").ok_or("redis-server is not on PATH")?;
+    let mut a = vec!["--port", "{port}"];
+    a.extend_from_slice(extra);
     ServerProcess::start(ServerSpec {
         program,
-        args: args(&["--port", "{port}"]),
+        args: args(&a),
         run_as: None,
         ready_timeout: Duration::from_secs(10),
     })
