@@ -92,6 +92,7 @@ impl Deferred {
     }
 
     /// The connected backend, if the cluster has answered.
+    #[cfg(feature = "test-util")]
     pub(crate) fn connected(&self) -> Option<&Connected> {
         self.connected.get()
     }

@@ -78,6 +78,7 @@ impl EtcdBackend {
     }
 
     /// The connected backend, if the cluster has answered.
+    #[cfg(feature = "test-util")]
     fn connected(&self) -> Option<&Connected> {
         match &self.kind {
             Kind::Ready(c) => Some(c),

@@ -143,6 +143,9 @@ pub(crate) async fn connect_with(url: &str, start: Start) -> Result<Backend> {
     #[cfg(not(any(feature = "redis", feature = "postgres", feature = "etcd")))]
     let _ = start;
     let (scheme, rest) = split_scheme(url)?;
+    // Only the memory backend reads past the scheme.
+    #[cfg(not(feature = "memory"))]
+    let _ = rest;
     match scheme.as_str() {
         #[cfg(feature = "memory")]
         "memory" => memory::connect(url, rest),
