@@ -74,13 +74,13 @@ pub use prometheus;
 pub use lock_memory::{self as memory, MemoryBackend};
 
 #[cfg(feature = "redis")]
-pub use lock_redis::{self as redis, RedisBuilder};
+pub use lock_redis::{self as redis, RedisBackend, RedisBuilder};
 
 #[cfg(feature = "postgres")]
 pub use lock_postgres::{self as postgres, PostgresBackend, PostgresBuilder};
 
 #[cfg(feature = "etcd")]
-pub use lock_etcd::{self as etcd, EtcdBuilder};
+pub use lock_etcd::{self as etcd, EtcdBackend, EtcdBuilder};
 
 #[cfg(feature = "scheduler")]
 pub use lock_scheduler as scheduler;

@@ -18,10 +18,6 @@ pub const ENV_VAR: &str = "ETCD_ENDPOINTS";
 /// The URL schemes [`EtcdBuilder::from_url`] accepts: plaintext and TLS.
 pub const URL_SCHEMES: &[&str] = &["etcd", "etcds"];
 
-/// The old name of [`ENV_VAR`].
-#[deprecated(since = "0.1.0", note = "use lock_etcd::ENV_VAR")]
-pub const ENDPOINTS_ENV: &str = ENV_VAR;
-
 /// The key prefix used unless [`EtcdBuilder::with_prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "/locks/";
 

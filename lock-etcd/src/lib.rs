@@ -105,8 +105,6 @@ mod renewal;
 mod test_util;
 mod ticks;
 
-#[allow(deprecated)]
-pub use config::ENDPOINTS_ENV;
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENV_VAR, URL_SCHEMES};
 pub use handle::EtcdBackend;
 #[cfg(feature = "test-util")]

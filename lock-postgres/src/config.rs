@@ -19,14 +19,6 @@ pub const ENV_VAR: &str = "DATABASE_URL";
 /// The URL schemes [`PostgresBuilder::from_url`] accepts.
 pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql"];
 
-/// The old name of [`ENV_VAR`].
-#[deprecated(since = "0.1.0", note = "use lock_postgres::ENV_VAR")]
-pub const DATABASE_URL: &str = ENV_VAR;
-
-/// The old name of [`PostgresBuilder`].
-#[deprecated(since = "0.1.0", note = "use lock_postgres::PostgresBuilder")]
-pub type PostgresConfigBuilder = PostgresBuilder;
-
 /// How the lock session uses TLS, with libpq's `sslmode` meanings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -150,6 +150,4 @@ mod ticks;
 
 pub use backend::PostgresBackend;
 pub use config::{PostgresBuilder, PostgresConfig, SslMode, ENV_VAR, URL_SCHEMES};
-#[allow(deprecated)]
-pub use config::{PostgresConfigBuilder, DATABASE_URL};
 pub use key::AdvisoryKey;

@@ -18,14 +18,6 @@ pub const ENV_VAR: &str = "REDIS_URL";
 /// The URL schemes [`RedisBuilder::from_url`] accepts: plaintext and TLS.
 pub const URL_SCHEMES: &[&str] = &["redis", "rediss"];
 
-/// The old name of [`ENV_VAR`].
-#[deprecated(since = "0.1.0", note = "use lock_redis::ENV_VAR")]
-pub const REDIS_URL_ENV: &str = ENV_VAR;
-
-/// The old name of [`RedisBuilder`].
-#[deprecated(since = "0.1.0", note = "use lock_redis::RedisBuilder")]
-pub type RedisConfig = RedisBuilder;
-
 const DEFAULT_PREFIX: &str = "lock:";
 const MAX_PREFIX_LEN: usize = 100;
 

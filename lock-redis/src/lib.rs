@@ -99,5 +99,3 @@ mod ticks;
 
 pub use backend::RedisBackend;
 pub use config::{RedisBuilder, ENV_VAR, URL_SCHEMES};
-#[allow(deprecated)]
-pub use config::{RedisConfig, REDIS_URL_ENV};
