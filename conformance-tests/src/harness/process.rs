@@ -83,9 +83,19 @@ impl ServerProcess {
     /// Starts the server on the given ports with a fresh temp dir, without
     /// waiting for it to listen: members of a cluster listen only once a
     /// quorum of them runs, so all must be launched before any is waited for
-    /// ([`ServerProcess::wait_ready`]).
-    pub fn launch(spec: ServerSpec, port: u16, port2: u16) -> Result<Self, BoxError> {
-        let dir = tempfile::Builder::new().prefix("lock-test-").tempdir()?;
+    /// ([`ServerProcess::wait_ready`]). The temp dir is made under `parent`
+    /// when given (a tmpfs, where fsync costs nothing).
+    pub fn launch(
+        spec: ServerSpec,
+        (port, port2): (u16, u16),
+        parent: Option<&Path>,
+    ) -> Result<Self, BoxError> {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("lock-test-");
+        let dir = match parent {
+            Some(parent) => builder.tempdir_in(parent)?,
+            None => builder.tempdir()?,
+        };
         if let Some((uid, gid)) = spec.run_as {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
         }
