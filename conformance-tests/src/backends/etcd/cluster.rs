@@ -89,6 +89,10 @@ impl EtcdCluster {
                 &token,
                 "--initial-cluster-state",
                 "new",
+                // Without pre-vote (etcd 3.5's default, off in 3.4), a member
+                // that rejoins after a restart or a partition campaigns with a
+                // higher term and deposes a healthy leader.
+                "--pre-vote",
                 "--heartbeat-interval",
                 HEARTBEAT_MS,
                 "--election-timeout",
@@ -141,7 +145,7 @@ impl EtcdCluster {
         Ok(self.member(i)?.port2())
     }
 
-    /// Client endpoints as `http://` URLs, member `i` first when given.
+    /// Client endpoints as `http://` URLs, by member.
     pub fn endpoints(&self) -> Vec<String> {
         self.client_ports()
             .iter()
@@ -164,9 +168,13 @@ impl EtcdCluster {
         Ok(with_timeouts(EtcdBuilder::from_url(&self.url())?))
     }
 
-    /// A builder over member `i` alone: a client pinned to one member.
-    pub fn builder_for(&self, i: usize) -> Result<EtcdBuilder, BoxError> {
-        let url = format!("etcd://127.0.0.1:{}", self.member(i)?.port());
+    /// A builder over the given members only: a client pinned to them.
+    pub fn builder_over(&self, members: &[usize]) -> Result<EtcdBuilder, BoxError> {
+        let hosts: Vec<String> = members
+            .iter()
+            .map(|i| Ok(format!("127.0.0.1:{}", self.member(*i)?.port())))
+            .collect::<Result<_, BoxError>>()?;
+        let url = format!("etcd://{}", hosts.join(","));
         Ok(with_timeouts(EtcdBuilder::from_url(&url)?))
     }
 
