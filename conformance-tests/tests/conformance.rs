@@ -20,6 +20,7 @@ fn main() -> ExitCode {
     conformance_tests::backends::postgres::register(&mut suite);
     suite.add_server_backend("etcd", etcd::factory());
     etcd::add_specific(&mut suite);
+    suite.add_server_backend("etcd_cluster", etcd::cluster_factory());
     for trial in conformance_tests::backends::connect_urls::trials(suite.run_id()) {
         suite.push(trial);
     }

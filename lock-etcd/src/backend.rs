@@ -17,7 +17,7 @@ use lock_core::{
 use tracing::{debug, warn};
 
 use crate::connection::{classify, Connected, Held, Inner};
-use crate::error::{bounded, convert, protocol};
+use crate::error::{bounded_retry, convert, protocol};
 use crate::lease::lease_seconds;
 
 impl Inner {
@@ -218,7 +218,7 @@ impl LockBackend for Connected {
     ) -> Result<AcquireAttempt, BackendError> {
         self.inner.check_ttl(ttl)?;
         let inner = &self.inner;
-        bounded(inner.timeout, "acquire", inner.acquire(name, owner, ttl)).await
+        bounded_retry(inner.timeout, "acquire", || inner.acquire(name, owner, ttl)).await
     }
 
     async fn renew(
@@ -229,7 +229,7 @@ impl LockBackend for Connected {
     ) -> Result<LeaseStatus, BackendError> {
         self.inner.check_ttl(ttl)?;
         let inner = &self.inner;
-        bounded(inner.timeout, "renew", inner.renew_one(name, owner, ttl)).await
+        bounded_retry(inner.timeout, "renew", || inner.renew_one(name, owner, ttl)).await
     }
 
     async fn check(
@@ -238,7 +238,7 @@ impl LockBackend for Connected {
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
         let inner = &self.inner;
-        bounded(inner.timeout, "check", inner.check_one(name, owner)).await
+        bounded_retry(inner.timeout, "check", || inner.check_one(name, owner)).await
     }
 
     async fn release(
@@ -247,7 +247,7 @@ impl LockBackend for Connected {
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         let inner = &self.inner;
-        bounded(inner.timeout, "release", inner.release_one(name, owner)).await
+        bounded_retry(inner.timeout, "release", || inner.release_one(name, owner)).await
     }
 
     async fn renew_many(
@@ -258,7 +258,7 @@ impl LockBackend for Connected {
             self.inner.check_ttl(r.ttl)?;
         }
         let inner = &self.inner;
-        bounded(inner.timeout, "renew", inner.renew_batch(requests)).await
+        bounded_retry(inner.timeout, "renew", || inner.renew_batch(requests)).await
     }
 
     async fn subscribe_release(
@@ -266,7 +266,7 @@ impl LockBackend for Connected {
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
         let inner = &self.inner;
-        let signal = bounded(inner.timeout, "watch", inner.subscribe(name)).await?;
+        let signal = bounded_retry(inner.timeout, "watch", || inner.subscribe(name)).await?;
         Ok(signal.map(|released| {
             // A waiter woken by a release goes straight to the lease grant:
             // the name is most likely free now, so a read first would only

@@ -6,6 +6,7 @@ use std::time::Duration;
 use etcd_client::Error as EtcdError;
 use lock_core::{BackendError, BackendErrorKind};
 use tonic::Code;
+use tracing::debug;
 
 /// Wraps a native client error, naming the operation that failed.
 pub(crate) fn convert(op: &str, e: EtcdError) -> BackendError {
@@ -84,6 +85,70 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// How many members one call tries when connections are refused: with the
+/// usual 3 or 5 members, enough to reach a live one after two dead ones.
+const MEMBER_TRIES: usize = 4;
+
+/// Whether `e` failed before any member acted on the request: the TCP
+/// connection to the member the client's balancer picked was refused (a
+/// killed member), or that member answered "no leader" (one cut off from
+/// the others: the client asks every member to refuse requests while it has
+/// no leader, which etcd checks before it handles them). The call can then
+/// be repeated as it is, and the balancer picks a member again.
+pub(crate) fn unserved(e: &BackendError) -> bool {
+    let Some(source) = std::error::Error::source(e) else {
+        return false;
+    };
+    let Some(EtcdError::GRpcStatus(status)) = source.downcast_ref::<EtcdError>() else {
+        return false;
+    };
+    if status.code() != Code::Unavailable {
+        return false;
+    }
+    // tonic names a failed TCP connect so; the io error underneath says why.
+    if status.message() == "tcp connect error" || status.message() == "etcdserver: no leader" {
+        return true;
+    }
+    let mut next = std::error::Error::source(status);
+    for _ in 0..16 {
+        let Some(cause) = next else {
+            return false;
+        };
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        next = cause.source();
+    }
+    false
+}
+
+/// As [`bounded`], repeating `attempt` while it fails [`unserved`] (at most
+/// [`MEMBER_TRIES`] times, all within `limit`): a dead or cut-off member of
+/// a cluster costs a refused attempt, not a failed call.
+pub(crate) async fn bounded_retry<T, F, Fut>(
+    limit: Duration,
+    op: &str,
+    mut attempt: F,
+) -> Result<T, BackendError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, BackendError>>,
+{
+    bounded(limit, op, async {
+        let mut tries = 1;
+        loop {
+            match attempt().await {
+                Err(e) if tries < MEMBER_TRIES && unserved(&e) => {
+                    debug!(op, error = %e, "a member refused the call; trying again");
+                    tries += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    })
+    .await
+}
+
 /// A response that lacked a field etcd always sends.
 pub(crate) fn protocol(op: &str, what: &str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, format!("{op}: {what}"))
@@ -129,6 +194,27 @@ mod tests {
             BackendErrorKind::Other
         );
         let local = Status::from_error(Box::new(std::io::Error::other("broken pipe")));
+        assert!(!unserved(&convert(
+            "x",
+            EtcdError::GRpcStatus(local.clone())
+        )));
+        let mut refused = Status::unavailable("connect");
+        refused.set_source(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(unserved(&convert("x", EtcdError::GRpcStatus(refused))));
+        assert!(unserved(&convert(
+            "x",
+            EtcdError::GRpcStatus(Status::unavailable("tcp connect error"))
+        )));
+        assert!(unserved(&convert(
+            "x",
+            EtcdError::GRpcStatus(Status::unavailable("etcdserver: no leader"))
+        )));
+        assert!(!unserved(&convert(
+            "x",
+            EtcdError::GRpcStatus(Status::unavailable("etcdserver: request timed out"))
+        )));
         assert_eq!(kind(local), BackendErrorKind::Unavailable);
         assert_eq!(
             kind_of(&EtcdError::InvalidArgs("empty endpoints".into())),

@@ -6,7 +6,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use lock_core::{async_trait, BackendError, LockName, TickStore};
 
 use crate::connection::Connected;
-use crate::error::{bounded, convert, protocol};
+use crate::error::{bounded_retry, convert, protocol};
 
 /// Tick keys live under the lock prefix (so one RBAC grant covers both) but
 /// behind `#`, a character lock names cannot contain, so they never collide.
@@ -51,8 +51,8 @@ impl Connected {
 #[async_trait]
 impl TickStore for Connected {
     async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
-        let key = self.tick_key(job);
-        bounded(self.inner.timeout, "read tick", async {
+        let key = &self.tick_key(job);
+        bounded_retry(self.inner.timeout, "read tick", || async move {
             let mut resp = self
                 .inner
                 .client
@@ -106,11 +106,12 @@ impl TickStore for Connected {
                 mark[1].clone(),
             ])
             .or_else([TxnOp::txn(create), mark[0].clone(), mark[1].clone()]);
-        bounded(self.inner.timeout, "record tick", async {
+        let (key, txn) = (&key, &txn);
+        bounded_retry(self.inner.timeout, "record tick", || async move {
             self.inner
                 .client
                 .kv_client()
-                .txn(txn)
+                .txn(txn.clone())
                 .await
                 .map_err(|e| convert(&format!("record {key}"), e))?;
             Ok(())
@@ -119,8 +120,8 @@ impl TickStore for Connected {
     }
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
-        let key = self.mark_key(job, tick);
-        bounded(self.inner.timeout, "read tick mark", async {
+        let key = &self.mark_key(job, tick);
+        bounded_retry(self.inner.timeout, "read tick mark", || async move {
             let resp = self
                 .inner
                 .client

@@ -93,6 +93,25 @@ pub(crate) fn lock_table_full(context: &str, server_message: &str) -> BackendErr
     )
 }
 
+/// The lock session landed on a standby (`standby`) or a read-only session.
+///
+/// Advisory locks live in the memory of the server the session is on and
+/// are not replicated, so a lock taken there would exclude nothing on the
+/// primary. The kind is `Config`: the URL points at the wrong server.
+pub(crate) fn read_only_session(standby: bool) -> BackendError {
+    let what = if standby {
+        "the server is a standby (pg_is_in_recovery() is true)"
+    } else {
+        "the session is read-only (transaction_read_only is on)"
+    };
+    config(format!(
+        "refusing to take locks: {what}; advisory locks are not replicated, so locks taken \
+         there exclude nothing on the primary. Point the URL at the primary, or list every \
+         host with target_session_attrs=read-write \
+         (postgres://h1:5432,h2:5432/db?target_session_attrs=read-write)"
+    ))
+}
+
 /// The error for a call that did not finish within `limit`.
 pub(crate) fn timed_out(context: &str, limit: Duration) -> BackendError {
     BackendError::timeout(format!("{context}: no answer within {limit:?}"))

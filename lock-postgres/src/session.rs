@@ -16,7 +16,7 @@ use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row, Statement};
 use tracing::{debug, warn};
 
 use crate::config::{PostgresConfig, RootCert, SslMode};
-use crate::error::{config, convert, pooler, protocol, timed_out};
+use crate::error::{config, convert, pooler, protocol, read_only_session, timed_out};
 use crate::lifeline::{Lifeline, OnEnd, SessionId};
 use crate::notify::Waiters;
 
@@ -85,13 +85,32 @@ impl LockSession {
             prepared: Mutex::new(HashMap::new()),
         };
         session.batch("setting up the lock session", &setup).await?;
+        // Advisory locks are session state of the server the session is on,
+        // never replicated: taken on a standby (or any read-only session)
+        // they would exclude nothing on the primary.
         let rows = session
-            .query("reading pg_backend_pid()", "SELECT pg_backend_pid()", &[])
+            .query(
+                "reading pg_backend_pid() and whether the session is read-only",
+                "SELECT pg_backend_pid(), pg_is_in_recovery(), \
+                 current_setting('transaction_read_only') = 'on'",
+                &[],
+            )
             .await?;
-        session.pid = rows
+        let row = rows
             .first()
-            .and_then(|r| r.try_get::<_, i32>(0).ok())
             .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
+        session.pid = row
+            .try_get::<_, i32>(0)
+            .map_err(|e| protocol(format!("reading pg_backend_pid(): {e}")))?;
+        let standby = row
+            .try_get::<_, bool>(1)
+            .map_err(|e| protocol(format!("reading pg_is_in_recovery(): {e}")))?;
+        let read_only = row
+            .try_get::<_, bool>(2)
+            .map_err(|e| protocol(format!("reading transaction_read_only: {e}")))?;
+        if standby || read_only {
+            return Err(read_only_session(standby));
+        }
         debug!(pid = session.pid, "Postgres lock session connected");
         Ok(session)
     }

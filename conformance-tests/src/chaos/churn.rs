@@ -196,7 +196,7 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
 }
 
 /// Checks the journal; returns what failed.
-fn judge(lines: &[Line], failovers: &[Duration], row: &mut Row) -> Vec<String> {
+pub(super) fn judge(lines: &[Line], failovers: &[Duration], row: &mut Row) -> Vec<String> {
     let mut runs: BTreeMap<i64, Vec<&Line>> = BTreeMap::new();
     for l in lines.iter().filter(|l| l.kind() == "RUN") {
         runs.entry(l.num(1)).or_default().push(l);

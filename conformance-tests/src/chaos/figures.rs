@@ -33,6 +33,10 @@ pub struct Row {
     /// acquire) to the holder's abort, per iteration, where the case knows
     /// when the loss happened.
     pub detection: Vec<Duration>,
+    /// How long renewals stalled across a fault, per holder and fault: from
+    /// the last renewal before the fault to the first after it (or to the
+    /// loss, when none came), where the case watches renewals.
+    pub stall: Vec<Duration>,
     /// Longest single backend call the case timed (`None`: it timed none).
     pub max_blocked: Option<Duration>,
     /// Largest deviation of a timer (renewal, watchdog) from its nominal
@@ -81,12 +85,12 @@ pub fn table() -> String {
     let mut rows = ROWS.lock().map(|r| r.clone()).unwrap_or_default();
     rows.sort_by(|a, b| (&a.backend, &a.case).cmp(&(&b.backend, &b.case)));
     let mut out = String::from(
-        "| backend | case | iterations | faults | writes | stale accepts | writes after deadline | raw overlaps | abort ms min/p50/p99/max | detection ms min/p50/p99/max | max blocked call ms | max timer error ms | leaked locks |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| backend | case | iterations | faults | writes | stale accepts | writes after deadline | raw overlaps | abort ms min/p50/p99/max | detection ms min/p50/p99/max | renewal stall ms min/p50/p99/max | max blocked call ms | max timer error ms | leaked locks |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.backend,
             r.case,
             r.iterations,
@@ -97,6 +101,7 @@ pub fn table() -> String {
             r.overlaps,
             spread(&r.abort),
             spread(&r.detection),
+            spread(&r.stall),
             r.max_blocked
                 .map_or_else(|| "-".to_owned(), |d| ms(d).to_string()),
             r.timing_error

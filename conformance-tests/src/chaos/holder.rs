@@ -122,6 +122,20 @@ impl Holder {
         }
     }
 
+    /// Releases the lock it still holds, then waits for the writer to stop
+    /// (its guard fails once released): the release's result, when it
+    /// returned, and the writes made.
+    pub(super) async fn release(self, within: Duration) -> (lock_core::Result<()>, Instant, usize) {
+        let released = self.guard.release().await;
+        let at = Instant::now();
+        let n = tokio::time::timeout(within, self.writer)
+            .await
+            .expect("the writer stops once the lock is released")
+            .expect("writer task");
+        self.lost.abort();
+        (released, at, n)
+    }
+
     /// Waits for the writer to stop (it stops at the first failed guard) and
     /// returns how many writes it made.
     pub(super) async fn writes(self, within: Duration) -> (LockGuard, usize) {

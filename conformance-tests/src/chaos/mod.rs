@@ -10,6 +10,7 @@
 mod cases;
 mod churn;
 mod clock;
+mod cluster;
 mod failover;
 pub mod figures;
 mod flap;
@@ -163,6 +164,7 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
             }),
         );
     }
+    out.extend(cluster::trials(run_id, bins));
     out.extend(pg::trials(run_id, bins));
     out
 }

@@ -9,6 +9,7 @@
 pub mod certs;
 #[cfg(feature = "docker")]
 pub mod docker;
+pub mod nft;
 mod process;
 
 pub use process::{free_port, wait_for_port, ServerProcess, ServerSpec};

@@ -80,6 +80,46 @@ impl ServerProcess {
         Ok(server)
     }
 
+    /// Starts the server on the given ports with a fresh temp dir, without
+    /// waiting for it to listen: members of a cluster listen only once a
+    /// quorum of them runs, so all must be launched before any is waited for
+    /// ([`ServerProcess::wait_ready`]). The temp dir is made under `parent`
+    /// when given (a tmpfs, where fsync costs nothing).
+    pub fn launch(
+        spec: ServerSpec,
+        (port, port2): (u16, u16),
+        parent: Option<&Path>,
+    ) -> Result<Self, BoxError> {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("lock-test-");
+        let dir = match parent {
+            Some(parent) => builder.tempdir_in(parent)?,
+            None => builder.tempdir()?,
+        };
+        if let Some((uid, gid)) = spec.run_as {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
+        }
+        let server = Self {
+            port,
+            port2,
+            spec,
+            dir,
+            child: Mutex::new(None),
+        };
+        server.spawn_child()?;
+        Ok(server)
+    }
+
+    /// Waits until a [`ServerProcess::launch`]ed server listens.
+    pub fn wait_ready(&self) -> Result<(), BoxError> {
+        wait_for_port(self.port, self.spec.ready_timeout).map_err(|e| self.with_log(e))
+    }
+
+    fn with_log(&self, e: BoxError) -> BoxError {
+        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+        format!("{e}; server log:\n{log}").into()
+    }
+
     /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
@@ -101,6 +141,11 @@ impl ServerProcess {
     }
 
     fn spawn(&self) -> Result<(), BoxError> {
+        self.spawn_child()?;
+        self.wait_ready()
+    }
+
+    fn spawn_child(&self) -> Result<(), BoxError> {
         let dir = self.dir.path().to_string_lossy().into_owned();
         let port = self.port.to_string();
         let port2 = self.port2.to_string();
@@ -129,11 +174,7 @@ impl ServerProcess {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", self.spec.program.display()))?;
         *self.child.lock().map_err(|_| "server lock poisoned")? = Some(child);
-        wait_for_port(self.port, self.spec.ready_timeout).map_err(|e| {
-            let log =
-                std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
-            format!("{e}; server log:\n{log}").into()
-        })
+        Ok(())
     }
 
     fn signal(&self, sig: &str) -> Result<(), BoxError> {
@@ -157,6 +198,32 @@ impl ServerProcess {
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) -> Result<(), BoxError> {
         self.signal("CONT")
+    }
+
+    /// Stops the server gracefully (SIGTERM), killing it if it has not
+    /// exited within `within`, and reaps it.
+    pub fn stop(&self, within: Duration) -> Result<(), BoxError> {
+        let mut slot = self.child.lock().map_err(|_| "server lock poisoned")?;
+        if let Some(mut child) = slot.take() {
+            let pid = child.id().to_string();
+            let _ = Command::new("kill").arg("-CONT").arg(&pid).status();
+            let _ = Command::new("kill").arg("-TERM").arg(&pid).status();
+            let until = Instant::now() + within;
+            while Instant::now() < until {
+                if child.try_wait()?.is_some() {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the server process is running (neither killed nor stopped).
+    pub fn running(&self) -> bool {
+        self.pid().is_some()
     }
 
     /// Kills the server (SIGKILL) and reaps it.

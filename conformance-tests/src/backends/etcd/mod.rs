@@ -1,6 +1,8 @@
 //! The etcd backend's factory: `ETCD_ENDPOINTS` when set, else a private
 //! etcd started from `PATH`; plus the etcd-specific trials.
 
+pub mod cluster;
+mod cluster_factory;
 mod saboteur;
 pub mod server;
 mod specific;
@@ -16,6 +18,7 @@ use lock_etcd::{EtcdBackend, EtcdBuilder};
 use crate::harness::{free_port, which, Availability, ServerProcess};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
+pub use cluster_factory::{cluster_factory, EtcdClusterFactory};
 pub use saboteur::EtcdSaboteur;
 pub use specific::add_specific;
 

@@ -12,8 +12,8 @@ use crate::BoxError;
 /// TTL is 1.5 × the election timeout rounded up to whole seconds, so 500 ms
 /// allows 1 s leases; a single member never holds an election after boot,
 /// so short timeouts cannot cause leader churn.
-const HEARTBEAT_MS: &str = "100";
-const ELECTION_MS: &str = "500";
+pub(super) const HEARTBEAT_MS: &str = "100";
+pub(super) const ELECTION_MS: &str = "500";
 
 /// How a private server listens.
 #[derive(Debug, Clone, Copy, Default)]

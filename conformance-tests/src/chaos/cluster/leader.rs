@@ -1,0 +1,185 @@
+//! The raft leader killed (SIGKILL) while holders renew and waiters wait.
+//!
+//! etcd keeps leases across a leader change (the new leader extends every
+//! lease by its full TTL on election), so a holder either keeps its lease
+//! through the new leader or, if its renewals stalled past its local
+//! deadline, aborts; in both cases nobody else acquires before the holder
+//! let go, and no write is accepted under its token afterwards.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{LockGuard, LockName, LockOptions};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, Instant};
+
+use super::watch::RenewWatch;
+use crate::backends::etcd::cluster::EtcdCluster;
+use crate::chaos::cases::{wind_down, Handover, Target};
+use crate::chaos::figures::{self, Row};
+use crate::chaos::holder::{Holder, Resource};
+use crate::{Ctx, Replica};
+
+/// Locks held across each fault, each with a waiter queued behind it.
+const HOLDERS: usize = 2;
+
+/// How long a killed leader's successor may take to be elected.
+const ELECTION_WITHIN: Duration = Duration::from_secs(10);
+
+/// A waiter queued on `name`: when it acquired, and its guard. It writes
+/// once under its token, as a successor would.
+pub(super) fn waiter(
+    replica: Replica,
+    name: LockName,
+    opts: LockOptions,
+    resource: Arc<Resource>,
+) -> JoinHandle<(Instant, LockGuard)> {
+    tokio::spawn(async move {
+        let guard = replica
+            .locker
+            .lock(&name, &opts)
+            .await
+            .expect("the waiter acquires once the holder lets go");
+        let at = Instant::now();
+        let token = guard.handle().fencing_token().expect("the backend fences");
+        assert!(resource.write(token), "the waiter's write is accepted");
+        (at, guard)
+    })
+}
+
+struct Pair {
+    name: LockName,
+    resource: Arc<Resource>,
+    holder: Holder,
+    watch: RenewWatch,
+    waiter_rep: Replica,
+    waiter: JoinHandle<(Instant, LockGuard)>,
+}
+
+/// Kills the leader once per iteration with [`HOLDERS`] holders and their
+/// waiters, then restarts it.
+pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: "chaos_leader_kill".to_owned(),
+        ..Row::default()
+    };
+    let (mut kept, mut lost, mut elections) = (0, 0, Vec::new());
+    for i in 0..target.iterations {
+        let mut pairs = Vec::new();
+        for h in 0..HOLDERS {
+            let holder_rep = ctx.replica().await;
+            let waiter_rep = ctx.replica().await;
+            let name = ctx.name(&format!("leader-kill-{i}-{h}"));
+            let resource = Arc::new(Resource::default());
+            let holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
+            let watch = RenewWatch::start(holder.handle.clone());
+            let wait = opts.clone().with_acquire_timeout(ttl * 10);
+            let waiter = waiter(
+                waiter_rep.clone(),
+                name.clone(),
+                wait,
+                Arc::clone(&resource),
+            );
+            pairs.push(Pair {
+                name,
+                resource,
+                holder,
+                watch,
+                waiter_rep,
+                waiter,
+            });
+        }
+        sleep(ttl).await;
+        let leader = cluster
+            .wait_leader(None, Duration::from_secs(10))
+            .await
+            .expect("the cluster has a leader");
+        let fault_at = Instant::now();
+        cluster.kill(leader).expect("SIGKILL the leader");
+        row.faults += 1;
+        let next = cluster
+            .wait_leader(Some(leader), ELECTION_WITHIN)
+            .await
+            .expect("the two survivors elect a leader");
+        elections.push(fault_at.elapsed());
+        // Past a whole TTL after the fault: a holder whose renewals have not
+        // come through by now has lost its lease.
+        sleep_until(fault_at + ttl * 2).await;
+        for p in pairs {
+            let Pair {
+                name,
+                resource,
+                mut holder,
+                watch,
+                waiter_rep,
+                waiter,
+            } = p;
+            let (let_go_at, writes) = if holder.handle.is_held() {
+                kept += 1;
+                holder
+                    .handle
+                    .verify()
+                    .await
+                    .expect("a lease held locally is held by the new leader");
+                let stall = watch.stall(fault_at, Instant::now());
+                row.stall.push(stall);
+                let (released, at, writes) = holder.release(ttl).await;
+                released.expect("the holder releases through the new leader");
+                (at, writes)
+            } else {
+                lost += 1;
+                let (lost_at, reason) = holder
+                    .lost_by(Instant::now() + Duration::from_millis(200))
+                    .await
+                    .expect("a lease not held was lost");
+                row.abort.push(lost_at - fault_at);
+                row.stall.push(watch.stall(fault_at, lost_at));
+                let deadline_ok = resource.log.after_deadline() == 0;
+                assert!(deadline_ok, "writes after the deadline ({reason:?})");
+                let (_old, writes) = holder.writes(ttl).await;
+                (lost_at, writes)
+            };
+            let (acquired_at, succ) = tokio::time::timeout(ttl * 12, waiter)
+                .await
+                .expect("the waiter acquires in time")
+                .expect("waiter task");
+            assert!(
+                let_go_at <= acquired_at,
+                "double grant: the waiter acquired {:?} before the holder let go",
+                let_go_at - acquired_at
+            );
+            let late = resource.log.after_deadline();
+            let h = Handover {
+                locker: &waiter_rep.locker,
+                name: &name,
+                opts: &opts,
+            };
+            wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
+        }
+        let restarted = tokio::task::block_in_place(|| cluster.restart(leader));
+        restarted.expect("the killed member restarts");
+        println!(
+            "etcd_cluster: leader m{leader} killed, m{next} elected after {:?}",
+            elections.last().copied().unwrap_or_default()
+        );
+        // The restarted member catches up before the next fault.
+        cluster
+            .wait_leader(None, ELECTION_WITHIN)
+            .await
+            .expect("a leader after the restart");
+        sleep(ttl).await;
+    }
+    row.iterations = target.iterations;
+    println!(
+        "etcd_cluster: leader kill: {kept} holders kept their lease, {lost} lost it; elections {elections:?}; max abort allowed {:?}",
+        ttl + tol
+    );
+    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    let summary = format!("{row:?}");
+    figures::record(row);
+    assert!(ok, "unsafe writes or leaks: {summary}");
+}

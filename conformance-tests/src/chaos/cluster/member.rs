@@ -1,0 +1,171 @@
+//! The member a client talks to killed (SIGKILL) or frozen (SIGSTOP). The
+//! victim is a follower, so the cluster keeps every lease.
+//!
+//! Killed: the client moves to another member within its request timeout
+//! (a refused connection is retried at once) and keeps its leases. Frozen:
+//! the client's balancer still sends some calls to it, each failing closed
+//! after the request timeout; holders whose renewals keep landing there may
+//! lose their lease. The case asserts what is safe (no write after a
+//! deadline, none accepted under an old token, nothing leaked) and reports
+//! the rest: calls failed, leases lost, time to the first answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::Error;
+use tokio::time::{sleep, sleep_until, Instant};
+
+use super::watch::RenewWatch;
+use crate::backends::etcd::cluster::{EtcdCluster, MEMBERS};
+use crate::chaos::cases::{leak_probe, Target};
+use crate::chaos::figures::{self, Row};
+use crate::chaos::holder::{Holder, Resource};
+use crate::Ctx;
+
+/// Locks held across each fault.
+const HOLDERS: usize = 2;
+
+/// Attempts per probe. The balancer picks a member at random for each
+/// call, so ten calls all landing on the frozen one (odds 3^-10) is a bug.
+const PROBE_TRIES: usize = 10;
+
+/// Kills or freezes a follower once per iteration while [`HOLDERS`] holders
+/// renew through clients connected to all three members.
+pub(super) async fn member_fault(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target, pause: bool) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let case = if pause {
+        "chaos_member_pause"
+    } else {
+        "chaos_member_kill"
+    };
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: case.to_owned(),
+        ..Row::default()
+    };
+    let (mut failovers, mut failed_calls, mut lost) = (Vec::new(), 0, 0);
+    for i in 0..target.iterations {
+        let leader = cluster
+            .wait_leader(None, Duration::from_secs(10))
+            .await
+            .expect("the cluster has a leader");
+        let victim = (leader + 1 + i % 2) % MEMBERS;
+        // Fresh clients, each with a connection to every member.
+        let mut holders = Vec::new();
+        for h in 0..HOLDERS {
+            let rep = ctx.replica().await;
+            let name = ctx.name(&format!("member-{i}-{h}"));
+            let resource = Arc::new(Resource::default());
+            let holder = Holder::start(&rep, &name, &opts, Arc::clone(&resource)).await;
+            let watch = RenewWatch::start(holder.handle.clone());
+            holders.push((rep, name, resource, holder, watch));
+        }
+        sleep(ttl).await;
+        let fault_at = Instant::now();
+        if pause {
+            cluster.pause(victim).expect("SIGSTOP the member");
+        } else {
+            cluster.kill(victim).expect("SIGKILL the member");
+        }
+        row.faults += 1;
+        // Every client must get answers from another member: fresh
+        // acquisitions from each holder's client succeed. A killed member
+        // refuses connections and the call moves on at once; a frozen one
+        // keeps its connections open, so a call the balancer sends there
+        // fails closed after the request timeout and the next one may go
+        // elsewhere.
+        for (h, (rep, ..)) in holders.iter().enumerate() {
+            let probe = ctx.name(&format!("member-probe-{i}-{h}"));
+            let from = Instant::now();
+            let mut answered = None;
+            for _ in 0..PROBE_TRIES {
+                let call_at = Instant::now();
+                let outcome = rep.locker.try_lock(&probe, &opts).await;
+                let took = call_at.elapsed();
+                row.max_blocked = row.max_blocked.max(Some(took));
+                assert!(
+                    took <= target.op_timeout + tol,
+                    "a call blocked {took:?} on a frozen member"
+                );
+                match outcome {
+                    Ok(g) => {
+                        answered = Some(from.elapsed());
+                        // A release the balancer sends to the frozen member
+                        // fails closed; the probe's lease then expires.
+                        if g.release().await.is_err() {
+                            failed_calls += 1;
+                        }
+                        break;
+                    }
+                    Err(Error::HeldElsewhere { .. }) => panic!("a fresh name is free"),
+                    Err(_) => failed_calls += 1,
+                }
+            }
+            let took = answered.expect("an acquisition through another member");
+            failovers.push(took);
+            row.detection.push(took);
+        }
+        // Past a whole TTL after the fault: a lease not renewed meanwhile
+        // would be gone.
+        sleep_until(fault_at + ttl * 2).await;
+        let kept: Vec<bool> = holders.iter().map(|h| h.3.handle.is_held()).collect();
+        if pause {
+            cluster.resume(victim).expect("SIGCONT the member");
+        } else {
+            let restarted = tokio::task::block_in_place(|| cluster.restart(victim));
+            restarted.expect("the killed member restarts");
+        }
+        for ((rep, name, resource, mut holder, watch), kept) in holders.into_iter().zip(kept) {
+            if kept {
+                row.stall.push(watch.stall(fault_at, fault_at + ttl * 2));
+                holder
+                    .handle
+                    .verify()
+                    .await
+                    .expect("the cluster still has the lease");
+                let (released, _, writes) = holder.release(ttl).await;
+                released.expect("the holder releases");
+                row.writes += writes;
+            } else {
+                lost += 1;
+                let (lost_at, reason) = holder
+                    .lost_by(Instant::now() + Duration::from_millis(200))
+                    .await
+                    .expect("a lease not held was lost");
+                println!("etcd_cluster: {case}: a holder lost its lease ({reason:?})");
+                row.abort.push(lost_at - fault_at);
+                row.stall.push(watch.stall(fault_at, lost_at));
+                let (_old, writes) = holder.writes(ttl).await;
+                row.writes += writes;
+            }
+            row.after_deadline += resource.log.after_deadline();
+            row.leaked += leak_probe(&rep.locker, &name, &opts).await;
+        }
+        sleep(ttl).await;
+    }
+    row.iterations = target.iterations;
+    println!(
+        "etcd_cluster: {case}: first answer through another member after {failovers:?}; \
+         {failed_calls} calls failed closed; {lost} of {} holders lost their lease",
+        HOLDERS * target.iterations
+    );
+    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    let summary = format!("{row:?}");
+    figures::record(row);
+    assert!(ok, "unsafe writes or leaks: {summary}");
+    if !pause {
+        // A killed member refuses connections: nothing waits on it.
+        let slow: Vec<_> = failovers
+            .iter()
+            .filter(|f| **f > target.op_timeout + tol)
+            .collect();
+        assert!(
+            slow.is_empty(),
+            "the client moved to another member only after {slow:?} (request timeout {:?})",
+            target.op_timeout
+        );
+        assert_eq!(lost, 0, "holders lost leases the cluster kept");
+    }
+}

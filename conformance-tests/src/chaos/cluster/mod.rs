@@ -1,0 +1,134 @@
+//! Faults only a cluster has, on a private 3-member etcd cluster with the
+//! library connected to all three endpoints: the raft leader killed, the
+//! member a client talks to killed or frozen, one member cut off from the
+//! other two, and the scheduler with the leader killed every few seconds.
+//!
+//! Each trial starts its own cluster, since it kills or cuts its members.
+
+mod leader;
+mod member;
+mod partition;
+mod sched;
+mod watch;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
+
+use super::{figures, Bins, Target};
+use crate::backends::etcd::cluster::EtcdCluster;
+use crate::backends::etcd::EtcdClusterFactory;
+use crate::harness::{in_ci, nft, which};
+use crate::Ctx;
+
+/// A trial's body, given the run id.
+type ClusterTrial = Box<dyn FnOnce(&str) -> Result<(), Failed> + Send>;
+
+/// Smoke iterations per case; `CHAOS_SOAK` multiplies them. Each iteration
+/// waits out elections and restarts, so fewer than the one-server cases.
+const SMOKE_ITERATIONS: usize = 2;
+
+/// The trials, named `etcd_cluster::chaos_<case>`. Missing `etcd` or `nft`
+/// fails the run under `CI=true` and is skipped loudly elsewhere.
+pub(super) fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
+    let missing = if which("etcd").is_none() {
+        Some("etcd is not on PATH")
+    } else if !nft::installed() {
+        Some("nft is not installed")
+    } else {
+        None
+    };
+    if let Some(why) = missing {
+        if in_ci() {
+            let msg = format!("etcd_cluster: {why}");
+            return vec![Trial::test(
+                "etcd_cluster::chaos_server_available",
+                move || Err(msg.into()),
+            )];
+        }
+        eprintln!("!!! SKIPPING etcd_cluster CHAOS CASES: {why}");
+        return Vec::new();
+    }
+    let target = Target {
+        // The request timeout of the test profile.
+        op_timeout: Duration::from_secs(1),
+        iterations: figures::iterations(SMOKE_ITERATIONS),
+        scheme: "etcd",
+    };
+    let mut out = Vec::new();
+    let mut add = |case: &'static str, trial: ClusterTrial| {
+        let run_id = run_id.to_owned();
+        out.push(Trial::test(format!("etcd_cluster::{case}"), move || {
+            trial(&run_id)
+        }));
+    };
+    add(
+        "chaos_leader_kill",
+        Box::new(move |id| {
+            run(id, "chaos_leader_kill", move |ctx, c| {
+                leader::leader_kill(ctx, c, target)
+            })
+        }),
+    );
+    for pause in [false, true] {
+        let case = if pause {
+            "chaos_member_pause"
+        } else {
+            "chaos_member_kill"
+        };
+        add(
+            case,
+            Box::new(move |id| {
+                run(id, case, move |ctx, c| {
+                    member::member_fault(ctx, c, target, pause)
+                })
+            }),
+        );
+    }
+    add(
+        "chaos_minority_partition",
+        Box::new(move |id| {
+            run(id, "chaos_minority_partition", move |ctx, c| {
+                partition::minority(ctx, c, target)
+            })
+        }),
+    );
+    for mode in ["per-tick", "leader"] {
+        let case = if mode == "leader" {
+            "chaos_scheduler_leader_mode_leader_kills"
+        } else {
+            "chaos_scheduler_per_tick_leader_kills"
+        };
+        let replica = bins.replica.clone();
+        add(
+            case,
+            Box::new(move |id| {
+                run(id, case, move |ctx, c| async move {
+                    sched::leader_kills(ctx, c, target, &replica, mode).await;
+                })
+            }),
+        );
+    }
+    out
+}
+
+/// Runs one case against a fresh cluster; thaws every member afterwards so
+/// that a failed case never leaves one frozen.
+fn run<F, Fut>(run_id: &str, case: &str, body: F) -> Result<(), Failed>
+where
+    F: FnOnce(Ctx, Arc<EtcdCluster>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let factory = Arc::new(EtcdClusterFactory::default());
+    let cluster = Arc::clone(
+        factory
+            .cluster()
+            .map_err(|e| Failed::from(format!("no cluster: {e}")))?,
+    );
+    let handle = Arc::clone(&cluster);
+    let outcome = super::run_on(factory, run_id, case, move |ctx| body(ctx, handle));
+    cluster.resume_all();
+    outcome
+}
