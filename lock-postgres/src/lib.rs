@@ -68,6 +68,20 @@
 //! refused with a `Config` error. (A client that exits or closes its socket
 //! frees its locks at once.)
 //!
+//! # Standbys and failover
+//!
+//! Postgres advisory locks are session state on the server you are connected to. They
+//! are **not** replicated. A lock held on a primary does not exist on its standby, and a
+//! lock taken on a standby excludes nothing on the primary, so lock-postgres refuses to
+//! lock on a read-only session. Use a multi-host URL with
+//! `target_session_attrs=read-write`
+//! (`postgres://h1:5432,h2:5432/db?target_session_attrs=read-write`) so that a
+//! reconnect after a failover finds the new primary. On a failover, every holder loses
+//! its lock, because its session ended. The scheduler's tick table and the fencing
+//! sequence are ordinary replicated data. After a promotion they are as the standby last
+//! replayed them. Because sequences are WAL-logged ahead in batches of 32, the fencing
+//! sequence may skip ahead, but it never goes back for writes that were replicated.
+//!
 //! # Poolers
 //!
 //! Transaction-mode poolers (PgBouncer with `pool_mode = transaction`, and
