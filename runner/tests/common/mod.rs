@@ -84,11 +84,18 @@ pub fn read_line(out: ChildStdout, limit: Duration) -> (String, ChildStdout) {
         .expect("a line from the command in time")
 }
 
+/// Whether `pid` runs: exists and is not a zombie (a process re-parented
+/// to an ancestor outside the test may wait there to be reaped).
 pub fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }
 
-/// Waits until none of `pids` exists (reaped, not only dead), polling every
+/// Waits until none of `pids` runs, polling every
 /// 2 ms for at most `limit`; returns when the last one went.
 pub fn wait_all_gone(pids: &[u32], limit: Duration) -> Option<Instant> {
     let start = Instant::now();
