@@ -123,11 +123,16 @@ impl Holder {
     }
 
     /// Releases the lock it still holds, then waits for the writer to stop
-    /// (its guard fails once released): the release's result, when it
-    /// returned, and the writes made.
+    /// (its guard fails once released): the release's result, the instant
+    /// the lease ended here (just before the release was sent), and the
+    /// writes made.
     pub(super) async fn release(self, within: Duration) -> (lock_core::Result<()>, Instant, usize) {
-        let released = self.guard.release().await;
+        // The lease ends here, before the server is asked: a successor may be
+        // granted the lock as soon as the server deletes it, before the
+        // release's reply reaches this holder, so that is not the instant to
+        // compare a successor's grant against.
         let at = Instant::now();
+        let released = self.guard.release().await;
         let n = tokio::time::timeout(within, self.writer)
             .await
             .expect("the writer stops once the lock is released")
