@@ -36,6 +36,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let opts = LockOptions::new(ttl);
             for _ in 0..cycles {
                 locker.try_lock(&name, &opts).await?.release().await?;
+                // As in the bench: lets the heartbeat task run (the backend
+                // never waits, so without it the task never would).
+                tokio::task::yield_now().await;
             }
         }
         "bare" => {
@@ -43,6 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let owner = OwnerToken::generate()?;
                 backend.try_acquire(&name, &owner, ttl).await?;
                 backend.release(&name, &owner).await?;
+                tokio::task::yield_now().await;
             }
         }
         other => return Err(format!("unknown mode {other:?}: use locker or bare").into()),
