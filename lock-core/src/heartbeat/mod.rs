@@ -1,0 +1,568 @@
+//! The heartbeat: one task per `Locker` that renews every lease it holds,
+//! enforces validity deadlines and runs the `max_hold` watchdog.
+//!
+//! One task rather than one per lease so that a backend with batch renewal
+//! renews thousands of leases in a handful of round trips: leases due within
+//! an eighth of an interval of each other are renewed together, after which their
+//! schedules stay aligned. When each lease next needs attention is kept in a
+//! deadline heap ([`schedule`]), so a wake-up looks only at the leases due.
+
+mod schedule;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant};
+use tracing::{debug, warn};
+
+use crate::background::Background;
+use crate::lease::LeaseState;
+use crate::metrics::RenewalOutcome;
+use crate::{BackendErrorKind, LeaseStatus, LockBackend, LossReason, RenewRequest};
+use schedule::Schedule;
+
+/// Most leases renewed in one `renew_many` call.
+const MAX_BATCH: usize = 1000;
+
+enum Command {
+    Track(Arc<LeaseState>),
+    Forget {
+        id: u64,
+        release: Option<Arc<LeaseState>>,
+    },
+}
+
+/// Sends leases to the heartbeat task. Cloned into every guard.
+///
+/// Commands queue in a shared list; the task is woken only when one cannot
+/// wait for its next scheduled wake (a lease due earlier, a release to run,
+/// a long queue). An uncontended acquire + release then costs no task switch.
+#[derive(Clone, Debug)]
+pub(crate) struct HeartbeatHandle {
+    tx: mpsc::UnboundedSender<()>,
+    shared: Arc<Shared>,
+}
+
+/// Queued commands, drained by the task before every sweep.
+const MAX_QUEUED: usize = 1024;
+
+struct Shared {
+    pending: Mutex<Vec<Command>>,
+    /// When the task will next wake by itself, in nanoseconds after
+    /// `epoch`; 0 while it is awake (it drains the queue before sleeping).
+    wake_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("queued", &self.pending().len())
+            .field("wake_at", &self.wake_at.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Shared {
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Vec<Command>> {
+        // One push or take per critical section: poison carries no half-state.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `cmd`; returns how many commands are queued now.
+    fn push(&self, cmd: Command) -> usize {
+        let mut pending = self.pending();
+        pending.push(cmd);
+        pending.len()
+    }
+}
+
+impl HeartbeatHandle {
+    /// Starts the heartbeat task on the current tokio runtime.
+    pub(crate) fn spawn(backend: Arc<dyn LockBackend>, background: &Background) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batch = backend.capabilities().batch_renew;
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Vec::new()),
+            wake_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        let task = Heartbeat::new(backend, batch, Arc::clone(&shared), background.clone());
+        background.spawn(task.run(rx));
+        Self { tx, shared }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    fn wake(&self) -> bool {
+        self.tx.send(()).is_ok()
+    }
+
+    /// Starts renewing and watching `lease`. Returns false if the task is gone.
+    pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
+        let due = lease.first_attention();
+        let queued = self.shared.push(Command::Track(lease));
+        // Read after the push: either the task saw the command before it
+        // went to sleep, or this reads the wake it went to sleep with.
+        let wake_at = self.shared.wake_at.load(Ordering::SeqCst);
+        if wake_at == 0 || self.shared.nanos(due) < wake_at || queued >= MAX_QUEUED {
+            return self.wake();
+        }
+        !self.is_closed()
+    }
+
+    /// Stops renewing lease `id`; the caller releases it. The task learns
+    /// it before its next sweep, so the lease is never renewed again.
+    pub(crate) fn forget(&self, id: u64) {
+        if self.shared.push(Command::Forget { id, release: None }) >= MAX_QUEUED {
+            self.wake();
+        }
+    }
+
+    /// Stops renewing `lease` and releases it in the background. Never blocks,
+    /// so it is safe from `Drop`, even outside a runtime.
+    pub(crate) fn forget_and_release(&self, lease: Arc<LeaseState>) {
+        let id = lease.id;
+        self.shared.push(Command::Forget {
+            id,
+            release: Some(lease),
+        });
+        self.wake();
+    }
+}
+
+struct Entry {
+    lease: Arc<LeaseState>,
+    next_renew: Instant,
+    in_flight: bool,
+    /// Which of this lease's entries in the schedule is current.
+    generation: u64,
+}
+
+impl Entry {
+    /// The earliest instant this lease needs the heartbeat: its renewal
+    /// (unless one is in flight), its local deadline or its `max_hold`.
+    fn attention(&self) -> Option<Instant> {
+        let renew = (self.lease.auto_renew && !self.in_flight).then_some(self.next_renew);
+        [renew, self.lease.valid_until(), self.lease.hold_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+type RenewResult = (
+    u64,
+    Instant,
+    Result<LeaseStatus, (BackendErrorKind, String)>,
+);
+
+struct Heartbeat {
+    backend: Arc<dyn LockBackend>,
+    batch: bool,
+    entries: HashMap<u64, Entry>,
+    schedule: Schedule,
+    next_generation: u64,
+    /// The largest batching slack of any lease tracked so far: a sweep looks
+    /// at leases due up to this far ahead.
+    max_slack: Duration,
+    /// The shortest time from a grant to its first attention seen so far:
+    /// how long the task sleeps when it holds nothing ([`Heartbeat::idle_wake`]).
+    idle_span: Option<Duration>,
+    /// Buffers kept between drains of the command queue.
+    spare: Vec<Command>,
+    tracked: Vec<u64>,
+    in_flight: JoinSet<Vec<RenewResult>>,
+    shared: Arc<Shared>,
+    background: Background,
+}
+
+impl Heartbeat {
+    fn new(
+        backend: Arc<dyn LockBackend>,
+        batch: bool,
+        shared: Arc<Shared>,
+        background: Background,
+    ) -> Self {
+        Self {
+            backend,
+            batch,
+            entries: HashMap::new(),
+            schedule: Schedule::default(),
+            next_generation: 1,
+            max_slack: Duration::ZERO,
+            idle_span: None,
+            spare: Vec::new(),
+            tracked: Vec::new(),
+            in_flight: JoinSet::new(),
+            shared,
+            background,
+        }
+    }
+
+    /// Applies every queued command. Returns false if there was none.
+    fn drain(&mut self) -> bool {
+        // The queue and this buffer swap places, so neither is reallocated
+        // once both have grown to the usual queue length.
+        let mut commands = std::mem::take(&mut self.spare);
+        std::mem::swap(&mut commands, &mut *self.shared.pending());
+        let any = !commands.is_empty();
+        let mut tracked = std::mem::take(&mut self.tracked);
+        for command in commands.drain(..) {
+            if let Command::Track(lease) = &command {
+                tracked.push(lease.id);
+            }
+            self.apply_command(command);
+        }
+        self.spare = commands;
+        // Scheduled after the whole queue: a lease taken and released
+        // between two wake-ups never enters the heap.
+        for id in tracked.drain(..) {
+            self.reschedule(id);
+        }
+        self.tracked = tracked;
+        let entries = &self.entries;
+        self.schedule
+            .compact(entries.len(), |id, g| is_current(entries, id, g));
+        any
+    }
+
+    /// When to wake with no lease to look after. A lease tracked while the
+    /// task sleeps wakes it only if it needs attention before the task's own
+    /// wake-up; sleeping no longer than the shortest time from a grant to its
+    /// first attention seen so far means a lease like the earlier ones never
+    /// does, so a stream of short holds costs no task switch each.
+    fn idle_wake(&self) -> Instant {
+        let now = Instant::now();
+        let span = self.idle_span.unwrap_or(Duration::from_secs(3600));
+        now.checked_add(span).unwrap_or(now)
+    }
+
+    /// Puts lease `id`'s next attention in the schedule (superseding the
+    /// one there, if any).
+    fn reschedule(&mut self, id: u64) {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        entry.generation = generation;
+        if let Some(at) = entry.attention() {
+            self.schedule.push(at, id, generation);
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<()>) {
+        loop {
+            let wake = self.next_wake().unwrap_or_else(|| self.idle_wake());
+            self.shared
+                .wake_at
+                .store(self.shared.nanos(wake), Ordering::SeqCst);
+            // A command queued before the store above may have seen the task
+            // awake and not woken it: look once more before sleeping.
+            if self.drain() {
+                continue;
+            }
+            tokio::select! {
+                biased;
+                woken = rx.recv() => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    while rx.try_recv().is_ok() {}
+                    // Tracking or forgetting a lease makes nothing due now;
+                    // skipping the sweep keeps bulk acquires linear.
+                    self.drain();
+                    if woken.is_none() {
+                        break;
+                    }
+                    continue;
+                }
+                Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    // A lease forgotten (released, retained) while its renewal
+                    // was in flight takes no result: apply the queue first.
+                    self.drain();
+                    match done {
+                        Ok(results) => results.into_iter().for_each(|r| self.apply_result(r)),
+                        Err(e) => warn!(error = %e, "a renewal task failed"),
+                    }
+                }
+                _ = sleep_until(wake) => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                }
+                () = self.background.closing() => {
+                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shut_down();
+                    break;
+                }
+            }
+            // Forgotten leases must not be renewed: apply the queue first.
+            self.drain();
+            self.sweep(Instant::now());
+        }
+        debug!("heartbeat stopped: no Locker or guard is left");
+    }
+
+    fn apply_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Track(lease) => {
+                let next_renew = lease
+                    .renew_due_after(lease.acquired_at)
+                    .unwrap_or(lease.acquired_at);
+                if self.batch {
+                    self.max_slack = self.max_slack.max(lease.interval / 8);
+                }
+                let span = lease
+                    .first_attention()
+                    .saturating_duration_since(lease.acquired_at)
+                    .max(Duration::from_millis(1));
+                self.idle_span = Some(self.idle_span.map_or(span, |s| s.min(span)));
+                self.entries.insert(
+                    lease.id,
+                    Entry {
+                        lease,
+                        next_renew,
+                        in_flight: false,
+                        generation: 0,
+                    },
+                );
+            }
+            Command::Forget { id, release } => {
+                self.entries.remove(&id);
+                if let Some(lease) = release {
+                    if lease.loss_reason() != Some(LossReason::Stolen) {
+                        self.release_in_background(lease);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The earliest instant at which some lease needs attention.
+    fn next_wake(&mut self) -> Option<Instant> {
+        let entries = &self.entries;
+        self.schedule.next(|id, g| is_current(entries, id, g))
+    }
+
+    /// Handles every lease whose attention is due: ends the ones past a
+    /// deadline and renews the ones due (with the batching slack), then
+    /// schedules each one's next attention.
+    fn sweep(&mut self, now: Instant) {
+        let mut ended = Vec::new();
+        let mut due = Vec::new();
+        let mut later = Vec::new();
+        let bound = now.checked_add(self.max_slack).unwrap_or(now);
+        loop {
+            let entries = &self.entries;
+            let Some(id) = self
+                .schedule
+                .pop_due(bound, |id, g| is_current(entries, id, g))
+            else {
+                break;
+            };
+            let Some(e) = self.entries.get(&id) else {
+                continue;
+            };
+            let lease = &e.lease;
+            // Ends the lease at its local deadline or its max_hold (the watchdog).
+            if lease.check_valid(now).is_err() {
+                ended.push(id);
+                continue;
+            }
+            // Batching slack: renew a little early to share a round trip. It
+            // must stay below the retry delay, or a failed renewal would be due
+            // again in the same sweep and spin.
+            let slack = if self.batch {
+                lease.interval / 8
+            } else {
+                Duration::ZERO
+            };
+            if lease.auto_renew && !e.in_flight && e.next_renew <= now + slack {
+                due.push(id);
+            } else {
+                // Popped within the largest slack but not due with its own:
+                // back into the schedule once this sweep is over.
+                later.push(id);
+            }
+        }
+        for id in ended {
+            if let Some(e) = self.entries.remove(&id) {
+                // A stolen lock is someone else's now; a released one is
+                // being released by its holder.
+                if !matches!(
+                    e.lease.loss_reason(),
+                    Some(LossReason::Stolen | LossReason::Released)
+                ) {
+                    self.release_in_background(e.lease);
+                }
+            }
+        }
+        if !due.is_empty() {
+            self.dispatch(&due);
+        }
+        for id in later.into_iter().chain(due) {
+            self.reschedule(id);
+        }
+    }
+
+    fn dispatch(&mut self, due: &[u64]) {
+        let mut leases = Vec::with_capacity(due.len());
+        for id in due {
+            if let Some(e) = self.entries.get_mut(id) {
+                if e.lease.begin_renewal() {
+                    e.in_flight = true;
+                    leases.push(Arc::clone(&e.lease));
+                }
+            }
+        }
+        if self.batch {
+            for chunk in leases.chunks(MAX_BATCH) {
+                let chunk = chunk.to_vec();
+                let backend = Arc::clone(&self.backend);
+                self.in_flight
+                    .spawn(async move { renew_batch(backend, chunk).await });
+            }
+        } else {
+            for lease in leases {
+                let backend = Arc::clone(&self.backend);
+                self.in_flight.spawn(async move {
+                    let sent_at = Instant::now();
+                    let r = backend
+                        .renew(&lease.name, &lease.owner, lease.ttl)
+                        .await
+                        .map_err(|e| (e.kind(), e.to_string()));
+                    lease.end_renewal();
+                    vec![(lease.id, sent_at, r)]
+                });
+            }
+        }
+    }
+
+    fn apply_result(&mut self, (id, sent_at, result): RenewResult) {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        entry.in_flight = false;
+        let lease = Arc::clone(&entry.lease);
+        let metrics = lease.metrics();
+        match result {
+            Ok(LeaseStatus::Held) => {
+                metrics.renewal(RenewalOutcome::Renewed);
+                lease.extend(sent_at);
+                entry.next_renew = lease.renew_due_after(sent_at).unwrap_or(sent_at);
+                self.reschedule(id);
+            }
+            Ok(status) => {
+                let (outcome, reason) = match status {
+                    LeaseStatus::Stolen => (RenewalOutcome::Stolen, LossReason::Stolen),
+                    _ => (RenewalOutcome::Expired, LossReason::Expired),
+                };
+                metrics.renewal(outcome);
+                lease.mark_lost(reason);
+                self.entries.remove(&id);
+            }
+            Err((BackendErrorKind::Config | BackendErrorKind::Auth, message)) => {
+                // Misconfiguration or lost permission does not heal by retrying
+                // (a detected pooler, a revoked ACL): the lease cannot be proven.
+                metrics.renewal(RenewalOutcome::Error);
+                warn!(lock = %lease.name, error = %message, "renewal refused; giving the lease up");
+                lease.set_renew_failing();
+                lease.mark_lost(LossReason::BackendError);
+                self.entries.remove(&id);
+                self.release_in_background(lease);
+            }
+            Err((_, message)) => {
+                metrics.renewal(RenewalOutcome::Error);
+                lease.set_renew_failing();
+                warn!(lock = %lease.name, error = %message, "renewal failed; retrying while the lease is valid");
+                let retry = (lease.interval / 4).max(Duration::from_millis(5));
+                entry.next_renew = Instant::now() + retry;
+                self.reschedule(id);
+            }
+        }
+    }
+
+    /// The `Locker` is shutting down: every lease tracked here (and every
+    /// one still queued) ends as released for all its handles, and its
+    /// release starts as a tracked task. Renewals in flight are dropped.
+    fn shut_down(&mut self) {
+        self.drain();
+        let now = Instant::now();
+        self.schedule.clear();
+        for (_, entry) in self.entries.drain() {
+            let lease = entry.lease;
+            if lease.finish(now) != Err(LossReason::Stolen) {
+                release_in_background(&self.backend, &self.background, lease);
+            }
+        }
+        debug!("heartbeat stopped: the Locker is shutting down");
+    }
+
+    fn release_in_background(&self, lease: Arc<LeaseState>) {
+        release_in_background(&self.backend, &self.background, lease);
+    }
+}
+
+/// Whether `generation` is lease `id`'s current entry in the schedule.
+fn is_current(entries: &HashMap<u64, Entry>, id: u64, generation: u64) -> bool {
+    entries.get(&id).is_some_and(|e| e.generation == generation)
+}
+
+/// Releases `lease` in a task the `Locker`'s shutdown waits for.
+pub(crate) fn release_in_background(
+    backend: &Arc<dyn LockBackend>,
+    background: &Background,
+    lease: Arc<LeaseState>,
+) {
+    let backend = Arc::clone(backend);
+    background.spawn(async move {
+        if let Err(e) = backend.release(&lease.name, &lease.owner).await {
+            warn!(lock = %lease.name, error = %e, "background release failed; the lease ends at its TTL");
+        }
+    });
+}
+
+async fn renew_batch(
+    backend: Arc<dyn LockBackend>,
+    leases: Vec<Arc<LeaseState>>,
+) -> Vec<RenewResult> {
+    let requests: Vec<RenewRequest> = leases
+        .iter()
+        .map(|l| RenewRequest {
+            name: l.name.clone(),
+            owner: l.owner,
+            ttl: l.ttl,
+        })
+        .collect();
+    let sent_at = Instant::now();
+    let answer = backend.renew_many(&requests).await;
+    leases.iter().for_each(|l| l.end_renewal());
+    let statuses: Vec<Result<LeaseStatus, (BackendErrorKind, String)>> = match answer {
+        Ok(statuses) if statuses.len() == leases.len() => statuses.into_iter().map(Ok).collect(),
+        Ok(statuses) => {
+            let msg = format!(
+                "backend answered {} statuses for {} leases",
+                statuses.len(),
+                leases.len()
+            );
+            vec![Err((BackendErrorKind::Protocol, msg)); leases.len()]
+        }
+        Err(e) => vec![Err((e.kind(), e.to_string())); leases.len()],
+    };
+    leases
+        .iter()
+        .zip(statuses)
+        .map(|(l, s)| (l.id, sent_at, s))
+        .collect()
+}
