@@ -29,7 +29,8 @@ use schedule::Schedule;
 const MAX_BATCH: usize = 1000;
 
 enum Command {
-    Track(Arc<LeaseState>),
+    /// Renew and watch a lease, first due at the instant given.
+    Track(Arc<LeaseState>, Instant),
     Forget {
         id: u64,
         release: Option<Arc<LeaseState>>,
@@ -113,7 +114,7 @@ impl HeartbeatHandle {
     /// Starts renewing and watching `lease`. Returns false if the task is gone.
     pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
         let due = lease.first_attention();
-        let queued = self.shared.push(Command::Track(lease));
+        let queued = self.shared.push(Command::Track(lease, due));
         // Read after the push: either the task saw the command before it
         // went to sleep, or this reads the wake it went to sleep with.
         let wake_at = self.shared.wake_at.load(Ordering::SeqCst);
@@ -142,6 +143,10 @@ impl HeartbeatHandle {
         self.wake();
     }
 }
+
+/// The leases tracked, by id (looked up twice per lease even when it is
+/// released before the heartbeat ever looks at it: hashed with foldhash).
+type Entries = HashMap<u64, Entry, foldhash::fast::RandomState>;
 
 struct Entry {
     lease: Arc<LeaseState>,
@@ -172,7 +177,7 @@ type RenewResult = (
 struct Heartbeat {
     backend: Arc<dyn LockBackend>,
     batch: bool,
-    entries: HashMap<u64, Entry>,
+    entries: Entries,
     schedule: Schedule,
     next_generation: u64,
     /// The largest batching slack of any lease tracked so far: a sweep looks
@@ -199,7 +204,7 @@ impl Heartbeat {
         Self {
             backend,
             batch,
-            entries: HashMap::new(),
+            entries: Entries::default(),
             schedule: Schedule::default(),
             next_generation: 1,
             max_slack: Duration::ZERO,
@@ -221,7 +226,7 @@ impl Heartbeat {
         let any = !commands.is_empty();
         let mut tracked = std::mem::take(&mut self.tracked);
         for command in commands.drain(..) {
-            if let Command::Track(lease) = &command {
+            if let Command::Track(lease, _) = &command {
                 tracked.push(lease.id);
             }
             self.apply_command(command);
@@ -316,15 +321,14 @@ impl Heartbeat {
 
     fn apply_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Track(lease) => {
+            Command::Track(lease, due) => {
                 let next_renew = lease
                     .renew_due_after(lease.acquired_at)
                     .unwrap_or(lease.acquired_at);
                 if self.batch {
                     self.max_slack = self.max_slack.max(lease.interval / 8);
                 }
-                let span = lease
-                    .first_attention()
+                let span = due
                     .saturating_duration_since(lease.acquired_at)
                     .max(Duration::from_millis(1));
                 self.idle_span = Some(self.idle_span.map_or(span, |s| s.min(span)));
@@ -515,7 +519,7 @@ impl Heartbeat {
 }
 
 /// Whether `generation` is lease `id`'s current entry in the schedule.
-fn is_current(entries: &HashMap<u64, Entry>, id: u64, generation: u64) -> bool {
+fn is_current(entries: &Entries, id: u64, generation: u64) -> bool {
     entries.get(&id).is_some_and(|e| e.generation == generation)
 }
 
