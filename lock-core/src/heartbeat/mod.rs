@@ -262,7 +262,7 @@ impl Heartbeat {
             return;
         };
         let generation = self.next_generation;
-        self.next_generation += 1;
+        self.next_generation = self.next_generation.wrapping_add(1);
         entry.generation = generation;
         if let Some(at) = entry.attention() {
             self.schedule.push(at, id, generation);
