@@ -1,6 +1,8 @@
 //! A `Locker`'s background work, tracked so that shutdown can wait for it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{timeout_at, Instant};
@@ -11,16 +13,27 @@ use crate::lease::deadline_after;
 
 /// Every task a `Locker` spawns (its heartbeat, background releases, the ends
 /// of retained holds) and the signal that shutdown has begun.
+///
+/// Every lease keeps a clone, so a clone is one reference count (cloning a
+/// cancellation token takes a lock), and asking whether shutdown has begun,
+/// which every acquire does twice, reads a flag.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Background {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
     tasks: TaskTracker,
     closing: CancellationToken,
+    /// Set before `closing` is cancelled, never cleared.
+    closed: AtomicBool,
 }
 
 impl Background {
     /// Runs `work` on the current runtime as one of this `Locker`'s tasks.
     pub(crate) fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
-        self.tasks.spawn(work);
+        self.inner.tasks.spawn(work);
     }
 
     /// Runs `work` on `runtime` as one of this `Locker`'s tasks (from `Drop`,
@@ -30,29 +43,30 @@ impl Background {
         work: impl Future<Output = ()> + Send + 'static,
         runtime: &tokio::runtime::Handle,
     ) {
-        self.tasks.spawn_on(work, runtime);
+        self.inner.tasks.spawn_on(work, runtime);
     }
 
     /// Whether shutdown has begun.
     pub(crate) fn is_closing(&self) -> bool {
-        self.closing.is_cancelled()
+        self.inner.closed.load(Ordering::Acquire)
     }
 
     /// Completes when shutdown begins.
     pub(crate) async fn closing(&self) {
-        self.closing.cancelled().await;
+        self.inner.closing.cancelled().await;
     }
 
     /// Begins shutdown and waits up to `deadline` for every task to end.
     /// Returns how many were still running then (0: all done).
     pub(crate) async fn close(&self, deadline: Duration) -> usize {
-        self.closing.cancel();
-        self.tasks.close();
-        let wait = self.tasks.wait();
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.closing.cancel();
+        self.inner.tasks.close();
+        let wait = self.inner.tasks.wait();
         match deadline_after(Instant::now(), deadline) {
             Some(at) => match timeout_at(at, wait).await {
                 Ok(()) => 0,
-                Err(_) => self.tasks.len().max(1),
+                Err(_) => self.inner.tasks.len().max(1),
             },
             None => {
                 wait.await;

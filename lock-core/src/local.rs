@@ -10,12 +10,12 @@ use crate::LockName;
 /// Names claimed through one `Locker`, shared by its clones.
 #[derive(Debug, Default)]
 pub(crate) struct LocalClaims {
-    names: Mutex<HashSet<LockName>>,
+    names: Mutex<HashSet<LockName, foldhash::fast::RandomState>>,
     freed: Notify,
 }
 
 impl LocalClaims {
-    fn names(&self) -> MutexGuard<'_, HashSet<LockName>> {
+    fn names(&self) -> MutexGuard<'_, HashSet<LockName, foldhash::fast::RandomState>> {
         // A panic while holding this lock cannot leave the set half-updated
         // (each operation is one insert or remove), so poisoning is ignored.
         self.names.lock().unwrap_or_else(PoisonError::into_inner)

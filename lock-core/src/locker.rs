@@ -14,7 +14,7 @@ use crate::heartbeat::{release_in_background, HeartbeatHandle};
 use crate::lease::{deadline_after, LeaseParts, LeaseState};
 use crate::local::{LocalClaim, LocalClaims};
 use crate::loss_feed::LeaseRegistry;
-use crate::metrics::AcquireOutcome;
+use crate::metrics::{AcquireOutcome, LabelMetrics};
 use crate::wait::Backoff;
 use crate::{
     AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Error, LockBackend, LockGuard,
@@ -387,7 +387,7 @@ impl Locker {
                     if let Some(source) = last_outage.take() {
                         return Err(Error::Unavailable { name: name.clone(), source });
                     }
-                    self.inner.metrics.acquisition(&label_for(name, opts), AcquireOutcome::HeldElsewhere);
+                    self.inner.metrics.label(label_of(name, opts)).acquisition(AcquireOutcome::HeldElsewhere);
                     return Err(Error::Timeout { name: name.clone(), waited: started.elapsed() });
                 }
             }
@@ -493,25 +493,19 @@ impl Locker {
         if self.inner.background.is_closing() {
             return Err(Error::ShutDown { name: name.clone() });
         }
-        let label = label_for(name, opts);
-        let metrics = &self.inner.metrics;
+        let metrics = self.inner.metrics.label(label_of(name, opts));
         let Some(claim) = self.inner.claims.claim(name) else {
             if count == CountDenials::Yes {
-                metrics.acquisition(&label, AcquireOutcome::HeldLocally);
+                metrics.acquisition(AcquireOutcome::HeldLocally);
             }
             return Err(Error::HeldLocally { name: name.clone() });
         };
-        let Some(backend) = self.inner.backend.clone() else {
-            return self.unlocked_guard(name, opts, label, claim);
+        let Some(backend) = self.inner.backend.as_ref() else {
+            return self.unlocked_guard(name, opts, metrics, claim);
         };
         let owner = OwnerToken::generate()?;
         let _expected = self.inner.registry.as_ref().map(|r| r.expect(owner));
-        let mut cleanup = ReleaseOnDrop::arm(
-            Arc::clone(&backend),
-            name.clone(),
-            owner,
-            self.inner.background.clone(),
-        );
+        let mut cleanup = ReleaseOnDrop::arm(backend, name, owner, &self.inner.background);
         let sent_at = Instant::now();
         let attempt = backend.try_acquire(name, &owner, opts.ttl()).await;
         let lease = match attempt {
@@ -519,7 +513,7 @@ impl Locker {
             Ok(_) => {
                 cleanup.disarm();
                 if count == CountDenials::Yes {
-                    metrics.acquisition(&label, AcquireOutcome::HeldElsewhere);
+                    metrics.acquisition(AcquireOutcome::HeldElsewhere);
                 }
                 return Err(Error::HeldElsewhere { name: name.clone() });
             }
@@ -530,7 +524,7 @@ impl Locker {
                 } else {
                     AcquireOutcome::Error
                 };
-                metrics.acquisition(&label, outcome);
+                metrics.acquisition(outcome);
                 warn!(lock = %name, error = %source, "lock backend failed on acquire; not running (fail closed)");
                 return Err(Error::Unavailable {
                     name: name.clone(),
@@ -541,7 +535,7 @@ impl Locker {
         let usable_until = deadline_after(sent_at, opts.ttl().saturating_sub(opts.drift()));
         if usable_until.is_none_or(|until| Instant::now() >= until) {
             // The grant arrived after its own validity ran out (X5): unusable.
-            metrics.acquisition(&label, AcquireOutcome::Unavailable);
+            metrics.acquisition(AcquireOutcome::Unavailable);
             return Err(Error::Unavailable {
                 name: name.clone(),
                 source: BackendError::new(
@@ -551,17 +545,16 @@ impl Locker {
             });
         }
         cleanup.disarm();
-        metrics.acquisition(&label, AcquireOutcome::Acquired);
+        metrics.acquisition(AcquireOutcome::Acquired);
         let state = LeaseState::new(LeaseParts {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             name: name.clone(),
             owner,
             fencing: lease.fencing_token,
-            label,
-            options: opts.clone(),
+            options: opts,
             sent_at,
-            backend: Some(Arc::clone(&backend)),
-            metrics: metrics.clone(),
+            backend: Some(Arc::clone(backend)),
+            metrics,
             registry: self.inner.registry.clone(),
             background: self.inner.background.clone(),
         });
@@ -569,7 +562,7 @@ impl Locker {
             // The backend pushed the end of this lease (its session closed)
             // while the grant was on its way: no usable lock was taken.
             if reason != crate::LossReason::Stolen {
-                release_in_background(&backend, &self.inner.background, state);
+                release_in_background(backend, &self.inner.background, state);
             }
             return Err(Error::Unavailable {
                 name: name.clone(),
@@ -579,14 +572,14 @@ impl Locker {
                 ),
             });
         }
-        let heartbeat = self.heartbeat(&backend);
+        let heartbeat = self.heartbeat(backend);
         heartbeat.track(Arc::clone(&state));
         if self.inner.background.is_closing() {
             // Shutdown began during the acquire: its heartbeat may have
             // stopped before seeing this lease, so end and release it here
             // (a second release, if the heartbeat did too, finds nothing).
             let _ = state.finish(Instant::now());
-            release_in_background(&backend, &self.inner.background, state);
+            release_in_background(backend, &self.inner.background, state);
             return Err(Error::ShutDown { name: name.clone() });
         }
         Ok(LockGuard::new(state, Some(heartbeat), claim))
@@ -596,26 +589,24 @@ impl Locker {
         &self,
         name: &LockName,
         opts: &LockOptions,
-        label: String,
+        metrics: Arc<LabelMetrics>,
         claim: LocalClaim,
     ) -> Result<LockGuard> {
-        let metrics = &self.inner.metrics;
         if self.inner.lock_required {
-            metrics.acquisition(&label, AcquireOutcome::Unavailable);
+            metrics.acquisition(AcquireOutcome::Unavailable);
             return Err(Error::LockRequired { name: name.clone() });
         }
         warn!(lock = %name, "running without a distributed lock: no backend is configured; this is only safe with a single replica");
-        metrics.acquisition(&label, AcquireOutcome::Unlocked);
+        metrics.acquisition(AcquireOutcome::Unlocked);
         let state = LeaseState::new(LeaseParts {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             name: name.clone(),
             owner: OwnerToken::generate()?,
             fencing: None,
-            label,
-            options: opts.clone(),
+            options: opts,
             sent_at: Instant::now(),
             backend: None,
-            metrics: metrics.clone(),
+            metrics,
             registry: None,
             background: self.inner.background.clone(),
         });
@@ -641,9 +632,9 @@ impl Locker {
     }
 }
 
-fn label_for(name: &LockName, opts: &LockOptions) -> String {
-    opts.metric_label()
-        .map_or_else(|| name.as_str().to_owned(), str::to_owned)
+/// The `lock` label of `name`'s metrics: the options' label, else the name.
+fn label_of<'a>(name: &'a LockName, opts: &'a LockOptions) -> &'a str {
+    opts.metric_label().unwrap_or(name.as_str())
 }
 
 fn skip_reason(e: Error) -> Result<SkipReason> {
@@ -657,17 +648,23 @@ fn skip_reason(e: Error) -> Result<SkipReason> {
 }
 
 /// Releases an owner token if an acquire is abandoned midway, so a cancelled
-/// or failed acquire leaves no lock behind on the server.
-struct ReleaseOnDrop {
-    armed: Option<(Arc<dyn LockBackend>, LockName, OwnerToken, Background)>,
+/// or failed acquire leaves no lock behind on the server. It borrows what
+/// the acquire already holds: only an abandoned acquire pays for copies.
+struct ReleaseOnDrop<'a> {
+    armed: Option<(
+        &'a Arc<dyn LockBackend>,
+        &'a LockName,
+        OwnerToken,
+        &'a Background,
+    )>,
 }
 
-impl ReleaseOnDrop {
+impl<'a> ReleaseOnDrop<'a> {
     fn arm(
-        backend: Arc<dyn LockBackend>,
-        name: LockName,
+        backend: &'a Arc<dyn LockBackend>,
+        name: &'a LockName,
         owner: OwnerToken,
-        background: Background,
+        background: &'a Background,
     ) -> Self {
         Self {
             armed: Some((backend, name, owner, background)),
@@ -679,12 +676,13 @@ impl ReleaseOnDrop {
     }
 }
 
-impl Drop for ReleaseOnDrop {
+impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         let Some((backend, name, owner, background)) = self.armed.take() else {
             return;
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (backend, name) = (Arc::clone(backend), name.clone());
             background.spawn_on(
                 async move {
                     let _ = backend.release(&name, &owner).await;

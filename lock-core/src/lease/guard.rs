@@ -168,7 +168,7 @@ impl LockGuard {
                     // The server had forgotten the lease while it was valid
                     // here: a loss, learned only now.
                     warn!(lock = %state.name, "the lock was already gone on the server at release");
-                    state.metrics().lost(&state.label, LossReason::Expired);
+                    state.metrics().lost(LossReason::Expired);
                     Err(state.lost_error(LossReason::Expired))
                 }
                 Err(e) => Err(Error::Backend(e)),

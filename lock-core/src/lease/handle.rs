@@ -78,13 +78,14 @@ impl LeaseHandle {
     ///
     /// Cancel safe: dropping it has no effect on the lease.
     pub async fn lost(&self) -> LossReason {
-        self.state.cancel.cancelled().await;
+        let ended = self.state.cancel_token();
+        ended.cancelled().await;
         self.state.loss_reason().unwrap_or(LossReason::Expired)
     }
 
     /// A token cancelled when the lease ends, for handing to sub-tasks.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.state.cancel.child_token()
+        self.state.cancel_token().child_token()
     }
 
     /// How long the lease stays valid locally without another renewal

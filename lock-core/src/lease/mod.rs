@@ -10,7 +10,7 @@ mod guard;
 mod handle;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -27,7 +27,8 @@ use tokio::time::Instant;
 
 use crate::background::Background;
 use crate::loss_feed::LeaseRegistry;
-use crate::{Error, LockBackend, LockMetrics, LockName, OwnerToken};
+use crate::metrics::LabelMetrics;
+use crate::{Error, LockBackend, LockName, OwnerToken};
 use cell::{LeaseCell, Validity};
 
 /// State of one lease shared by its guard, its handles and the heartbeat.
@@ -36,7 +37,6 @@ pub(crate) struct LeaseState {
     pub(crate) name: LockName,
     pub(crate) owner: OwnerToken,
     pub(crate) fencing: Option<u64>,
-    pub(crate) label: String,
     pub(crate) ttl: Duration,
     pub(crate) drift: Duration,
     pub(crate) interval: Duration,
@@ -46,10 +46,13 @@ pub(crate) struct LeaseState {
     /// `None` for a lease taken without a backend (unlocked mode): it never expires.
     pub(crate) backend: Option<Arc<dyn LockBackend>>,
     cell: LeaseCell,
-    cancel: CancellationToken,
+    /// Cancelled when the lease ends; made on first demand (most leases are
+    /// never waited on), under its own lock: see [`LeaseState::cancel_token`].
+    cancel: Mutex<Option<CancellationToken>>,
     renewal_done: Notify,
     hold_counted: AtomicBool,
-    metrics: LockMetrics,
+    /// The series of this lease's `lock` label, resolved at the claim.
+    metrics: Arc<LabelMetrics>,
     /// Where the backend's loss feed finds this lease, if it has one.
     registry: Option<Arc<LeaseRegistry>>,
     /// The owning `Locker`'s tasks, which shutdown waits for.
@@ -57,16 +60,15 @@ pub(crate) struct LeaseState {
 }
 
 /// Everything needed to build a [`LeaseState`].
-pub(crate) struct LeaseParts {
+pub(crate) struct LeaseParts<'a> {
     pub(crate) id: u64,
     pub(crate) name: LockName,
     pub(crate) owner: OwnerToken,
     pub(crate) fencing: Option<u64>,
-    pub(crate) label: String,
-    pub(crate) options: crate::LockOptions,
+    pub(crate) options: &'a crate::LockOptions,
     pub(crate) sent_at: Instant,
     pub(crate) backend: Option<Arc<dyn LockBackend>>,
-    pub(crate) metrics: LockMetrics,
+    pub(crate) metrics: Arc<LabelMetrics>,
     pub(crate) registry: Option<Arc<LeaseRegistry>>,
     pub(crate) background: Background,
 }
@@ -78,7 +80,7 @@ pub(crate) fn deadline_after(at: Instant, d: Duration) -> Option<Instant> {
 }
 
 impl LeaseState {
-    pub(crate) fn new(p: LeaseParts) -> Arc<Self> {
+    pub(crate) fn new(p: LeaseParts<'_>) -> Arc<Self> {
         let ttl = p.options.ttl();
         let drift = p.options.drift();
         // Options are validated before an acquire (the TTL is bounded), so
@@ -91,13 +93,12 @@ impl LeaseState {
             .options
             .max_hold()
             .and_then(|h| deadline_after(p.sent_at, h));
-        p.metrics.held_start(&p.label);
+        p.metrics.held_start();
         let state = Arc::new(Self {
             id: p.id,
             name: p.name,
             owner: p.owner,
             fencing: p.fencing,
-            label: p.label,
             ttl,
             drift,
             interval: p.options.renew_interval(),
@@ -106,7 +107,7 @@ impl LeaseState {
             acquired_at: p.sent_at,
             backend: p.backend,
             cell: LeaseCell::new(valid_until, hold_deadline),
-            cancel: CancellationToken::new(),
+            cancel: Mutex::new(None),
             renewal_done: Notify::new(),
             hold_counted: AtomicBool::new(false),
             metrics: p.metrics,
@@ -141,7 +142,8 @@ impl LeaseState {
         deadline_after(sent_at, self.interval)
     }
 
-    pub(crate) fn metrics(&self) -> &LockMetrics {
+    /// The series of this lease's `lock` label.
+    pub(crate) fn metrics(&self) -> &LabelMetrics {
         &self.metrics
     }
 
@@ -248,17 +250,38 @@ impl LeaseState {
         }
     }
 
+    /// The token cancelled when the lease ends (already cancelled if it has).
+    ///
+    /// An ending sets the cell's reason before it looks for a token here, and
+    /// a token is made after looking at the reason, both under this lock: so
+    /// either the ending finds the token and cancels it, or the token is made
+    /// after the ending and sees the reason.
+    pub(crate) fn cancel_token(&self) -> CancellationToken {
+        let mut slot = self.cancel.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.get_or_insert_with(|| {
+            let token = CancellationToken::new();
+            if self.cell.ended().is_some() {
+                token.cancel();
+            }
+            token
+        })
+        .clone()
+    }
+
     /// The side effects of the one ending, run by whichever caller ended it.
     fn on_end(&self, reason: LossReason) {
         if reason.is_loss() {
             warn!(lock = %self.name, %reason, "lock lost; cancelling the guarded work");
-            self.metrics.lost(&self.label, reason);
+            self.metrics.lost(reason);
         }
         self.end_hold();
         if let Some(registry) = &self.registry {
             registry.remove(&self.owner);
         }
-        self.cancel.cancel();
+        let slot = self.cancel.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(token) = slot.as_ref() {
+            token.cancel();
+        }
     }
 
     /// Stops the held-time metrics (once), when the holder is done with the
@@ -266,7 +289,7 @@ impl LeaseState {
     pub(crate) fn end_hold(&self) {
         if !self.hold_counted.swap(true, Ordering::AcqRel) {
             let held = self.acquired_at.elapsed().as_secs_f64();
-            self.metrics.held_end(&self.label, held);
+            self.metrics.held_end(held);
         }
     }
 

@@ -1,15 +1,22 @@
 //! Prometheus metrics, with the names dashboards and alerts already use.
 
+mod label;
 mod shared;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use prometheus::core::Collector;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::{Error, LossReason};
+use crate::Error;
+#[cfg(any(test, feature = "test-util"))]
+use crate::LossReason;
+
+pub(crate) use label::LabelMetrics;
+
+type LabelMap = HashMap<Arc<str>, Arc<LabelMetrics>, foldhash::fast::RandomState>;
 
 pub use shared::{register_shared, MetricSet, SharedRegistrationError};
 
@@ -105,9 +112,10 @@ pub struct LockMetrics {
     lost: IntCounterVec,
     held: IntGaugeVec,
     held_seconds: HistogramVec,
-    /// The `lock` labels whose series exist at 0 already; bounded by the
-    /// number of labels, which are fixed job or lock names.
-    seen: Arc<Mutex<HashSet<String>>>,
+    /// Every `lock` label seen, with its series resolved (the acquisition
+    /// and loss ones created at 0); bounded by the number of labels, as the
+    /// series themselves are.
+    labels: Arc<Mutex<LabelMap>>,
 }
 
 impl fmt::Debug for LockMetrics {
@@ -198,54 +206,31 @@ impl LockMetrics {
                 ]),
                 &["lock"],
             )?,
-            seen: Arc::new(Mutex::new(HashSet::new())),
+            labels: Arc::default(),
         })
     }
 
-    /// Creates every series an alert rule reads for `lock` at 0, once per label.
-    fn first_sight(&self, lock: &str) {
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if seen.contains(lock) {
-            return;
+    /// The series of `lock`, resolved once per label: the first call creates
+    /// every series an alert rule reads for it at 0.
+    pub(crate) fn label(&self, lock: &str) -> Arc<LabelMetrics> {
+        // Each critical section is one lookup or insert: poison carries no half-state.
+        let mut labels = self.labels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = labels.get(lock) {
+            return Arc::clone(found);
         }
-        for outcome in AcquireOutcome::ALL {
-            let _ = self
-                .acquisitions
-                .with_label_values(&[lock, outcome.as_str()]);
-        }
-        for reason in LossReason::LOSSES {
-            let _ = self.lost.with_label_values(&[lock, reason.as_str()]);
-        }
-        seen.insert(lock.to_owned());
-    }
-
-    pub(crate) fn acquisition(&self, lock: &str, outcome: AcquireOutcome) {
-        self.first_sight(lock);
-        self.acquisitions
-            .with_label_values(&[lock, outcome.as_str()])
-            .inc();
-    }
-
-    pub(crate) fn renewal(&self, lock: &str, outcome: RenewalOutcome) {
-        self.renewals
-            .with_label_values(&[lock, outcome.as_str()])
-            .inc();
-    }
-
-    pub(crate) fn lost(&self, lock: &str, reason: LossReason) {
-        self.first_sight(lock);
-        self.lost.with_label_values(&[lock, reason.as_str()]).inc();
-    }
-
-    pub(crate) fn held_start(&self, lock: &str) {
-        self.held.with_label_values(&[lock]).inc();
-    }
-
-    pub(crate) fn held_end(&self, lock: &str, seconds: f64) {
-        self.held.with_label_values(&[lock]).dec();
-        self.held_seconds
-            .with_label_values(&[lock])
-            .observe(seconds);
+        let label: Arc<str> = Arc::from(lock);
+        let resolved = Arc::new(LabelMetrics::new(
+            Arc::clone(&label),
+            &label::Families {
+                acquisitions: &self.acquisitions,
+                renewals: &self.renewals,
+                lost: &self.lost,
+                held: &self.held,
+                held_seconds: &self.held_seconds,
+            },
+        ));
+        labels.insert(label, Arc::clone(&resolved));
+        resolved
     }
 
     /// Test hook: the current value of `distributed_lock_acquisitions_total{lock, outcome}`.
@@ -305,11 +290,12 @@ mod tests {
     fn registers_the_documented_names() {
         let registry = Registry::new();
         let m = LockMetrics::register(&registry).expect("first registration");
-        m.acquisition("job", AcquireOutcome::Acquired);
-        m.renewal("job", RenewalOutcome::Renewed);
-        m.lost("job", LossReason::Stolen);
-        m.held_start("job");
-        m.held_end("job", 0.5);
+        let job = m.label("job");
+        job.acquisition(AcquireOutcome::Acquired);
+        job.renewal(RenewalOutcome::Renewed);
+        job.lost(LossReason::Stolen);
+        job.held_start();
+        job.held_end(0.5);
         let names: Vec<String> = registry
             .gather()
             .iter()
@@ -355,7 +341,7 @@ mod tests {
     fn a_new_lock_label_starts_every_alerted_series_at_zero() {
         let registry = Registry::new();
         let m = LockMetrics::register(&registry).expect("registration");
-        m.acquisition("job", AcquireOutcome::Acquired);
+        m.label("job").acquisition(AcquireOutcome::Acquired);
         let lost = series(&registry, "distributed_lock_lost_total");
         assert_eq!(
             lost,
@@ -383,8 +369,8 @@ mod tests {
                 ("unlocked", 0.0),
             ]
         );
-        m.lost("job", LossReason::Stolen);
-        m.acquisition("job", AcquireOutcome::Acquired);
+        m.label("job").lost(LossReason::Stolen);
+        m.label("job").acquisition(AcquireOutcome::Acquired);
         assert_eq!(m.losses("job", LossReason::Stolen), 1);
         assert_eq!(m.acquisitions("job", AcquireOutcome::Acquired), 2);
         assert_eq!(

@@ -4,26 +4,31 @@ use std::fmt;
 
 use crate::Error;
 
+mod rng;
+
 /// 128 random bits that identify one acquisition of one lock.
 ///
-/// Every acquire draws a fresh token from the operating system's random
-/// source, so a token is never reused. Renew and release compare on it, which
-/// is what stops a stale holder from extending or deleting a successor's lock.
-/// A token is a capability: anyone who knows it can release the lease, so its
-/// `Display` and `Debug` forms show only a prefix, and metrics never carry it.
+/// Every acquire draws a fresh token from a cryptographically secure
+/// generator (ChaCha12) that each thread seeds from the operating system's
+/// random source, so a token is unpredictable and never reused. Renew and
+/// release compare on it, which is what stops a stale holder from extending
+/// or deleting a successor's lock. A token is a capability: anyone who knows
+/// it can release the lease, so its `Display` and `Debug` forms show only a
+/// prefix, and metrics never carry it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnerToken([u8; 16]);
 
 impl OwnerToken {
-    /// Draws a new token from the operating system's random source.
+    /// Draws a new token: 128 bits from this thread's generator, which is
+    /// seeded from the operating system's random source on the thread's first
+    /// token and again every few thousand tokens, so drawing one is not a
+    /// system call.
     ///
     /// # Errors
     ///
-    /// [`Error::Entropy`] if the operating system cannot supply random bytes.
+    /// [`Error::Entropy`] if the operating system cannot supply the seed.
     pub fn generate() -> Result<Self, Error> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|e| Error::Entropy(e.to_string()))?;
-        Ok(Self(bytes))
+        rng::draw().map(Self)
     }
 
     /// Rebuilds a token from its bytes, for backends that store it in binary form.

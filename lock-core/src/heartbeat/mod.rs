@@ -4,7 +4,10 @@
 //! One task rather than one per lease so that a backend with batch renewal
 //! renews thousands of leases in a handful of round trips: leases due within
 //! an eighth of an interval of each other are renewed together, after which their
-//! schedules stay aligned.
+//! schedules stay aligned. When each lease next needs attention is kept in a
+//! deadline heap ([`schedule`]), so a wake-up looks only at the leases due.
+
+mod schedule;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,12 +23,14 @@ use crate::background::Background;
 use crate::lease::LeaseState;
 use crate::metrics::RenewalOutcome;
 use crate::{BackendErrorKind, LeaseStatus, LockBackend, LossReason, RenewRequest};
+use schedule::Schedule;
 
 /// Most leases renewed in one `renew_many` call.
 const MAX_BATCH: usize = 1000;
 
 enum Command {
-    Track(Arc<LeaseState>),
+    /// Renew and watch a lease, first due at the instant given.
+    Track(Arc<LeaseState>, Instant),
     Forget {
         id: u64,
         release: Option<Arc<LeaseState>>,
@@ -109,7 +114,7 @@ impl HeartbeatHandle {
     /// Starts renewing and watching `lease`. Returns false if the task is gone.
     pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
         let due = lease.first_attention();
-        let queued = self.shared.push(Command::Track(lease));
+        let queued = self.shared.push(Command::Track(lease, due));
         // Read after the push: either the task saw the command before it
         // went to sleep, or this reads the wake it went to sleep with.
         let wake_at = self.shared.wake_at.load(Ordering::SeqCst);
@@ -139,10 +144,28 @@ impl HeartbeatHandle {
     }
 }
 
+/// The leases tracked, by id (looked up twice per lease even when it is
+/// released before the heartbeat ever looks at it: hashed with foldhash).
+type Entries = HashMap<u64, Entry, foldhash::fast::RandomState>;
+
 struct Entry {
     lease: Arc<LeaseState>,
     next_renew: Instant,
     in_flight: bool,
+    /// Which of this lease's entries in the schedule is current.
+    generation: u64,
+}
+
+impl Entry {
+    /// The earliest instant this lease needs the heartbeat: its renewal
+    /// (unless one is in flight), its local deadline or its `max_hold`.
+    fn attention(&self) -> Option<Instant> {
+        let renew = (self.lease.auto_renew && !self.in_flight).then_some(self.next_renew);
+        [renew, self.lease.valid_until(), self.lease.hold_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+    }
 }
 
 type RenewResult = (
@@ -154,7 +177,18 @@ type RenewResult = (
 struct Heartbeat {
     backend: Arc<dyn LockBackend>,
     batch: bool,
-    entries: HashMap<u64, Entry>,
+    entries: Entries,
+    schedule: Schedule,
+    next_generation: u64,
+    /// The largest batching slack of any lease tracked so far: a sweep looks
+    /// at leases due up to this far ahead.
+    max_slack: Duration,
+    /// The shortest time from a grant to its first attention seen so far:
+    /// how long the task sleeps when it holds nothing ([`Heartbeat::idle_wake`]).
+    idle_span: Option<Duration>,
+    /// Buffers kept between drains of the command queue.
+    spare: Vec<Command>,
+    tracked: Vec<u64>,
     in_flight: JoinSet<Vec<RenewResult>>,
     shared: Arc<Shared>,
     background: Background,
@@ -170,7 +204,13 @@ impl Heartbeat {
         Self {
             backend,
             batch,
-            entries: HashMap::new(),
+            entries: Entries::default(),
+            schedule: Schedule::default(),
+            next_generation: 1,
+            max_slack: Duration::ZERO,
+            idle_span: None,
+            spare: Vec::new(),
+            tracked: Vec::new(),
             in_flight: JoinSet::new(),
             shared,
             background,
@@ -179,17 +219,59 @@ impl Heartbeat {
 
     /// Applies every queued command. Returns false if there was none.
     fn drain(&mut self) -> bool {
-        let commands = std::mem::take(&mut *self.shared.pending());
+        // The queue and this buffer swap places, so neither is reallocated
+        // once both have grown to the usual queue length.
+        let mut commands = std::mem::take(&mut self.spare);
+        std::mem::swap(&mut commands, &mut *self.shared.pending());
         let any = !commands.is_empty();
-        commands.into_iter().for_each(|c| self.apply_command(c));
+        let mut tracked = std::mem::take(&mut self.tracked);
+        for command in commands.drain(..) {
+            if let Command::Track(lease, _) = &command {
+                tracked.push(lease.id);
+            }
+            self.apply_command(command);
+        }
+        self.spare = commands;
+        // Scheduled after the whole queue: a lease taken and released
+        // between two wake-ups never enters the heap.
+        for id in tracked.drain(..) {
+            self.reschedule(id);
+        }
+        self.tracked = tracked;
+        let entries = &self.entries;
+        self.schedule
+            .compact(entries.len(), |id, g| is_current(entries, id, g));
         any
+    }
+
+    /// When to wake with no lease to look after. A lease tracked while the
+    /// task sleeps wakes it only if it needs attention before the task's own
+    /// wake-up; sleeping no longer than the shortest time from a grant to its
+    /// first attention seen so far means a lease like the earlier ones never
+    /// does, so a stream of short holds costs no task switch each.
+    fn idle_wake(&self) -> Instant {
+        let now = Instant::now();
+        let span = self.idle_span.unwrap_or(Duration::from_secs(3600));
+        now.checked_add(span).unwrap_or(now)
+    }
+
+    /// Puts lease `id`'s next attention in the schedule (superseding the
+    /// one there, if any).
+    fn reschedule(&mut self, id: u64) {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1);
+        entry.generation = generation;
+        if let Some(at) = entry.attention() {
+            self.schedule.push(at, id, generation);
+        }
     }
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<()>) {
         loop {
-            let wake = self
-                .next_wake()
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            let wake = self.next_wake().unwrap_or_else(|| self.idle_wake());
             self.shared
                 .wake_at
                 .store(self.shared.nanos(wake), Ordering::SeqCst);
@@ -239,16 +321,24 @@ impl Heartbeat {
 
     fn apply_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Track(lease) => {
+            Command::Track(lease, due) => {
                 let next_renew = lease
                     .renew_due_after(lease.acquired_at)
                     .unwrap_or(lease.acquired_at);
+                if self.batch {
+                    self.max_slack = self.max_slack.max(lease.interval / 8);
+                }
+                let span = due
+                    .saturating_duration_since(lease.acquired_at)
+                    .max(Duration::from_millis(1));
+                self.idle_span = Some(self.idle_span.map_or(span, |s| s.min(span)));
                 self.entries.insert(
                     lease.id,
                     Entry {
                         lease,
                         next_renew,
                         in_flight: false,
+                        generation: 0,
                     },
                 );
             }
@@ -264,25 +354,34 @@ impl Heartbeat {
     }
 
     /// The earliest instant at which some lease needs attention.
-    fn next_wake(&self) -> Option<Instant> {
-        self.entries
-            .values()
-            .flat_map(|e| {
-                let renew = (e.lease.auto_renew && !e.in_flight).then_some(e.next_renew);
-                [renew, e.lease.valid_until(), e.lease.hold_deadline]
-            })
-            .flatten()
-            .min()
+    fn next_wake(&mut self) -> Option<Instant> {
+        let entries = &self.entries;
+        self.schedule.next(|id, g| is_current(entries, id, g))
     }
 
+    /// Handles every lease whose attention is due: ends the ones past a
+    /// deadline and renews the ones due (with the batching slack), then
+    /// schedules each one's next attention.
     fn sweep(&mut self, now: Instant) {
         let mut ended = Vec::new();
         let mut due = Vec::new();
-        for (id, e) in &self.entries {
+        let mut later = Vec::new();
+        let bound = now.checked_add(self.max_slack).unwrap_or(now);
+        loop {
+            let entries = &self.entries;
+            let Some(id) = self
+                .schedule
+                .pop_due(bound, |id, g| is_current(entries, id, g))
+            else {
+                break;
+            };
+            let Some(e) = self.entries.get(&id) else {
+                continue;
+            };
             let lease = &e.lease;
             // Ends the lease at its local deadline or its max_hold (the watchdog).
             if lease.check_valid(now).is_err() {
-                ended.push(*id);
+                ended.push(id);
                 continue;
             }
             // Batching slack: renew a little early to share a round trip. It
@@ -294,7 +393,11 @@ impl Heartbeat {
                 Duration::ZERO
             };
             if lease.auto_renew && !e.in_flight && e.next_renew <= now + slack {
-                due.push(*id);
+                due.push(id);
+            } else {
+                // Popped within the largest slack but not due with its own:
+                // back into the schedule once this sweep is over.
+                later.push(id);
             }
         }
         for id in ended {
@@ -310,13 +413,16 @@ impl Heartbeat {
             }
         }
         if !due.is_empty() {
-            self.dispatch(due);
+            self.dispatch(&due);
+        }
+        for id in later.into_iter().chain(due) {
+            self.reschedule(id);
         }
     }
 
-    fn dispatch(&mut self, due: Vec<u64>) {
+    fn dispatch(&mut self, due: &[u64]) {
         let mut leases = Vec::with_capacity(due.len());
-        for id in &due {
+        for id in due {
             if let Some(e) = self.entries.get_mut(id) {
                 if e.lease.begin_renewal() {
                     e.in_flight = true;
@@ -356,23 +462,24 @@ impl Heartbeat {
         let metrics = lease.metrics();
         match result {
             Ok(LeaseStatus::Held) => {
-                metrics.renewal(&lease.label, RenewalOutcome::Renewed);
+                metrics.renewal(RenewalOutcome::Renewed);
                 lease.extend(sent_at);
                 entry.next_renew = lease.renew_due_after(sent_at).unwrap_or(sent_at);
+                self.reschedule(id);
             }
             Ok(status) => {
                 let (outcome, reason) = match status {
                     LeaseStatus::Stolen => (RenewalOutcome::Stolen, LossReason::Stolen),
                     _ => (RenewalOutcome::Expired, LossReason::Expired),
                 };
-                metrics.renewal(&lease.label, outcome);
+                metrics.renewal(outcome);
                 lease.mark_lost(reason);
                 self.entries.remove(&id);
             }
             Err((BackendErrorKind::Config | BackendErrorKind::Auth, message)) => {
                 // Misconfiguration or lost permission does not heal by retrying
                 // (a detected pooler, a revoked ACL): the lease cannot be proven.
-                metrics.renewal(&lease.label, RenewalOutcome::Error);
+                metrics.renewal(RenewalOutcome::Error);
                 warn!(lock = %lease.name, error = %message, "renewal refused; giving the lease up");
                 lease.set_renew_failing();
                 lease.mark_lost(LossReason::BackendError);
@@ -380,11 +487,12 @@ impl Heartbeat {
                 self.release_in_background(lease);
             }
             Err((_, message)) => {
-                metrics.renewal(&lease.label, RenewalOutcome::Error);
+                metrics.renewal(RenewalOutcome::Error);
                 lease.set_renew_failing();
                 warn!(lock = %lease.name, error = %message, "renewal failed; retrying while the lease is valid");
                 let retry = (lease.interval / 4).max(Duration::from_millis(5));
                 entry.next_renew = Instant::now() + retry;
+                self.reschedule(id);
             }
         }
     }
@@ -395,6 +503,7 @@ impl Heartbeat {
     fn shut_down(&mut self) {
         self.drain();
         let now = Instant::now();
+        self.schedule.clear();
         for (_, entry) in self.entries.drain() {
             let lease = entry.lease;
             if lease.finish(now) != Err(LossReason::Stolen) {
@@ -407,6 +516,11 @@ impl Heartbeat {
     fn release_in_background(&self, lease: Arc<LeaseState>) {
         release_in_background(&self.backend, &self.background, lease);
     }
+}
+
+/// Whether `generation` is lease `id`'s current entry in the schedule.
+fn is_current(entries: &Entries, id: u64, generation: u64) -> bool {
+    entries.get(&id).is_some_and(|e| e.generation == generation)
 }
 
 /// Releases `lease` in a task the `Locker`'s shutdown waits for.
