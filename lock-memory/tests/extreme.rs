@@ -56,8 +56,41 @@ async fn exercise(opts: LockOptions, hold: Duration) {
     assert!(g.is_ok(), "left held with {opts:?}, hold {hold:?}: {g:?}");
 }
 
+/// Runs [`exercise`] on a paused clock in its own thread and fails if it
+/// has not finished within ten seconds of real time (all 128 cases
+/// together take about one): a background task that
+/// spins through paused time (a heartbeat waking every millisecond across a
+/// year) would otherwise hang the whole run instead of failing this case.
+fn bounded(opts: LockOptions, hold: Duration) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let case = format!("{opts:?}, hold {hold:?}");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+        rt.block_on(exercise(opts, hold));
+        let _ = done_tx.send(());
+    });
+    match done_rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("not finished after ten seconds of real time: {case}")
+        }
+        // The case panicked; its message is already printed.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("case failed: {case}"),
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    // Shrinking is bounded in time too: each step of a hanging case costs
+    // its ten seconds.
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        max_shrink_time: 30_000,
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn no_panic_and_nothing_left_held(
         ttl in extreme(),
@@ -70,11 +103,6 @@ proptest! {
         if let Some(h) = max_hold { opts = opts.with_max_hold(h); }
         if let Some(t) = timeout { opts = opts.with_acquire_timeout(t); }
         if let Some(i) = interval { opts = opts.with_renew_interval(i); }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
-        rt.block_on(exercise(opts, hold));
+        bounded(opts, hold);
     }
 }

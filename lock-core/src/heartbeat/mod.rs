@@ -186,6 +186,9 @@ struct Heartbeat {
     /// The shortest time from a grant to its first attention seen so far:
     /// how long the task sleeps when it holds nothing ([`Heartbeat::idle_wake`]).
     idle_span: Option<Duration>,
+    /// Timer wake-ups in a row that found nothing held and nothing queued;
+    /// each one doubles the idle sleep.
+    idle_rounds: u32,
     /// Buffers kept between drains of the command queue.
     spare: Vec<Command>,
     tracked: Vec<u64>,
@@ -209,6 +212,7 @@ impl Heartbeat {
             next_generation: 1,
             max_slack: Duration::ZERO,
             idle_span: None,
+            idle_rounds: 0,
             spare: Vec::new(),
             tracked: Vec::new(),
             in_flight: JoinSet::new(),
@@ -219,6 +223,14 @@ impl Heartbeat {
 
     /// Applies every queued command. Returns false if there was none.
     fn drain(&mut self) -> bool {
+        let any = self.drain_queue();
+        if any {
+            self.idle_rounds = 0;
+        }
+        any
+    }
+
+    fn drain_queue(&mut self) -> bool {
         // The queue and this buffer swap places, so neither is reallocated
         // once both have grown to the usual queue length.
         let mut commands = std::mem::take(&mut self.spare);
@@ -248,11 +260,14 @@ impl Heartbeat {
     /// task sleeps wakes it only if it needs attention before the task's own
     /// wake-up; sleeping no longer than the shortest time from a grant to its
     /// first attention seen so far means a lease like the earlier ones never
-    /// does, so a stream of short holds costs no task switch each.
+    /// does, so a stream of short holds costs no task switch each. Once the
+    /// stream stops, the sleep doubles at every empty wake-up
+    /// ([`idle_sleep`]): a `Locker` that once held a 1 ms lease does not
+    /// wake a thousand times a second for the rest of its life.
     fn idle_wake(&self) -> Instant {
         let now = Instant::now();
-        let span = self.idle_span.unwrap_or(Duration::from_secs(3600));
-        now.checked_add(span).unwrap_or(now)
+        now.checked_add(idle_sleep(self.idle_span, self.idle_rounds))
+            .unwrap_or(now)
     }
 
     /// Puts lease `id`'s next attention in the schedule (superseding the
@@ -305,6 +320,9 @@ impl Heartbeat {
                 }
                 _ = sleep_until(wake) => {
                     self.shared.wake_at.store(0, Ordering::SeqCst);
+                    if self.entries.is_empty() && self.shared.pending().is_empty() {
+                        self.idle_rounds = self.idle_rounds.saturating_add(1);
+                    }
                 }
                 () = self.background.closing() => {
                     self.shared.wake_at.store(0, Ordering::SeqCst);
@@ -518,6 +536,23 @@ impl Heartbeat {
     }
 }
 
+/// The longest the heartbeat sleeps while it holds nothing.
+const MAX_IDLE_SLEEP: Duration = Duration::from_secs(3600);
+
+/// How long an idle heartbeat sleeps: the shortest grant-to-attention span
+/// seen (an hour if none), doubled for each of `rounds` empty wake-ups in a
+/// row, never more than an hour unless the span itself is longer.
+fn idle_sleep(span: Option<Duration>, rounds: u32) -> Duration {
+    let Some(span) = span else {
+        return MAX_IDLE_SLEEP;
+    };
+    let grown = 2u32
+        .checked_pow(rounds)
+        .and_then(|factor| span.checked_mul(factor))
+        .unwrap_or(Duration::MAX);
+    grown.min(MAX_IDLE_SLEEP.max(span))
+}
+
 /// Whether `generation` is lease `id`'s current entry in the schedule.
 fn is_current(entries: &Entries, id: u64, generation: u64) -> bool {
     entries.get(&id).is_some_and(|e| e.generation == generation)
@@ -569,4 +604,23 @@ async fn renew_batch(
         .zip(statuses)
         .map(|(l, s)| (l.id, sent_at, s))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_sleep_starts_at_the_span_and_doubles_up_to_an_hour() {
+        let ms = Duration::from_millis;
+        assert_eq!(idle_sleep(None, 0), MAX_IDLE_SLEEP);
+        assert_eq!(idle_sleep(Some(ms(1)), 0), ms(1));
+        assert_eq!(idle_sleep(Some(ms(1)), 3), ms(8));
+        // 2^22 ms is past an hour: from there on it sleeps an hour.
+        assert_eq!(idle_sleep(Some(ms(1)), 22), MAX_IDLE_SLEEP);
+        assert_eq!(idle_sleep(Some(ms(1)), u32::MAX), MAX_IDLE_SLEEP);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(idle_sleep(Some(day), 0), day, "a longer span is kept");
+        assert_eq!(idle_sleep(Some(Duration::MAX), 5), Duration::MAX);
+    }
 }
