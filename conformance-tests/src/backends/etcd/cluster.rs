@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, ConnectOptions};
 use lock_etcd::EtcdBuilder;
 
-use super::server::{ELECTION_MS, HEARTBEAT_MS};
+use super::server::TUNING;
 use crate::harness::nft::OutputTable;
 use crate::harness::{free_port, which, ServerProcess, ServerSpec};
 use crate::BoxError;
@@ -93,20 +93,9 @@ impl EtcdCluster {
                 // that rejoins after a restart or a partition campaigns with a
                 // higher term and deposes a healthy leader.
                 "--pre-vote",
-                "--heartbeat-interval",
-                HEARTBEAT_MS,
-                "--election-timeout",
-                ELECTION_MS,
-                "--auto-compaction-mode",
-                "revision",
-                "--auto-compaction-retention",
-                "1000",
-                "--logger",
-                "zap",
-                "--log-level",
-                "warn",
             ]
             .iter()
+            .chain(TUNING)
             .map(|s| (*s).to_owned())
             .collect();
             let spec = ServerSpec {

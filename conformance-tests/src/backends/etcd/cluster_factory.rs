@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{backend::Expiry, Capabilities, LockBackend, TickStore};
+use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_etcd::EtcdBackend;
 
 use super::cluster::EtcdCluster;
@@ -64,11 +64,7 @@ impl BackendFactory for EtcdClusterFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Expiry::Ttl)
-            .with_fencing(true)
-            .with_batch_renew(true)
-            .with_release_notify(true)
-            .with_min_ttl(Duration::from_secs(1))
+        super::capabilities()
     }
 
     fn timing(&self) -> Timing {

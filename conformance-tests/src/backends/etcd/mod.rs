@@ -197,13 +197,7 @@ impl BackendFactory for EtcdFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        // What every connected replica reports; min_ttl is measured per
-        // cluster at connect, and the suite's TTL is well above it.
-        Capabilities::new(Expiry::Ttl)
-            .with_fencing(true)
-            .with_batch_renew(true)
-            .with_release_notify(true)
-            .with_min_ttl(Duration::from_secs(1))
+        capabilities()
     }
 
     fn timing(&self) -> Timing {
@@ -270,4 +264,15 @@ impl BackendFactory for EtcdFactory {
         let backend = server::builder(port).build().ok()?;
         Some(Arc::new(backend))
     }
+}
+
+/// What every connected etcd replica reports, one member or a cluster;
+/// min_ttl is measured per cluster at connect, and the suite's TTL is well
+/// above it.
+pub(super) fn capabilities() -> Capabilities {
+    Capabilities::new(Expiry::Ttl)
+        .with_fencing(true)
+        .with_batch_renew(true)
+        .with_release_notify(true)
+        .with_min_ttl(Duration::from_secs(1))
 }

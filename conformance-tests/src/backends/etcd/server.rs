@@ -12,8 +12,27 @@ use crate::BoxError;
 /// TTL is 1.5 × the election timeout rounded up to whole seconds, so 500 ms
 /// allows 1 s leases; a single member never holds an election after boot,
 /// so short timeouts cannot cause leader churn.
-pub(super) const HEARTBEAT_MS: &str = "100";
-pub(super) const ELECTION_MS: &str = "500";
+const HEARTBEAT_MS: &str = "100";
+const ELECTION_MS: &str = "500";
+
+/// Arguments every private member gets, alone or in a cluster: the short
+/// raft timings the suite's TTLs are sized for, compaction (etcd keeps every
+/// revision until compacted; thousands of acquisitions would otherwise slow
+/// it down) and quiet logs.
+pub(super) const TUNING: &[&str] = &[
+    "--heartbeat-interval",
+    HEARTBEAT_MS,
+    "--election-timeout",
+    ELECTION_MS,
+    "--auto-compaction-mode",
+    "revision",
+    "--auto-compaction-retention",
+    "1000",
+    "--logger",
+    "zap",
+    "--log-level",
+    "warn",
+];
 
 /// How a private server listens.
 #[derive(Debug, Clone, Copy, Default)]
@@ -47,22 +66,9 @@ pub fn start(tls: ServerTls<'_>) -> Result<ServerProcess, BoxError> {
         &peer,
         "--initial-cluster",
         &format!("lock-test={peer}"),
-        "--heartbeat-interval",
-        HEARTBEAT_MS,
-        "--election-timeout",
-        ELECTION_MS,
-        // etcd keeps every revision until compacted; thousands of
-        // acquisitions would otherwise slow it down.
-        "--auto-compaction-mode",
-        "revision",
-        "--auto-compaction-retention",
-        "1000",
-        "--logger",
-        "zap",
-        "--log-level",
-        "warn",
     ]
     .iter()
+    .chain(TUNING)
     .map(|s| (*s).to_owned())
     .collect();
     if let Some((cert, key)) = tls.cert_and_key {
