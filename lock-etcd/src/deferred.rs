@@ -21,11 +21,7 @@ use std::time::Duration;
 
 use crate::connection::Connected;
 use crate::EtcdBuilder;
-use lock_core::{
-    async_trait,
-    backend::{AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, Capabilities, LockBackend, LockName, OwnerToken, TickStore,
-};
+use lock_core::{BackendError, Capabilities};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -92,9 +88,14 @@ impl Deferred {
     }
 
     /// The connected backend, if the cluster has answered.
-    #[cfg(feature = "test-util")]
     pub(crate) fn connected(&self) -> Option<&Connected> {
         self.connected.get()
+    }
+
+    /// What a `Locker` reads when it is built: the capabilities of the
+    /// builder's backend, known before the cluster answers.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        self.capabilities.clone()
     }
 
     /// The builder this backend connects with.
@@ -114,7 +115,7 @@ impl Deferred {
     /// The attempt runs in a task of its own, so that it ends by its bound
     /// whatever becomes of the call that started it, and no lock is held
     /// across an await. Cancel safe.
-    async fn backend(&self) -> Result<&Connected, BackendError> {
+    pub(crate) async fn backend(&self) -> Result<&Connected, BackendError> {
         if let Some(b) = self.connected.get() {
             return Ok(b);
         }
@@ -175,106 +176,15 @@ impl Deferred {
     }
 }
 
-#[async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl LockBackend for Deferred {
-    fn capabilities(&self) -> Capabilities {
-        self.capabilities.clone()
-    }
-
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        self.backend().await?.try_acquire(name, owner, ttl).await
-    }
-
-    async fn renew(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.backend().await?.renew(name, owner, ttl).await
-    }
-
-    async fn check(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.backend().await?.check(name, owner).await
-    }
-
-    async fn release(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        // Nothing can be held before the first connection: an unknown
-        // owner's release is a harmless `NotHeld` by the trait's contract.
-        match self.connected.get() {
-            Some(b) => b.release(name, owner).await,
-            None => Ok(ReleaseOutcome::NotHeld),
-        }
-    }
-
-    async fn renew_many(
-        &self,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        self.backend().await?.renew_many(requests).await
-    }
-
-    async fn subscribe_release(
-        &self,
-        name: &LockName,
-    ) -> Result<Option<ReleaseSignal>, BackendError> {
-        self.backend().await?.subscribe_release(name).await
-    }
-
-    fn loss_feed(&self) -> Option<LossFeed> {
-        None
-    }
-}
-
-#[async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl TickStore for Deferred {
-    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
-        self.backend().await?.last_completed(job).await
-    }
-
-    async fn record_completed(
-        &self,
-        job: &LockName,
-        tick: i64,
-        keep: Duration,
-    ) -> Result<(), BackendError> {
-        self.backend()
-            .await?
-            .record_completed(job, tick, keep)
-            .await
-    }
-
-    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
-        self.backend().await?.is_completed(job, tick).await
-    }
-
-    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
-        self.backend().await?.server_time().await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::net::{Ipv4Addr, TcpListener};
 
-    use lock_core::BackendErrorKind;
+    use lock_core::backend::ReleaseOutcome;
+    use lock_core::{BackendErrorKind, LockBackend, LockName, OwnerToken, TickStore};
 
     use super::*;
+    use crate::EtcdBackend;
 
     /// A loopback port nothing listens on (bound, then released).
     fn refusing_port() -> u16 {
@@ -289,7 +199,8 @@ mod tests {
         let url = format!("etcd://u:s3cret@127.0.0.1:{}", refusing_port());
         let builder = EtcdBuilder::from_url(&url).expect("a valid URL");
         let capabilities = builder.lazy_capabilities();
-        let deferred = Deferred::new(builder, capabilities.clone(), "shown".into());
+        let deferred =
+            EtcdBackend::deferred(Deferred::new(builder, capabilities.clone(), "shown".into()));
         assert_eq!(
             deferred.capabilities(),
             capabilities,
@@ -320,6 +231,6 @@ mod tests {
         for e in [&first, &second] {
             assert!(!format!("{e} {e:?}").contains("s3cret"), "{e}");
         }
-        assert!(deferred.connected.get().is_none());
+        assert!(deferred.min_ttl() == capabilities.min_ttl);
     }
 }

@@ -78,11 +78,20 @@ impl EtcdBackend {
     }
 
     /// The connected backend, if the cluster has answered.
-    #[cfg(feature = "test-util")]
     fn connected(&self) -> Option<&Connected> {
         match &self.kind {
             Kind::Ready(c) => Some(c),
             Kind::Deferred(d) => d.connected(),
+        }
+    }
+
+    /// The connected backend, connecting a deferred one if it may try now
+    /// (else an `unavailable` error: calls fail closed until the cluster
+    /// answers). Cancel safe.
+    async fn backend(&self) -> Result<&Connected, BackendError> {
+        match &self.kind {
+            Kind::Ready(c) => Ok(c),
+            Kind::Deferred(d) => d.backend().await,
         }
     }
 
@@ -115,24 +124,14 @@ impl EtcdBackend {
     }
 }
 
-/// Runs `$call` on whichever backend this is.
-macro_rules! dispatch {
-    ($self:ident, $b:ident => $call:expr) => {
-        match &$self.kind {
-            Kind::Ready($b) => $call,
-            Kind::Deferred(d) => {
-                let $b = d.as_ref();
-                $call
-            }
-        }
-    };
-}
-
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl LockBackend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
-        dispatch!(self, b => b.capabilities())
+        match &self.kind {
+            Kind::Ready(c) => c.capabilities(),
+            Kind::Deferred(d) => d.capabilities(),
+        }
     }
 
     async fn try_acquire(
@@ -141,7 +140,7 @@ impl LockBackend for EtcdBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        dispatch!(self, b => b.try_acquire(name, owner, ttl).await)
+        self.backend().await?.try_acquire(name, owner, ttl).await
     }
 
     async fn renew(
@@ -150,7 +149,7 @@ impl LockBackend for EtcdBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
-        dispatch!(self, b => b.renew(name, owner, ttl).await)
+        self.backend().await?.renew(name, owner, ttl).await
     }
 
     async fn check(
@@ -158,7 +157,7 @@ impl LockBackend for EtcdBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
-        dispatch!(self, b => b.check(name, owner).await)
+        self.backend().await?.check(name, owner).await
     }
 
     async fn release(
@@ -166,25 +165,32 @@ impl LockBackend for EtcdBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
-        dispatch!(self, b => b.release(name, owner).await)
+        // Nothing can be held before the first connection: an unknown
+        // owner's release is a harmless `NotHeld` by the trait's contract.
+        match self.connected() {
+            Some(b) => b.release(name, owner).await,
+            None => Ok(ReleaseOutcome::NotHeld),
+        }
     }
 
     async fn renew_many(
         &self,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
-        dispatch!(self, b => b.renew_many(requests).await)
+        self.backend().await?.renew_many(requests).await
     }
 
     async fn subscribe_release(
         &self,
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
-        dispatch!(self, b => b.subscribe_release(name).await)
+        self.backend().await?.subscribe_release(name).await
     }
 
     fn loss_feed(&self) -> Option<LossFeed> {
-        dispatch!(self, b => b.loss_feed())
+        // Read once, when a `Locker` is built; a deferred backend has no
+        // connection to hand one over yet (etcd reports losses at renewal).
+        self.connected().and_then(Connected::loss_feed)
     }
 }
 
@@ -192,7 +198,7 @@ impl LockBackend for EtcdBackend {
 #[deny(clippy::missing_trait_methods)]
 impl TickStore for EtcdBackend {
     async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
-        dispatch!(self, b => b.last_completed(job).await)
+        self.backend().await?.last_completed(job).await
     }
 
     async fn record_completed(
@@ -201,14 +207,17 @@ impl TickStore for EtcdBackend {
         tick: i64,
         keep: Duration,
     ) -> Result<(), BackendError> {
-        dispatch!(self, b => b.record_completed(job, tick, keep).await)
+        self.backend()
+            .await?
+            .record_completed(job, tick, keep)
+            .await
     }
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
-        dispatch!(self, b => b.is_completed(job, tick).await)
+        self.backend().await?.is_completed(job, tick).await
     }
 
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
-        dispatch!(self, b => b.server_time().await)
+        self.backend().await?.server_time().await
     }
 }
