@@ -450,26 +450,46 @@ impl PgPair {
     ///
     /// If either step failed; the pair is unusable then.
     pub fn fail_over(&mut self, mode: StopMode) -> Result<Failover, BoxError> {
-        let old = self.primary;
-        let stop_sent = Instant::now();
-        self.nodes[old]
-            .as_mut()
-            .ok_or("no primary runs")?
-            .stop(mode, READY_WITHIN)?;
-        let stopped = Instant::now();
-        self.nodes[1 - old]
-            .as_ref()
-            .ok_or("no standby runs")?
-            .promote()?;
-        let promoted = Instant::now();
-        // The old data dir goes now: a rebuilt standby gets a fresh one.
-        self.nodes[old] = None;
-        self.primary = 1 - old;
+        let (stop_sent, stopped) = self.stop_primary(mode)?;
+        let promoted = self.promote_standby()?;
         Ok(Failover {
             stop_sent,
             stopped,
             promoted,
         })
+    }
+
+    /// Stops the primary (`mode`) and removes its data dir; when the stop
+    /// was sent and when the server had exited.
+    ///
+    /// # Errors
+    ///
+    /// If no primary runs or it did not stop in time (it is killed then).
+    pub fn stop_primary(&mut self, mode: StopMode) -> Result<(Instant, Instant), BoxError> {
+        let old = self.primary;
+        let sent = Instant::now();
+        let mut node = self.nodes[old].take().ok_or("no primary runs")?;
+        node.stop(mode, READY_WITHIN)?;
+        Ok((sent, Instant::now()))
+    }
+
+    /// Promotes the standby once the primary is gone; when it had left
+    /// recovery. The standby is the primary from then on.
+    ///
+    /// # Errors
+    ///
+    /// If the primary still runs, no standby runs, or the promotion failed.
+    pub fn promote_standby(&mut self) -> Result<Instant, BoxError> {
+        if self.nodes[self.primary].is_some() {
+            return Err("the primary still runs: stop it first".into());
+        }
+        let next = 1 - self.primary;
+        self.nodes[next]
+            .as_ref()
+            .ok_or("no standby runs")?
+            .promote()?;
+        self.primary = next;
+        Ok(Instant::now())
     }
 
     /// A new standby of the current primary, on the port of the one that
