@@ -418,31 +418,6 @@ impl PgPair {
         ))
     }
 
-    /// Waits until the standby has replayed everything the primary wrote
-    /// so far.
-    ///
-    /// # Errors
-    ///
-    /// If it did not within [`READY_WITHIN`].
-    pub fn wait_caught_up(&self) -> Result<(), BoxError> {
-        let lsn = self.primary()?.psql("SELECT pg_current_wal_lsn()")?;
-        let lsn = lsn.trim();
-        let standby = self.standby()?;
-        let start = Instant::now();
-        loop {
-            let behind = standby.psql(&format!(
-                "SELECT pg_last_wal_replay_lsn() < '{lsn}'::pg_lsn"
-            ))?;
-            if behind.trim() == "f" {
-                return Ok(());
-            }
-            if start.elapsed() > READY_WITHIN {
-                return Err(format!("the standby did not replay up to {lsn}").into());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
     /// Stops the primary (`mode`) and, once it is gone, promotes the
     /// standby; the standby is the primary from then on.
     ///
