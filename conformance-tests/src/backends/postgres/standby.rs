@@ -26,6 +26,9 @@ use crate::BoxError;
 /// or a promotion to finish, on a loaded 2-core machine.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
+/// How long `initdb`, `pg_basebackup` or `pg_ctl` may run.
+const TOOL_WITHIN: Duration = Duration::from_secs(60);
+
 /// How the primary is stopped: `pg_ctl`'s fast (SIGINT) or immediate
 /// (SIGQUIT) mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,26 +56,40 @@ impl Tools {
         Ok(Self { bin, uid, gid })
     }
 
-    /// Runs a Postgres tool as the `postgres` user in `cwd`; its stderr on
-    /// failure.
+    /// Runs a Postgres tool as the `postgres` user in `cwd`, killing it if
+    /// it has not finished within [`TOOL_WITHIN`]; its output on failure.
     fn run(&self, tool: &str, args: &[&str], cwd: &Path) -> Result<String, BoxError> {
         use std::os::unix::process::CommandExt;
-        let out = Command::new(self.bin.join(tool))
+        // Files, not pipes: a child blocked on a full pipe would look hung.
+        let out_path = cwd.join(format!("{tool}.out"));
+        let out = std::fs::File::create(&out_path)?;
+        let mut child = Command::new(self.bin.join(tool))
             .args(args)
             .current_dir(cwd)
             .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
             .uid(self.uid)
             .gid(self.gid)
-            .output()?;
-        if !out.status.success() {
-            return Err(format!(
-                "{tool} failed: {}{}",
-                String::from_utf8_lossy(&out.stderr),
-                String::from_utf8_lossy(&out.stdout)
-            )
-            .into());
+            .spawn()
+            .map_err(|e| format!("cannot start {tool}: {e}"))?;
+        let until = Instant::now() + TOOL_WITHIN;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() >= until {
+                child.kill()?;
+                child.wait()?;
+                return Err(format!("{tool} did not finish within {TOOL_WITHIN:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let text = std::fs::read_to_string(&out_path).unwrap_or_default();
+        if !status.success() {
+            return Err(format!("{tool} failed ({status}): {text}").into());
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(text)
     }
 
     /// A temp dir owned by `postgres`, where it may create a data dir.
