@@ -70,17 +70,59 @@
 //!
 //! # Standbys and failover
 //!
-//! Postgres advisory locks are session state on the server you are connected to. They
-//! are **not** replicated. A lock held on a primary does not exist on its standby, and a
-//! lock taken on a standby excludes nothing on the primary, so lock-postgres refuses to
-//! lock on a read-only session. Use a multi-host URL with
+//! Advisory locks are session state of the server the session is on. They
+//! are **not** replicated: a lock held on a primary does not exist on its
+//! standby, and a lock taken on a standby would exclude nothing on the
+//! primary, so a lock session on a standby (or any read-only session) is
+//! refused with a `Config` error. List every host with
 //! `target_session_attrs=read-write`
-//! (`postgres://h1:5432,h2:5432/db?target_session_attrs=read-write`) so that a
-//! reconnect after a failover finds the new primary. On a failover, every holder loses
-//! its lock, because its session ended. The scheduler's tick table and the fencing
-//! sequence are ordinary replicated data. After a promotion they are as the standby last
-//! replayed them. Because sequences are WAL-logged ahead in batches of 32, the fencing
-//! sequence may skip ahead, but it never goes back for writes that were replicated.
+//! (`postgres://h1:5432,h2:5432/db?target_session_attrs=read-write`): each
+//! new session tries the hosts in order and keeps the first that accepts
+//! writes, so sessions opened after a failover find the new primary.
+//!
+//! What replicates is ordinary data, with the primary's WAL:
+//!
+//! - the fencing sequence. `nextval` logs 32 values ahead, so after a
+//!   promotion the sequence continues from the last logged value: tokens
+//!   skip ahead, and never go back for values the standby received;
+//! - the scheduler's tick table: the latest completed tick per job and the
+//!   completion marks of single ticks. A finished tick whose mark reached
+//!   the standby is not run again on the promoted server, and missed ticks
+//!   are counted from the replicated latest tick;
+//! - not the locks. A tick's lock kept as its completion mark (see the
+//!   scheduler) vanishes with the session; the replicated mark still guards
+//!   the tick.
+//!
+//! What a failover does to holders: when the old primary stops, it ends
+//! every session (a fast shutdown sends each one its termination error, a
+//! crash closes the connections), and every lease on the session is marked
+//! lost (`expired`) at that moment, not at its next renewal; jobs abort.
+//! Until the standby is promoted, acquires fail as `Unavailable` (every
+//! host is down or read-only: fail closed, and the scheduler counts those
+//! ticks `unavailable`); the first acquire after the promotion connects a
+//! new session to it. Nothing is waited out: the locks are free on the
+//! promoted server at once, so the holders must have let go before, which
+//! the ending of their sessions ensures. The fault suite's
+//! `postgres::chaos_failover` stops a primary (fast, then immediate) under
+//! holders and per-tick schedulers and promotes its standby: holders
+//! aborted within a few milliseconds of the stop, before any lock was
+//! granted on the promoted server, and reacquired there through the
+//! multi-host URL once `pg_ctl promote` finished (a few hundred
+//! milliseconds); no token went back, no tick finished twice.
+//!
+//! Two limits, both of Postgres replication rather than of this crate:
+//!
+//! - With asynchronous replication (the default), a primary that *crashes*
+//!   can take its last commits with it (a clean shutdown first sends all of
+//!   its WAL to the standby). A lost tick mark lets a finished tick run
+//!   again; a lost sequence record lets tokens drawn just before the crash
+//!   be drawn again. Where that matters, use synchronous replication
+//!   (`synchronous_standby_names`, with `synchronous_commit = on`): a commit
+//!   (a token, a mark) then returns only once the standby has it.
+//! - The old primary must be stopped (or cut off from every client) before
+//!   the standby is promoted, as failover managers do. Two primaries that
+//!   both accept sessions each grant every lock, and their sequences hand
+//!   out the same tokens.
 //!
 //! # Poolers
 //!

@@ -44,6 +44,10 @@ pub struct Row {
     pub timing_error: Option<Duration>,
     /// Locks still held after every holder and successor let go.
     pub leaked: usize,
+    /// Time from the start of a failover (the old primary told to stop) to
+    /// a holder's first successful acquire on the promoted server, per
+    /// holder and failover, where the case fails a server over.
+    pub reconnect: Vec<Duration>,
 }
 
 static ROWS: Mutex<Vec<Row>> = Mutex::new(Vec::new());
@@ -85,12 +89,12 @@ pub fn table() -> String {
     let mut rows = ROWS.lock().map(|r| r.clone()).unwrap_or_default();
     rows.sort_by(|a, b| (&a.backend, &a.case).cmp(&(&b.backend, &b.case)));
     let mut out = String::from(
-        "| backend | case | iterations | faults | writes | stale accepts | writes after deadline | raw overlaps | abort ms min/p50/p99/max | detection ms min/p50/p99/max | renewal stall ms min/p50/p99/max | max blocked call ms | max timer error ms | leaked locks |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| backend | case | iterations | faults | writes | stale accepts | writes after deadline | raw overlaps | abort ms min/p50/p99/max | detection ms min/p50/p99/max | renewal stall ms min/p50/p99/max | max blocked call ms | max timer error ms | leaked locks | reconnect ms min/p50/p99/max |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.backend,
             r.case,
             r.iterations,
@@ -106,7 +110,8 @@ pub fn table() -> String {
                 .map_or_else(|| "-".to_owned(), |d| ms(d).to_string()),
             r.timing_error
                 .map_or_else(|| "-".to_owned(), |d| ms(d).to_string()),
-            r.leaked
+            r.leaked,
+            spread(&r.reconnect)
         ));
     }
     out

@@ -18,6 +18,7 @@ mod holder;
 mod latency;
 mod pause;
 mod pg;
+mod pg_failover;
 mod procs;
 mod restart;
 

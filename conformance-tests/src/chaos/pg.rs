@@ -10,7 +10,9 @@
 //!   leg to the server, so that the server hears nothing either;
 //! - X8 `chaos_session_kill`: `pg_terminate_backend` of the holder's session
 //!   at a random idle point, and while a renewal is in flight; the holder is
-//!   told before the successor can get the lock.
+//!   told before the successor can get the lock;
+//! - X11 `chaos_failover` (in `pg_failover`), on a primary and streaming
+//!   standby of its own: the primary is stopped and the standby promoted.
 //!
 //! Postgres locks are session-scoped: the server keeps a lock for as long as
 //! the session that took it is open, whatever the client's TTL says. Where a
@@ -133,6 +135,8 @@ pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
             super::churn::leader_churn(ctx, target, &replica).await;
         },
     ));
+    // On a primary and standby of its own: it stops the primary.
+    out.push(super::pg_failover::trial(run_id, bins));
     out
 }
 

@@ -10,6 +10,8 @@ mod saboteur;
 pub mod server;
 mod session_end;
 mod specific;
+pub mod standby;
+mod standby_refused;
 mod waiters;
 
 use std::net::SocketAddr;

@@ -71,6 +71,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
         Box::pin(release_wakes_a_subscriber(f))
     });
     session_end::register(suite, f);
+    add(suite, f, "standby_is_refused", |f| {
+        Box::pin(super::standby_refused::standby_is_refused(f))
+    });
     add(suite, f, "release_waiters_stay_bounded", |f| {
         Box::pin(super::waiters::release_waiters_stay_bounded(f))
     });
