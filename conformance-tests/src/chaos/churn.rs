@@ -251,7 +251,9 @@ pub(super) fn judge(lines: &[Line], failovers: &[Duration], row: &mut Row) -> Ve
         .map(|f| f.as_millis().div_ceil(tick.as_millis()) as usize + SKEW_S.unsigned_abs() as usize)
         .sum();
     println!(
-        "leader churn: {} ticks run of {expected} from first to last, {duplicates} finished twice, {reruns} re-run after a cut-short run, {missed} missed (bound {bound}), failovers {failovers:?}",
+        "{} {}: {} ticks run of {expected} from first to last, {duplicates} finished twice, {reruns} re-run after a cut-short run, {missed} missed (bound {bound}), failovers {failovers:?}",
+        row.backend,
+        row.case,
         runs.len()
     );
     let mut failed = Vec::new();

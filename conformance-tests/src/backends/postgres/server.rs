@@ -230,6 +230,10 @@ pub fn psql(bin: &Path, port: u16, sql: &str) -> Result<String, BoxError> {
     let out = Command::new(bin.join("psql"))
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
         .args(["-d", "postgres", "-v", "ON_ERROR_STOP=1", "-At", "-c", sql])
+        // Bounded: a server that stopped answering fails the caller in
+        // seconds instead of hanging it.
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env("PGOPTIONS", "-c statement_timeout=30000")
         .stdin(Stdio::null())
         .output()?;
     if !out.status.success() {
