@@ -7,7 +7,9 @@ use super::assert_between;
 use crate::Ctx;
 
 /// A job that would run 3 × `max_hold` is cancelled at `max_hold`, the lock
-/// is free at once, and renewal stops.
+/// is free at once, and renewal stops. Before that, the lease's remaining
+/// validity counts the max hold: after renewals it never promises more
+/// than the hold has left (a supervisor reading it would stop too late).
 pub(super) async fn max_hold_aborts_and_frees(ctx: Ctx) {
     let (a, b) = (ctx.replica().await, ctx.replica().await);
     let name = ctx.name("watchdog");
@@ -17,7 +19,17 @@ pub(super) async fn max_hold_aborts_and_frees(ctx: Ctx) {
     let started = Instant::now();
     let outcome = a
         .locker
-        .with_lock(&name, &opts, |_lease| async move {
+        .with_lock(&name, &opts, |lease| async move {
+            let granted = Instant::now();
+            // Renewed by now, so the validity alone reaches past the hold.
+            sleep(max_hold * 3 / 4).await;
+            let asked = Instant::now();
+            let left = lease.remaining_validity().expect("a backed lease");
+            let hold_left = (granted + max_hold).saturating_duration_since(asked);
+            assert!(
+                left <= hold_left,
+                "remaining validity {left:?} is past the max hold, {hold_left:?} away"
+            );
             sleep(max_hold * 3).await;
         })
         .await

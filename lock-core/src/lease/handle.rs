@@ -88,16 +88,20 @@ impl LeaseHandle {
         self.state.cancel_token().child_token()
     }
 
-    /// How long the lease stays valid locally without another renewal
-    /// (`None` for an unlocked run that has not ended, which has no deadline;
-    /// zero once it ended). A `max_hold` ends it earlier if it comes first.
+    /// How long until the lease ends locally without another renewal: the
+    /// earlier of its validity deadline and its `max_hold` (`None` for an
+    /// unlocked run without `max_hold`, which has no deadline; zero once it
+    /// ended). What a supervisor must stop its work before.
     pub fn remaining_validity(&self) -> Option<Duration> {
-        if self.state.check_valid(Instant::now()).is_err() {
+        let now = Instant::now();
+        if self.state.check_valid(now).is_err() {
             return Some(Duration::ZERO);
         }
-        self.state
-            .valid_until()
-            .map(|d| d.saturating_duration_since(Instant::now()))
+        [self.state.valid_until(), self.state.hold_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|d| d.saturating_duration_since(now))
     }
 
     /// Whether this lease was taken without a backend (unlocked mode).
