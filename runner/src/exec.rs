@@ -20,8 +20,13 @@ use crate::{backend, telemetry};
 /// How long queued releases get at exit.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Runs `lockrun exec`; returns the runner's exit code.
-pub(crate) async fn run(args: ExecArgs) -> Result<u8, Failure> {
+/// Runs `lockrun exec` with the runner's reaper and watchdog; returns the
+/// runner's exit code.
+pub(crate) async fn run(
+    args: ExecArgs,
+    reaper: Reaper,
+    keeper: Arc<Keeper>,
+) -> Result<u8, Failure> {
     let name = LockName::new(&args.name).map_err(|e| Failure::usage(format!("--name: {e}")))?;
     if args.ttl.is_zero() {
         return Err(Failure::usage("--ttl must be greater than zero"));
@@ -37,12 +42,6 @@ pub(crate) async fn run(args: ExecArgs) -> Result<u8, Failure> {
     // Caught from here on: a signal while waiting for the lock ends the
     // runner as that signal would have, without running anything.
     let mut forwarded = Forwarded::catch().map_err(|e| Failure::internal(e.to_string()))?;
-    let reaper =
-        Reaper::start().map_err(|e| Failure::internal(format!("cannot reap children: {e}")))?;
-    let keeper = Arc::new(
-        Keeper::start(&reaper)
-            .map_err(|e| Failure::internal(format!("cannot start the watchdog process: {e}")))?,
-    );
     let metrics = telemetry::serve_metrics(args.common.metrics_addr).await?;
     let locks = backend::connect(args.common.backend.as_deref()).await?;
     let locker = locks
