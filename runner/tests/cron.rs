@@ -1,20 +1,21 @@
-//! `lockrun cron` with three runner processes on one Redis: one under
-//! libfaketime +2 s, one killed with SIGKILL midway. Every tick's command
-//! completes at most once, every tick nobody was killed in completes
-//! exactly once, and the killed runner's command tree is gone at once.
+//! `lockrun cron` on real processes, on every server backend: three runners
+//! (one under libfaketime +2 s, one SIGKILLed midway) run each tick once;
+//! leader mode runs one command at a time across a leader's death; an
+//! entry's max-hold stops its command with SIGTERM, then SIGKILL.
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use common::*;
 use distlock::scheduler::chrono::DateTime;
+use rustix::process::Signal;
 
-type Lines = Arc<Mutex<Vec<String>>>;
+/// The cases run one at a time: each reads per-second schedules off the
+/// wall clock, and three runners per case are load enough for two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn libfaketime() -> String {
     let out = client("dpkg", &["-L", "libfaketime"]);
@@ -24,150 +25,217 @@ fn libfaketime() -> String {
         .to_owned()
 }
 
-fn start(file: &str, replica: &str, faketime: Option<&str>) -> (Child, Lines) {
-    let mut command = lockrun(&["cron", "--backend", &redis_url(), file]);
+/// Starts `lockrun cron FILE` on `server` as `replica` (seen by the
+/// commands as $REPLICA), its clock moved by libfaketime if `faketime`.
+fn start(
+    server: &Server,
+    file: &str,
+    replica: &str,
+    faketime: Option<&str>,
+    extra: &[&str],
+) -> Spawned {
+    let mut command = lockrun(&["cron", "--backend", &server.url]);
     command
+        .args(extra)
+        .arg(file)
         .env("REPLICA", replica)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .env("RUST_LOG", "warn,lockrun=info");
     if let Some(lib) = faketime {
         command
             .env("LD_PRELOAD", lib)
             .env("FAKETIME", "+2")
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
     }
-    let mut child = command.spawn().expect("spawn lockrun cron");
-    let lines: Lines = Arc::default();
-    let sink = Arc::clone(&lines);
-    let out = child.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            sink.lock().expect("lines").push(line);
-        }
-    });
-    (child, lines)
+    Spawned::start(command, &format!("{}/{replica}", server.backend.label()))
 }
 
-fn epoch() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+/// Waits (at most 30 s) until every runner logged that it started; returns
+/// when the last did, in seconds since the epoch.
+fn wait_started(runners: &[&Spawned]) -> f64 {
+    let mut last = 0.0_f64;
+    for runner in runners {
+        let at = runner
+            .stderr
+            .wait_for(Duration::from_secs(30), |lines| {
+                lines
+                    .iter()
+                    .find(|l| l.text.contains("cron started"))
+                    .map(|l| l.epoch)
+            })
+            .expect("the runner started within 30 s");
+        last = last.max(at);
+    }
+    last
 }
 
-#[test]
-fn three_runners_run_each_tick_once_and_a_killed_one_leaves_nothing_running() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = unique("lockrun-cron");
+fn write_crontab(dir: &tempfile::TempDir, text: &str) -> String {
     let file = dir.path().join("crontab");
-    std::fs::write(
-        &file,
-        format!(
-            "# every second, half a second of work in a grandchild\n\
-             {job} * * * * * * ttl=3s -- echo \"start $LOCKRUN_SCHEDULED_AT $REPLICA $$\"; \
-             sleep 0.5 & echo \"child $!\"; wait; echo \"done $LOCKRUN_SCHEDULED_AT $REPLICA\"\n"
-        ),
-    )
-    .expect("write the cron file");
-    let file = file.to_str().expect("utf-8 path").to_owned();
-    let lib = libfaketime();
-    let began = epoch();
-    let (mut a, a_lines) = start(&file, "a", None);
-    let (mut b, b_lines) = start(&file, "b", Some(&lib));
-    let (mut c, c_lines) = start(&file, "c", None);
+    std::fs::write(&file, text).expect("write the cron file");
+    file.to_str().expect("utf-8 path").to_owned()
+}
 
-    // Kill the skewed runner (it fires first, so it runs most ticks) while
-    // one of its commands runs: the last line it printed is a `child` line.
-    std::thread::sleep(Duration::from_secs(4));
-    let waited = Instant::now();
-    let (shell, grandchild, killed_at) = loop {
-        assert!(
-            waited.elapsed() < Duration::from_secs(10),
-            "b never ran a command"
-        );
-        let lines = b_lines.lock().expect("lines").clone();
-        let n = lines.len();
-        if n >= 2 && lines[n - 1].contains("] child ") && lines[n - 2].contains("] start ") {
-            let shell: u32 = lines[n - 2]
-                .rsplit(' ')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .expect("pid");
-            let grandchild: u32 = lines[n - 1]
-                .rsplit(' ')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .expect("pid");
-            if alive(shell) {
-                client("kill", &["-KILL", &b.id().to_string()]);
-                break (shell, grandchild, Instant::now());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(5));
+/// What a command printed: `KIND TICK ...` after the `[JOB] ` prefix.
+fn events<'a>(job: &str, lines: &'a [Line], kind: &str) -> Vec<(i64, &'a Line)> {
+    let prefix = format!("[{job}] {kind} ");
+    lines
+        .iter()
+        .filter_map(|l| {
+            let rest = l.text.strip_prefix(&prefix)?;
+            let tick = rest.split_whitespace().next()?;
+            let tick = DateTime::parse_from_rfc3339(tick)
+                .expect("rfc3339 tick")
+                .timestamp();
+            Some((tick, l))
+        })
+        .collect()
+}
+
+/// The shell and grandchild of the command `runner` is running now, if its
+/// last two lines are a command's `start` and `child` and the shell runs.
+fn running(lines: &[Line]) -> Option<(u32, u32)> {
+    let n = lines.len();
+    let (start, child) = (lines.get(n.checked_sub(2)?)?, lines.get(n - 1)?);
+    if !(start.text.contains("] start ") && child.text.contains("] child=")) {
+        return None;
+    }
+    let shell = field(&start.text, "pid")?;
+    let grandchild = field(&child.text, "child")?;
+    alive(shell).then_some((shell, grandchild))
+}
+
+fn three_runners(backend: Backend) {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let label = backend.label();
+    let server = backend.server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = unique(&format!("lockrun-cron-{label}"));
+    let file = write_crontab(
+        &dir,
+        &format!(
+            "# every second, half a second of work in a grandchild\n\
+             {job} * * * * * * ttl=3s -- echo \"start $LOCKRUN_SCHEDULED_AT $REPLICA pid=$$\"; \
+             sleep 0.5 & echo \"child=$!\"; wait; echo \"done $LOCKRUN_SCHEDULED_AT $REPLICA\"\n"
+        ),
+    );
+    let lib = libfaketime();
+    let mut a = start(&server, &file, "a", None, &[]);
+    let mut b = start(&server, &file, "b", Some(&lib), &[]);
+    let mut c = start(&server, &file, "c", None, &[]);
+    let ready = wait_started(&[&a, &b, &c]);
+
+    // Let three ticks complete with all three up, then kill the skewed
+    // runner once it has completed a tick and while a command of its runs.
+    let all_done = |runners: &[&Spawned]| -> usize {
+        runners
+            .iter()
+            .map(|r| events(&job, &r.stdout.snapshot(), "done").len())
+            .sum()
     };
-    let _ = wait_bounded(&mut b, Duration::from_secs(5));
+    let waited = Instant::now();
+    while all_done(&[&a, &b, &c]) < 3 || events(&job, &b.stdout.snapshot(), "done").is_empty() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "{label}: three ticks, one of them on b, did not complete within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (shell, grandchild) = b
+        .stdout
+        .wait_for(Duration::from_secs(10), running)
+        .unwrap_or_else(|| panic!("{label}: b never ran a command"));
+    b.signal(Signal::KILL);
+    let (killed_at, killed_epoch) = (Instant::now(), epoch());
+    let _ = b.wait_bounded(Duration::from_secs(5));
     let gone = wait_all_gone(&[shell, grandchild], Duration::from_secs(3))
-        .expect("the killed runner's command still runs after its TTL");
+        .unwrap_or_else(|| panic!("{label}: the killed runner's command still runs after its TTL"));
     println!(
-        "runner SIGKILLed: its command tree was gone after {} ms",
+        "cron {label}: runner SIGKILLed, its command tree gone after {} ms",
         (gone - killed_at).as_millis()
     );
     assert!(
         gone - killed_at < Duration::from_millis(400),
-        "killed by the watchdog, not by finishing"
+        "{label}: killed by the watchdog, not by finishing"
     );
 
-    std::thread::sleep(Duration::from_secs(5));
-    let ended = epoch();
-    for runner in [&mut a, &mut c] {
-        client("kill", &["-TERM", &runner.id().to_string()]);
+    // The survivors go on: wait until they completed the fourth tick after
+    // the kill, and the sixth after all had started.
+    let first = ready.ceil() as i64 + 1;
+    let after = (killed_epoch.floor() as i64 + 4).max(first + 6);
+    let survivors_done =
+        |lines: &[Line]| events(&job, lines, "done").iter().any(|(t, _)| *t >= after);
+    let waited = Instant::now();
+    while !(survivors_done(&a.stdout.snapshot()) || survivors_done(&c.stdout.snapshot())) {
+        assert!(
+            waited.elapsed() < Duration::from_secs(15),
+            "{label}: no tick completed by a or c after the kill"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(
-        wait_bounded(&mut a, Duration::from_secs(40)).code(),
-        Some(0)
-    );
-    assert_eq!(
-        wait_bounded(&mut c, Duration::from_secs(40)).code(),
-        Some(0)
-    );
-    std::thread::sleep(Duration::from_millis(100));
+    let ended = epoch();
+    for runner in [&a, &c] {
+        runner.signal(Signal::TERM);
+    }
+    assert_eq!(a.finish(Duration::from_secs(40)).code(), Some(0));
+    assert_eq!(c.finish(Duration::from_secs(40)).code(), Some(0));
 
-    let mut done: BTreeMap<i64, Vec<String>> = BTreeMap::new();
-    let mut b_running: Option<i64> = None;
-    for (replica, lines) in [("a", &a_lines), ("b", &b_lines), ("c", &c_lines)] {
-        for line in lines.lock().expect("lines").iter() {
-            let mut words = line.split_whitespace();
-            assert_eq!(words.next(), Some(format!("[{job}]").as_str()), "{line}");
-            let kind = words.next();
-            if kind == Some("done") || kind == Some("start") {
-                let tick = DateTime::parse_from_rfc3339(words.next().expect("tick"))
-                    .expect("rfc3339")
-                    .timestamp();
-                if kind == Some("done") {
-                    done.entry(tick).or_default().push(replica.to_owned());
-                } else if replica == "b" {
-                    b_running = Some(tick);
-                }
-            }
+    let mut done: BTreeMap<i64, Vec<&str>> = BTreeMap::new();
+    let mut per_runner = Vec::new();
+    let b_lines = b.stdout.snapshot();
+    let b_running = events(&job, &b_lines, "start").last().map(|(t, _)| *t);
+    for (replica, runner) in [("a", &a), ("b", &b), ("c", &c)] {
+        let lines = runner.stdout.snapshot();
+        let completed = events(&job, &lines, "done");
+        per_runner.push(format!("{replica}={}", completed.len()));
+        for (tick, _) in completed {
+            done.entry(tick).or_default().push(replica);
         }
     }
-    let mut table = String::new();
+    let table: String = done
+        .iter()
+        .map(|(t, r)| format!("{t}:{} ", r.join("+")))
+        .collect();
+    println!(
+        "cron {label}: ticks completed per runner: {}",
+        per_runner.join(" ")
+    );
+    println!("cron {label}: completions per tick: {table}");
     for (tick, replicas) in &done {
-        assert_eq!(replicas.len(), 1, "tick {tick} completed on {replicas:?}");
-        table.push_str(&format!("{tick}:{} ", replicas[0]));
+        assert_eq!(
+            replicas.len(),
+            1,
+            "{label}: tick {tick} completed on {replicas:?}"
+        );
     }
-    println!("completions per tick: {table}");
-    // Every tick while all were up (after a 2 s start-up margin, before a
-    // 2 s stop margin) completed once, except the one the kill cut short.
-    let first = began.ceil() as i64 + 2;
+    // Every tick from the second after all had started to two seconds
+    // before the stop completed, except the one the kill cut short.
     let last = ended.floor() as i64 - 2;
+    assert!(
+        last - first >= 4,
+        "{label}: a window of at least five ticks: started {ready:.3}, killed {killed_epoch:.3}, \
+         stopped {ended:.3}"
+    );
     for tick in first..=last {
         if Some(tick) == b_running && !done.contains_key(&tick) {
             continue;
         }
         assert!(
             done.contains_key(&tick),
-            "tick {tick} never completed: {table}"
+            "{label}: tick {tick} never completed: {table}"
         );
     }
+}
+
+#[test]
+fn redis_three_runners_run_each_tick_once() {
+    three_runners(Backend::Redis);
+}
+
+#[test]
+fn postgres_three_runners_run_each_tick_once() {
+    three_runners(Backend::Postgres);
+}
+
+#[test]
+fn etcd_three_runners_run_each_tick_once() {
+    three_runners(Backend::Etcd);
 }
