@@ -93,6 +93,13 @@ pub(crate) struct CronArgs {
     /// The lock leader-mode entries elect their leader with.
     #[arg(long, value_name = "NAME", default_value = "lockrun/leader")]
     pub(crate) election_name: String,
+    /// The election lock's TTL: a runner that dies while leader is replaced
+    /// within this plus --election-interval.
+    #[arg(long, value_name = "D", value_parser = duration::parse, default_value = "15s")]
+    pub(crate) election_ttl: Duration,
+    /// How often the other runners try to become leader.
+    #[arg(long, value_name = "D", value_parser = duration::parse, default_value = "5s")]
+    pub(crate) election_interval: Duration,
     /// On SIGTERM or SIGINT, how long running commands get to finish before
     /// they are killed.
     #[arg(long, value_name = "D", value_parser = duration::parse, default_value = "30s")]

@@ -56,7 +56,10 @@ pub(crate) async fn run(
         .with_skew_tolerance(args.skew_tolerance);
     let mut leader = Scheduler::builder(locker.clone(), locks.tick_store())
         .with_mode(Mode::Leader(
-            ElectionOptions::new().with_name(args.election_name.clone()),
+            ElectionOptions::new()
+                .with_name(args.election_name.clone())
+                .with_ttl(args.election_ttl)
+                .with_interval(args.election_interval),
         ))
         .with_skew_tolerance(args.skew_tolerance);
     let (mut any_per_tick, mut any_leader) = (false, false);
