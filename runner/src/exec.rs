@@ -32,10 +32,12 @@ pub(crate) async fn run(
         return Err(Failure::usage("--ttl must be greater than zero"));
     }
     let timing = KillTiming::for_ttl(args.ttl, args.common.kill_grace).map_err(Failure::usage)?;
-    let mut options = LockOptions::new(args.ttl);
-    if let Some(max_hold) = args.max_hold {
-        options = options.with_max_hold(max_hold);
+    if args.max_hold.is_some_and(|m| m < args.ttl) {
+        return Err(Failure::usage("--max-hold must be at least --ttl"));
     }
+    // No max hold on the lease: the supervisor enforces it, so that the
+    // lock is let go only once the group is gone (see supervise).
+    let mut options = LockOptions::new(args.ttl);
     if let Some(timeout) = args.timeout {
         options = options.with_acquire_timeout(timeout);
     }

@@ -6,6 +6,8 @@
 mod common;
 #[path = "cron/leader.rs"]
 mod leader;
+#[path = "cron/max_hold.rs"]
+mod max_hold;
 #[path = "cron/three_runners.rs"]
 mod three_runners;
 

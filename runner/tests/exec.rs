@@ -327,3 +327,94 @@ fn signals_are_forwarded_to_the_whole_group() {
         "the watchdog was reaped before lockrun exited"
     );
 }
+
+/// A shell that prints "term" on SIGTERM and waits on, with a child that
+/// ignores SIGTERM: only SIGKILL ends the group.
+const TERM_LOGGER: &str = r#"trap 'echo term' TERM; (trap '' TERM; exec sleep 60) & echo "pid=$$ child=$!"; while kill -0 $! 2>/dev/null; do wait $!; done"#;
+
+#[test]
+fn max_hold_stops_the_group_with_sigterm_then_sigkill_after_the_grace() {
+    let url = redis_url();
+    let name = unique("lockrun/max-hold");
+    // SIGTERM at 3 s, SIGKILL at 4 s; the lock held and renewed until the
+    // group is gone.
+    let (max_hold, grace) = (Duration::from_secs(4), Duration::from_secs(1));
+    let mut command = lockrun(&[
+        "exec",
+        "--backend",
+        &url,
+        "--name",
+        &name,
+        "--ttl",
+        "4s",
+        "--max-hold",
+        "4s",
+        "--kill-grace",
+        "1s",
+        "--",
+    ]);
+    command.args(["sh", "-c", TERM_LOGGER]);
+    let mut holder = Spawned::start(command, &name);
+    let pids = tree_pids(&holder);
+    let started = holder.stdout.snapshot()[0].at;
+    let termed = holder
+        .stdout
+        .wait_for(max_hold + Duration::from_secs(2), |lines| {
+            lines.iter().find(|l| l.text == "term").map(|l| l.at)
+        })
+        .expect("the command got SIGTERM");
+    // During the grace the lock is still held: nothing else runs while the
+    // group does.
+    let (during, _, _) = output_bounded(
+        lockrun(&["exec", "--backend", &url, "--name", &name, "--", "true"]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        pids.iter().all(|p| alive(*p)),
+        "the group outlived the check"
+    );
+    assert_eq!(during.code(), Some(75), "held while the group runs");
+    let gone = wait_all_gone(&pids, Duration::from_secs(5)).expect("the group was killed");
+    let status = holder.wait_bounded(Duration::from_secs(10));
+    println!(
+        "max-hold {} ms, grace {} ms: SIGTERM seen {} ms after the start, the group gone {} ms after it",
+        max_hold.as_millis(),
+        grace.as_millis(),
+        (termed - started).as_millis(),
+        (gone - started).as_millis()
+    );
+    // `started` is when the command's first line was read, a little after
+    // the acquisition the hold counts from; the tolerance is for a loaded
+    // machine's timers.
+    let tolerance = Duration::from_millis(300);
+    assert!(
+        termed - started >= max_hold - grace - tolerance,
+        "SIGTERM came too early: {:?}",
+        termed - started
+    );
+    assert!(
+        gone - termed >= grace - tolerance,
+        "SIGKILL did not wait for the grace: {:?}",
+        gone - termed
+    );
+    assert!(
+        gone - started < max_hold + tolerance,
+        "the group outlived the maximum hold: {:?}",
+        gone - started
+    );
+    assert_eq!(status.code(), Some(76), "exit code 'lock lost'");
+    assert!(
+        holder
+            .stderr
+            .snapshot()
+            .iter()
+            .any(|l| l.text.contains("maximum hold time reached")),
+        "logged as the maximum hold"
+    );
+    // The lock was let go: another run takes it at once.
+    let (status, _, _) = output_bounded(
+        lockrun(&["exec", "--backend", &url, "--name", &name, "--", "true"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(status.code(), Some(0));
+}
