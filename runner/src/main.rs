@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::cli::{Cli, Cmd};
 use crate::exit::Failure;
@@ -29,6 +29,10 @@ use crate::reaper::Reaper;
 
 /// How long the watchdog gets to exit once its pipe is closed at the end.
 const KEEPER_STOP: Duration = Duration::from_secs(2);
+
+/// How long the runner waits at the end for its last children to be reaped
+/// (every command's group is empty by then, unless SIGKILL could not end it).
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -92,7 +96,10 @@ where
         Keeper::start(&reaper)
             .map_err(|e| Failure::internal(format!("cannot start the watchdog process: {e}")))?,
     );
-    let result = run(reaper, Arc::clone(&keeper)).await;
+    let result = run(reaper.clone(), Arc::clone(&keeper)).await;
     keeper.stop(KEEPER_STOP).await;
+    if !reaper.drain(DRAIN_LIMIT).await {
+        warn!("children of the runner are still running as it exits");
+    }
     result
 }

@@ -76,8 +76,20 @@ fn metrics_need_the_token_and_show_the_held_lock_and_logs_are_json_lines() {
             })
         })
         .expect("a JSON log line with the /metrics address");
+    // The acquisition is logged once the command is spawned, so it may
+    // come after the command's first line.
+    runner
+        .stderr
+        .wait_for(Duration::from_secs(10), |lines| {
+            lines
+                .iter()
+                .find(|l| {
+                    l.text.contains("\"lock acquired; command started\"") && l.text.contains(&name)
+                })
+                .map(|_| ())
+        })
+        .expect("the acquisition is logged with the lock's name");
     let logged = runner.stderr.snapshot();
-    assert!(logged.len() >= 2, "several log lines: {logged:?}");
     for line in &logged {
         let v: serde_json::Value = serde_json::from_str(&line.text)
             .unwrap_or_else(|e| panic!("not a JSON line ({e}): {:?}", line.text));
@@ -86,12 +98,6 @@ fn metrics_need_the_token_and_show_the_held_lock_and_logs_are_json_lines() {
         assert!(v["fields"]["message"].is_string(), "{}", line.text);
         assert!(!line.text.contains(&token), "the token is never logged");
     }
-    assert!(
-        logged.iter().any(
-            |l| l.text.contains("\"lock acquired; command started\"") && l.text.contains(&name)
-        ),
-        "the acquisition is logged with the lock's name"
-    );
 
     assert_eq!(scrape(addr, None).0, 401, "no token");
     assert_eq!(scrape(addr, Some("wrong")).0, 401, "a wrong token");

@@ -9,7 +9,7 @@ mod servers;
 pub use proc::{epoch, field, Line, Lines, Spawned};
 pub use servers::{database_url, redis_url, Backend, Server};
 
-use std::process::{Command, ExitStatus};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub const LOCKRUN: &str = env!("CARGO_BIN_EXE_lockrun");
@@ -87,12 +87,51 @@ pub fn wait_all_gone(pids: &[u32], limit: Duration) -> Option<Instant> {
     None
 }
 
-/// Runs a stock client, failing the test if it fails.
-pub fn client(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
+/// Runs `program` to completion within `limit`, killing and reaping it
+/// past that; `None` if it could not start or ran out of time.
+pub fn run_bounded(program: &str, args: &[&str], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(program)
         .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} could not run: {e}"));
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    // Read on threads so a full pipe cannot stall the client.
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = read(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = read(child.stderr.take().map(|p| Box::new(p) as _));
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Some(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+/// Runs a stock client (at most 20 s), failing the test if it fails.
+pub fn client(program: &str, args: &[&str]) -> String {
+    let out = run_bounded(program, args, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("{program} {args:?} could not run, or ran over 20 s"));
     assert!(
         out.status.success(),
         "{program} {args:?}: {}",

@@ -1,7 +1,6 @@
 //! The server backends the tests run against: the shared Redis and
 //! Postgres, a private etcd per test (stopped when the guard drops).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use conformance_tests::backends::etcd::server;
@@ -61,11 +60,9 @@ impl Backend {
                 let etcd = server::start(server::ServerTls::default()).expect("a private etcd");
                 let endpoint = format!("127.0.0.1:{}", etcd.port());
                 let ready = Instant::now();
-                while Command::new("etcdctl")
-                    .args(["--endpoints", &endpoint, "put", "/ready", "1"])
-                    .output()
-                    .map(|o| !o.status.success())
-                    .unwrap_or(true)
+                let put = ["--endpoints", &endpoint, "put", "/ready", "1"];
+                while !super::run_bounded("etcdctl", &put, Duration::from_secs(5))
+                    .is_some_and(|o| o.status.success())
                 {
                     assert!(
                         ready.elapsed() < Duration::from_secs(20),
