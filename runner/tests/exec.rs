@@ -51,6 +51,8 @@ fn start_holder(backend: &str, name: &str) -> (Spawned, Vec<u32>) {
         name,
         "--ttl",
         "3s",
+        "--metrics-addr",
+        "127.0.0.1:0",
         "--",
     ]);
     command.args(["sh", "-c", STUBBORN]);
@@ -80,9 +82,8 @@ fn steal_and_measure(backend: Backend) {
     };
     let (mut holder, pids) = start_holder(&url, &name);
     let watchdog = watchdog_of(&holder, pids[0]);
-    // Let a renewal or two pass, so the lock is held in steady state: the
-    // runner logs nothing per renewal, so this is the one plain wait.
-    std::thread::sleep(Duration::from_millis(1200));
+    // Steal in steady state: once the lease was renewed.
+    wait_renewed(metrics_addr(&holder), &name);
     assert!(
         pids.iter().all(|p| alive(*p)),
         "the tree runs while the lock is held"

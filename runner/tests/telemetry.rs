@@ -3,39 +3,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
 use rustix::process::Signal;
-
-/// `GET /metrics` on `addr`, with `Authorization: Bearer TOKEN` if given;
-/// returns the status code and the whole response.
-fn scrape(addr: SocketAddr, token: Option<&str>) -> (u16, String) {
-    let limit = Duration::from_secs(5);
-    let mut stream = TcpStream::connect_timeout(&addr, limit).expect("connect to /metrics");
-    stream.set_read_timeout(Some(limit)).expect("read timeout");
-    stream
-        .set_write_timeout(Some(limit))
-        .expect("write timeout");
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .expect("send the request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .expect("read the response");
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {response:?}"));
-    (status, response)
-}
 
 #[test]
 fn metrics_need_the_token_and_show_the_held_lock_and_logs_are_json_lines() {

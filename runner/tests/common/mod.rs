@@ -3,9 +3,11 @@
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+mod metrics;
 mod proc;
 mod servers;
 
+pub use metrics::{metrics_addr, scrape, wait_renewed};
 pub use proc::{epoch, field, Line, Lines, Spawned};
 pub use servers::{database_url, redis_url, Backend, Server};
 
