@@ -74,13 +74,30 @@ pub fn field(text: &str, key: &str) -> Option<u32> {
 /// A spawned process (lockrun), SIGKILLed and reaped on drop unless it has
 /// exited, together with every process its output named as `pid=N` or
 /// `child=N` (the commands and their children: the tests' commands print
-/// those words), which get SIGKILL too, as a group and alone.
+/// those words), which get SIGKILL too, as a group and alone, if they are
+/// still the processes that were named.
 #[derive(Debug)]
 pub struct Spawned {
     child: Child,
     pub stdout: Lines,
     pub stderr: Lines,
-    named: Arc<Mutex<Vec<u32>>>,
+    named: Arc<Mutex<Vec<Named>>>,
+}
+
+/// A process named in the output, with its start time (clock ticks since
+/// boot) when it was read: pids are reused (pid_max may be 32768), so only
+/// a process that still has that start time is the one that was named.
+#[derive(Debug, Clone, Copy)]
+struct Named {
+    pid: u32,
+    started: Option<u64>,
+}
+
+/// Field 22 of /proc/PID/stat: when the process started.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Spawned {
@@ -93,7 +110,7 @@ impl Spawned {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn lockrun");
-        let named: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let named: Arc<Mutex<Vec<Named>>> = Arc::default();
         let stdout = capture(
             child.stdout.take().expect("stdout"),
             None,
@@ -157,7 +174,9 @@ impl Spawned {
         self.named
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .iter()
+            .map(|n| n.pid)
+            .collect()
     }
 }
 
@@ -167,12 +186,29 @@ impl Drop for Spawned {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        for pid in self.named() {
-            let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        let named = self
+            .named
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for n in named {
+            let Some(pid) = i32::try_from(n.pid).ok().and_then(Pid::from_raw) else {
                 continue;
             };
-            let _ = rustix::process::kill_process_group(pid, Signal::KILL);
-            let _ = rustix::process::kill_process(pid, Signal::KILL);
+            match (n.started, start_time(n.pid)) {
+                // Still the process that was named: it and its group.
+                (Some(then), Some(now)) if then == now => {
+                    let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+                    let _ = rustix::process::kill_process(pid, Signal::KILL);
+                }
+                // Gone: a group of that number is what it left (a group's
+                // number is not handed out again while the group lives).
+                (_, None) => {
+                    let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+                }
+                // The number belongs to another process now.
+                _ => {}
+            }
         }
     }
 }
@@ -181,7 +217,7 @@ impl Drop for Spawned {
 fn capture(
     pipe: impl Read + Send + 'static,
     echo: Option<String>,
-    named: Arc<Mutex<Vec<u32>>>,
+    named: Arc<Mutex<Vec<Named>>>,
 ) -> Lines {
     let lines = Lines::default();
     let sink = lines.clone();
@@ -191,7 +227,15 @@ fn capture(
                 eprintln!("{label}| {text}");
             }
             let mut pids = named.lock().unwrap_or_else(PoisonError::into_inner);
-            pids.extend(["pid", "child"].iter().filter_map(|k| field(&text, k)));
+            pids.extend(
+                ["pid", "child"]
+                    .iter()
+                    .filter_map(|k| field(&text, k))
+                    .map(|pid| Named {
+                        pid,
+                        started: start_time(pid),
+                    }),
+            );
             drop(pids);
             let line = Line {
                 at: Instant::now(),
