@@ -1,7 +1,8 @@
-//! Leader mode: one elected runner fires every tick. Three runners; the
-//! leader is SIGKILLed mid-command; another takes over once the election
-//! lock's TTL runs out, and no two commands ever overlap (their start and
-//! end read from the commands' own clocks).
+//! Leader mode, on every server backend: one elected runner fires every
+//! tick. Three runners; the leader is SIGKILLed mid-command; another takes
+//! over (once the election lock's TTL runs out, or at once where the lock
+//! dies with the leader's session), and no two commands ever overlap (their
+//! start and end read from the commands' own clocks).
 
 use super::*;
 
@@ -49,10 +50,10 @@ fn three_ends_after(
     }
 }
 
-#[test]
-fn leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
+fn leader_mode(backend: Backend) {
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let server = Backend::Redis.server();
+    let label = backend.label();
+    let server = backend.server();
     let dir = tempfile::tempdir().expect("tempdir");
     let job = unique("lockrun-leader");
     let election = unique("lockrun/leader");
@@ -99,7 +100,7 @@ fn leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
         .expect("the killed leader's command still runs");
     let gone_epoch = killed_epoch + (gone - killed_at).as_secs_f64();
     println!(
-        "leader: {} SIGKILLed, its command tree gone after {} ms",
+        "leader {label}: {} SIGKILLed, its command tree gone after {} ms",
         runners[leader].0,
         (gone - killed_at).as_millis()
     );
@@ -183,10 +184,26 @@ fn leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
     }
     let takeover = first_after_kill.expect("a command after the kill") - killed_epoch;
     println!(
-        "leader: {} commands, none overlapping; {} took over {:.0} ms after the kill (election TTL {} s)",
+        "leader {label}: {} commands, none overlapping; {} took over {:.0} ms after the kill \
+         (election TTL {} s)",
         intervals.len(),
         runners[successor].0,
         takeover * 1000.0,
         ELECTION_TTL.as_secs()
     );
+}
+
+#[test]
+fn redis_leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
+    leader_mode(Backend::Redis);
+}
+
+#[test]
+fn postgres_leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
+    leader_mode(Backend::Postgres);
+}
+
+#[test]
+fn etcd_leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
+    leader_mode(Backend::Etcd);
 }
