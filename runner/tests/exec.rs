@@ -218,6 +218,21 @@ fn exit_codes_are_the_documented_ones() {
         Some(64)
     );
     assert_eq!(run(&["exec", "--name", &name, "--", "true"]), Some(64));
+    // A maximum hold shorter than the TTL.
+    assert_eq!(
+        run(&[
+            "exec",
+            "--backend",
+            &url,
+            "--name",
+            &name,
+            "--max-hold",
+            "1s",
+            "--",
+            "true"
+        ]),
+        Some(64)
+    );
     assert_eq!(
         run(&[
             "exec",
