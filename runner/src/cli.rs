@@ -70,7 +70,9 @@ pub(crate) struct ExecArgs {
     /// With --wait: gives up after this long.
     #[arg(long, value_name = "D", value_parser = duration::parse, requires = "wait")]
     pub(crate) timeout: Option<Duration>,
-    /// Stops the command (as on a loss) once it has held the lock this long.
+    /// Stops the command once it has held the lock this long: SIGTERM to its
+    /// group the kill grace before, SIGKILL at it; then the lock is released
+    /// and the runner exits 76. At least the TTL.
     #[arg(long, value_name = "D", value_parser = duration::parse)]
     pub(crate) max_hold: Option<Duration>,
     /// The exit code when the lock is held elsewhere (default 75).
@@ -93,6 +95,13 @@ pub(crate) struct CronArgs {
     /// The lock leader-mode entries elect their leader with.
     #[arg(long, value_name = "NAME", default_value = "lockrun/leader")]
     pub(crate) election_name: String,
+    /// The election lock's TTL: a runner that dies while leader is replaced
+    /// within this plus --election-interval.
+    #[arg(long, value_name = "D", value_parser = duration::parse, default_value = "15s")]
+    pub(crate) election_ttl: Duration,
+    /// How often the other runners try to become leader.
+    #[arg(long, value_name = "D", value_parser = duration::parse, default_value = "5s")]
+    pub(crate) election_interval: Duration,
     /// On SIGTERM or SIGINT, how long running commands get to finish before
     /// they are killed.
     #[arg(long, value_name = "D", value_parser = duration::parse, default_value = "30s")]
@@ -108,7 +117,8 @@ The cron file: one entry per line, `#` starts a comment.
   SCHEDULE  5 fields (minute hour day month weekday), or 6 with seconds first
   OPTIONS   tz=Europe/Berlin    the schedule's time zone (default UTC)
             ttl=30s             the tick lock's TTL (default 30s)
-            max-hold=10m        stop the command after this long (default: none)
+            max-hold=10m        stop the command after this long: SIGTERM the kill
+                                grace before, SIGKILL at it (default: none)
             missed=skip         or run-once, or run-all:WINDOW:MAX (e.g. run-all:1h:5)
             mode=per-tick       or leader (one elected runner fires every tick)
   COMMAND   run by /bin/sh -c, in a process group of its own; its output is

@@ -20,29 +20,30 @@ use crate::{backend, telemetry};
 /// How long queued releases get at exit.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Runs `lockrun exec`; returns the runner's exit code.
-pub(crate) async fn run(args: ExecArgs) -> Result<u8, Failure> {
+/// Runs `lockrun exec` with the runner's reaper and watchdog; returns the
+/// runner's exit code.
+pub(crate) async fn run(
+    args: ExecArgs,
+    reaper: Reaper,
+    keeper: Arc<Keeper>,
+) -> Result<u8, Failure> {
     let name = LockName::new(&args.name).map_err(|e| Failure::usage(format!("--name: {e}")))?;
     if args.ttl.is_zero() {
         return Err(Failure::usage("--ttl must be greater than zero"));
     }
     let timing = KillTiming::for_ttl(args.ttl, args.common.kill_grace).map_err(Failure::usage)?;
-    let mut options = LockOptions::new(args.ttl);
-    if let Some(max_hold) = args.max_hold {
-        options = options.with_max_hold(max_hold);
+    if args.max_hold.is_some_and(|m| m < args.ttl) {
+        return Err(Failure::usage("--max-hold must be at least --ttl"));
     }
+    // No max hold on the lease: the supervisor enforces it, so that the
+    // lock is let go only once the group is gone (see supervise).
+    let mut options = LockOptions::new(args.ttl);
     if let Some(timeout) = args.timeout {
         options = options.with_acquire_timeout(timeout);
     }
     // Caught from here on: a signal while waiting for the lock ends the
     // runner as that signal would have, without running anything.
     let mut forwarded = Forwarded::catch().map_err(|e| Failure::internal(e.to_string()))?;
-    let reaper =
-        Reaper::start().map_err(|e| Failure::internal(format!("cannot reap children: {e}")))?;
-    let keeper = Arc::new(
-        Keeper::start(&reaper)
-            .map_err(|e| Failure::internal(format!("cannot start the watchdog process: {e}")))?,
-    );
     let metrics = telemetry::serve_metrics(args.common.metrics_addr).await?;
     let locks = backend::connect(args.common.backend.as_deref()).await?;
     let locker = locks

@@ -7,16 +7,20 @@
 //! subcommand) in a process group of its own, and tells it on a pipe which
 //! groups are running. When the pipe reaches end-of-file with groups still
 //! listed, the runner is gone: the watchdog sends them SIGKILL at once. A
-//! normal exit unlists every group first, so the watchdog then does nothing.
+//! normal exit unlists every group first, so the watchdog then does nothing;
+//! the runner then closes the pipe itself and reaps the watchdog before it
+//! exits ([`Keeper::stop`]), so no watchdog is left a zombie for init.
 
 use std::io::{self, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
-use rustix::process::{Pid, Signal};
+use rustix::process::{Pid, Signal, WaitStatus};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::reaper::Reaper;
@@ -27,7 +31,9 @@ pub(crate) const SUBCOMMAND: &str = "__keeper";
 /// The runner's end of the watchdog's pipe.
 #[derive(Debug)]
 pub(crate) struct Keeper {
-    pipe: Mutex<ChildStdin>,
+    /// `None` once [`Keeper::stop`] closed it.
+    pipe: Mutex<Option<ChildStdin>>,
+    exit: Mutex<Option<oneshot::Receiver<WaitStatus>>>,
 }
 
 impl Keeper {
@@ -40,14 +46,45 @@ impl Keeper {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .process_group(0);
-        let (mut child, _exit) = reaper.spawn(&mut command)?;
+        let (mut child, exit) = reaper.spawn(&mut command)?;
         let pipe = child
             .stdin
             .take()
             .ok_or_else(|| io::Error::other("the watchdog has no stdin pipe"))?;
         Ok(Self {
-            pipe: Mutex::new(pipe),
+            pipe: Mutex::new(Some(pipe)),
+            exit: Mutex::new(Some(exit)),
         })
+    }
+
+    /// Closes the pipe, so the watchdog exits (killing any group still
+    /// listed), and waits at most `limit` for the reaper to collect it.
+    /// Returns whether it was collected. Later calls return at once.
+    ///
+    /// Cancel safe: the pipe is closed on the first poll; a dropped wait
+    /// leaves the watchdog to exit and be reaped by the sweep, or by init.
+    pub(crate) async fn stop(&self, limit: Duration) -> bool {
+        drop(
+            self.pipe
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let exit = self
+            .exit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(exit) = exit else {
+            return true;
+        };
+        match tokio::time::timeout(limit, exit).await {
+            Ok(Ok(_status)) => true,
+            Ok(Err(_)) | Err(_) => {
+                warn!("the watchdog process did not exit in time; init will reap it");
+                false
+            }
+        }
     }
 
     /// Lists `pgid`: killed if the runner dies before [`Keeper::unwatch`].
@@ -62,6 +99,12 @@ impl Keeper {
 
     fn send(&self, op: char, pgid: Pid) {
         let mut pipe = self.pipe.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(pipe) = pipe.as_mut() else {
+            warn!(
+                "the watchdog was stopped; a crash of this runner would leave this command running"
+            );
+            return;
+        };
         if let Err(e) = writeln!(pipe, "{op}{}", pgid.as_raw_nonzero()) {
             warn!(error = %e, "the watchdog process is gone; a crash of this runner would leave its commands running");
         }

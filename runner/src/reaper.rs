@@ -14,6 +14,7 @@ use std::process::{Child, Command};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use rustix::io::Errno;
 use rustix::process::{Pid, WaitOptions, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{oneshot, Notify};
@@ -22,6 +23,9 @@ use tracing::debug;
 /// Sweeps for exits even without a SIGCHLD, in case one was coalesced
 /// away between a sweep and the next registration.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How often [`Reaper::drain`] looks again while children are left.
+const DRAIN_RECHECK: Duration = Duration::from_millis(10);
 
 #[derive(Default)]
 struct Waiters(HashMap<i32, oneshot::Sender<WaitStatus>>);
@@ -80,6 +84,34 @@ impl Reaper {
     /// before checking, so a reap in between is not missed).
     pub(crate) fn reaped(&self) -> tokio::sync::futures::Notified<'_> {
         self.reaped.notified()
+    }
+
+    /// Reaps children until none is left, or `limit` has passed; returns
+    /// whether none is left. For the runner's last moments: whatever path
+    /// it ends by, no child of its is left a zombie for init to collect.
+    ///
+    /// Cancel safe: what it reaped is delivered as by the sweep.
+    pub(crate) async fn drain(&self, limit: Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        loop {
+            let reaped = self.reaped();
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) => {
+                    self.deliver(pid, status);
+                    continue;
+                }
+                Err(Errno::CHILD) => return true,
+                Ok(None) | Err(_) => {}
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::select! {
+                _ = reaped => {}
+                _ = tokio::time::sleep(DRAIN_RECHECK) => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
     }
 
     /// Collects every exited child without blocking.

@@ -63,7 +63,8 @@ pub(crate) enum Cause {
     Lost(LossReason),
     /// No renewal succeeded and the local deadline came within the grace.
     Expiring,
-    /// The maximum hold time came within the grace.
+    /// The maximum hold time came within the grace: SIGTERM now, SIGKILL
+    /// when the hold ends.
     MaxHold,
     /// The caller asked (shutdown, or the scheduler aborted the run).
     Cancelled,
@@ -118,7 +119,8 @@ enum Event {
 
 /// Supervises `group` under `lease` until the group is gone.
 ///
-/// `max_hold_at` is when the lease's maximum hold ends, if it has one.
+/// `max_hold_at` is when the run's maximum hold ends, if it has one: the
+/// group gets SIGTERM the kill grace before it and SIGKILL at it.
 /// Signals from `forward` are passed on to the group, which is then waited
 /// for as usual. `cancel` stops the group as a loss does (SIGTERM, then
 /// SIGKILL after the grace); `hard` sends SIGKILL at once, at any point.
@@ -134,26 +136,30 @@ pub(crate) async fn supervise(
     // Where the local deadline was last seen; it only moves forward, so a
     // stale value errs early.
     let mut deadline: Option<Instant> = None;
+    // The maximum hold is the runner's own, not the lease's: the lease
+    // would end (and the lock be let go) at its max hold whatever the
+    // group's state, so the group is stopped by then and the lock released
+    // only once the group is gone, as after any other stop.
+    let term_for_hold = max_hold_at.map(|at| at.checked_sub(timing.grace).unwrap_or(at));
     let cause = loop {
         let now = Instant::now();
         if let Some(reason) = lease.loss_reason() {
             break Cause::Lost(reason);
         }
+        if term_for_hold.is_some_and(|at| at <= now) {
+            break Cause::MaxHold;
+        }
         let wake = match lease.remaining_validity() {
             Some(left) => {
                 deadline = Some(now + left);
                 if left <= timing.threshold() {
-                    let hold_ends = max_hold_at.is_some_and(|at| at <= now + left + timing.margin);
-                    break if hold_ends {
-                        Cause::MaxHold
-                    } else {
-                        Cause::Expiring
-                    };
+                    break Cause::Expiring;
                 }
                 now + (left - timing.threshold()).min(timing.recheck)
             }
             None => now + timing.recheck,
         };
+        let wake = term_for_hold.map_or(wake, |at| wake.min(at));
         let signal = async {
             match forward.as_deref_mut() {
                 Some(f) => f.recv().await,
@@ -190,7 +196,11 @@ pub(crate) async fn supervise(
     let kill_at = if hard.is_cancelled() {
         now
     } else {
-        kill_instant(now, deadline, timing)
+        let at = kill_instant(now, deadline, timing);
+        match (cause, max_hold_at) {
+            (Cause::MaxHold, Some(hold)) => at.min(hold).max(now),
+            _ => at,
+        }
     };
     match cause {
         Cause::Lost(reason) if reason.is_loss() => warn!(

@@ -1,5 +1,6 @@
 //! Logs and the /metrics endpoint.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 
 use distlock::metrics_http::{MetricsServer, MetricsServerHandle};
@@ -12,8 +13,11 @@ use crate::exit::Failure;
 /// or JSON lines; RUST_LOG sets the filter, default `info`.
 pub(crate) fn init_logs(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a terminal: a journal or a log file would keep the
+    // escape codes.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     // A second initialisation can only come from a bug; logging then goes
     // wherever the first one sends it.

@@ -4,21 +4,46 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rustix::process::Signal;
 
 /// Short enough for a fast test, long enough for a loaded 2-core machine.
 const TTL: Duration = Duration::from_secs(3);
 
 /// A shell that ignores SIGTERM (and so does its grandchild), prints both
 /// pids, and waits: only SIGKILL ends it.
-const STUBBORN: &str = r#"trap '' TERM; sleep 60 & echo "$$ $!"; wait"#;
+const STUBBORN: &str = r#"trap '' TERM; sleep 60 & echo "pid=$$ child=$!"; wait"#;
+
+/// The `pid=` and `child=` a command printed first, waited for at most 20 s.
+fn tree_pids(runner: &Spawned) -> Vec<u32> {
+    runner
+        .stdout
+        .wait_for(Duration::from_secs(20), |lines| {
+            let l = lines.first()?;
+            Some(vec![field(&l.text, "pid")?, field(&l.text, "child")?])
+        })
+        .expect("the command printed its pids")
+}
+
+/// The runner's watchdog: its child that is not the command.
+fn watchdog_of(runner: &Spawned, command: u32) -> u32 {
+    let others: Vec<u32> = children(runner.id())
+        .into_iter()
+        .filter(|p| *p != command)
+        .collect();
+    assert_eq!(
+        others.len(),
+        1,
+        "one watchdog beside the command: {others:?}"
+    );
+    others[0]
+}
 
 /// Starts `lockrun exec` on `backend` and returns it with the tree's pids.
-fn start_holder(backend: &str, name: &str) -> (std::process::Child, Vec<u32>) {
-    let mut child = lockrun(&[
+fn start_holder(backend: &str, name: &str) -> (Spawned, Vec<u32>) {
+    let mut command = lockrun(&[
         "exec",
         "--backend",
         backend,
@@ -26,147 +51,135 @@ fn start_holder(backend: &str, name: &str) -> (std::process::Child, Vec<u32>) {
         name,
         "--ttl",
         "3s",
+        "--metrics-addr",
+        "127.0.0.1:0",
         "--",
-    ])
-    .args(["sh", "-c", STUBBORN])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit())
-    .spawn()
-    .expect("spawn lockrun");
-    let out = child.stdout.take().expect("stdout");
-    let (line, _out) = read_line(out, Duration::from_secs(20));
-    let pids: Vec<u32> = line
-        .split_whitespace()
-        .map(|p| p.parse().expect("a pid"))
-        .collect();
-    assert_eq!(pids.len(), 2, "shell and grandchild pids, got {line:?}");
-    (child, pids)
+    ]);
+    command.args(["sh", "-c", STUBBORN]);
+    let holder = Spawned::start(command, name);
+    let pids = tree_pids(&holder);
+    (holder, pids)
 }
 
-/// Steals through `steal`, then measures until the last process of the
-/// tree is gone; asserts that happens before the runner's local deadline
-/// (at least 2/3 of the TTL, less the drift, after the steal: the runner
-/// renews every TTL/3) and that the runner exits "lock lost".
-fn steal_and_measure(
-    backend_label: &str,
-    mut holder: std::process::Child,
-    pids: Vec<u32>,
-    steal: impl FnOnce(),
-) {
-    // Let a renewal or two pass, so the lock is held in steady state.
-    std::thread::sleep(Duration::from_millis(1200));
+/// Steals the lock with a stock client while a stubborn tree runs under
+/// it, then measures until the last process of the tree is gone; asserts
+/// that happens before the runner's local deadline (at least 2/3 of the
+/// TTL, less the drift, after the steal: the runner renews every TTL/3),
+/// that the runner exits "lock lost", and that its watchdog was reaped
+/// before it exited.
+fn steal_and_measure(backend: Backend) {
+    let server = backend.server();
+    let label = backend.label();
+    let name = unique(&format!("lockrun/steal-{label}"));
+    // Postgres: a session marked by name, to terminate exactly it.
+    let app = unique("lockrun-steal");
+    let url = match backend {
+        Backend::Postgres => {
+            let sep = if server.url.contains('?') { '&' } else { '?' };
+            format!("{}{sep}application_name={app}", server.url)
+        }
+        _ => server.url.clone(),
+    };
+    let (mut holder, pids) = start_holder(&url, &name);
+    let watchdog = watchdog_of(&holder, pids[0]);
+    // Steal in steady state: once the lease was renewed.
+    wait_renewed(metrics_addr(&holder), &name);
     assert!(
         pids.iter().all(|p| alive(*p)),
         "the tree runs while the lock is held"
     );
-    steal();
+    steal(&server, &name, &app);
     let stolen = Instant::now();
     let gone = wait_all_gone(&pids, Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("{backend_label}: processes still alive 10 s after the steal"));
+        .unwrap_or_else(|| panic!("{label}: processes still alive 10 s after the steal"));
     let took = gone - stolen;
-    let status = wait_bounded(&mut holder, Duration::from_secs(10));
+    let status = holder.wait_bounded(Duration::from_secs(10));
+    assert_eq!(
+        state(watchdog),
+        None,
+        "{label}: the watchdog outlived the runner (running or a zombie)"
+    );
     println!(
-        "steal-to-last-death {backend_label}: {} ms (TTL {} ms)",
+        "steal-to-last-death {label}: {} ms (TTL {} ms)",
         took.as_millis(),
         TTL.as_millis()
     );
     let deadline_floor = TTL * 2 / 3 - (TTL / 100 + Duration::from_millis(2));
     assert!(
         took < deadline_floor,
-        "{backend_label}: the tree outlived the earliest possible local deadline: {took:?}"
+        "{label}: the tree outlived the earliest possible local deadline: {took:?}"
     );
-    assert_eq!(
-        status.code(),
-        Some(76),
-        "{backend_label}: exit code 'lock lost'"
-    );
+    assert_eq!(status.code(), Some(76), "{label}: exit code 'lock lost'");
+}
+
+/// Takes the lock away from its holder with the backend's stock client.
+fn steal(server: &Server, name: &str, app: &str) {
+    match server.backend {
+        Backend::Redis => {
+            client(
+                "redis-cli",
+                &["-u", &server.url, "SET", &format!("lock:{name}"), "stolen"],
+            );
+        }
+        Backend::Postgres => {
+            let killed = client(
+                "psql",
+                &[
+                    &server.url,
+                    "-Atc",
+                    &format!(
+                        "select count(pg_terminate_backend(l.pid)) from pg_locks l \
+                         join pg_stat_activity a using (pid) \
+                         where l.locktype = 'advisory' and a.application_name = '{app}'"
+                    ),
+                ],
+            );
+            assert_eq!(killed, "1", "exactly the holder's session was terminated");
+        }
+        Backend::Etcd => {
+            let endpoint = server.endpoint.as_deref().expect("etcd endpoint");
+            let json = client(
+                "etcdctl",
+                &[
+                    "--endpoints",
+                    endpoint,
+                    "get",
+                    &format!("/locks/{name}"),
+                    "-w",
+                    "json",
+                ],
+            );
+            let v: serde_json::Value = serde_json::from_str(&json).expect("etcdctl json");
+            let lease = v["kvs"][0]["lease"]
+                .as_i64()
+                .expect("the lock key has a lease");
+            client(
+                "etcdctl",
+                &[
+                    "--endpoints",
+                    endpoint,
+                    "lease",
+                    "revoke",
+                    &format!("{lease:x}"),
+                ],
+            );
+        }
+    }
 }
 
 #[test]
 fn redis_steal_kills_the_whole_tree_before_the_deadline() {
-    let url = redis_url();
-    let name = unique("lockrun/steal-redis");
-    let (holder, pids) = start_holder(&url, &name);
-    steal_and_measure("redis", holder, pids, || {
-        client(
-            "redis-cli",
-            &["-u", &url, "SET", &format!("lock:{name}"), "stolen"],
-        );
-    });
+    steal_and_measure(Backend::Redis);
 }
 
 #[test]
 fn postgres_session_kill_kills_the_whole_tree_before_the_deadline() {
-    let app = unique("lockrun-steal");
-    let base = database_url();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}application_name={app}");
-    let name = unique("lockrun/steal-postgres");
-    let (holder, pids) = start_holder(&url, &name);
-    steal_and_measure("postgres", holder, pids, || {
-        let killed = client(
-            "psql",
-            &[
-                &base,
-                "-Atc",
-                &format!(
-                    "select count(pg_terminate_backend(l.pid)) from pg_locks l \
-                     join pg_stat_activity a using (pid) \
-                     where l.locktype = 'advisory' and a.application_name = '{app}'"
-                ),
-            ],
-        );
-        assert_eq!(killed, "1", "exactly the holder's session was terminated");
-    });
+    steal_and_measure(Backend::Postgres);
 }
 
 #[test]
 fn etcd_lease_revoke_kills_the_whole_tree_before_the_deadline() {
-    use conformance_tests::backends::etcd::server;
-    let etcd = server::start(server::ServerTls::default()).expect("a private etcd");
-    let endpoint = format!("127.0.0.1:{}", etcd.port());
-    let ready = Instant::now();
-    while std::process::Command::new("etcdctl")
-        .args(["--endpoints", &endpoint, "put", "/ready", "1"])
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        assert!(
-            ready.elapsed() < Duration::from_secs(20),
-            "etcd never became ready"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let name = unique("lockrun/steal-etcd");
-    let (holder, pids) = start_holder(&format!("etcd://{endpoint}"), &name);
-    steal_and_measure("etcd", holder, pids, || {
-        let json = client(
-            "etcdctl",
-            &[
-                "--endpoints",
-                &endpoint,
-                "get",
-                &format!("/locks/{name}"),
-                "-w",
-                "json",
-            ],
-        );
-        let v: serde_json::Value = serde_json::from_str(&json).expect("etcdctl json");
-        let lease = v["kvs"][0]["lease"]
-            .as_i64()
-            .expect("the lock key has a lease");
-        client(
-            "etcdctl",
-            &[
-                "--endpoints",
-                &endpoint,
-                "lease",
-                "revoke",
-                &format!("{lease:x}"),
-            ],
-        );
-    });
+    steal_and_measure(Backend::Etcd);
 }
 
 #[test]
@@ -175,15 +188,14 @@ fn exit_codes_are_the_documented_ones() {
     let name = unique("lockrun/codes");
     let run = |args: &[&str]| {
         output_bounded(lockrun(args), Duration::from_secs(20))
-            .status
+            .0
             .code()
     };
     // The command's own status, and its environment.
     let mut own = lockrun(&["exec", "--backend", &url, "--name", &name, "--", "sh", "-c"]);
     own.arg("echo \"$LOCK_NAME $LOCK_FENCING_TOKEN\"; exit 7");
-    let out = output_bounded(own, Duration::from_secs(20));
-    assert_eq!(out.status.code(), Some(7));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (status, stdout, _) = output_bounded(own, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(7));
     let mut words = stdout.split_whitespace();
     assert_eq!(words.next(), Some(name.as_str()));
     assert!(
@@ -206,6 +218,21 @@ fn exit_codes_are_the_documented_ones() {
         Some(64)
     );
     assert_eq!(run(&["exec", "--name", &name, "--", "true"]), Some(64));
+    // A maximum hold shorter than the TTL.
+    assert_eq!(
+        run(&[
+            "exec",
+            "--backend",
+            &url,
+            "--name",
+            &name,
+            "--max-hold",
+            "1s",
+            "--",
+            "true"
+        ]),
+        Some(64)
+    );
     assert_eq!(
         run(&[
             "exec",
@@ -270,12 +297,11 @@ fn exit_codes_are_the_documented_ones() {
     assert!(started.elapsed() >= Duration::from_millis(500));
     // The holder's command exits by itself (its grandchild killed, `wait`
     // returns): the runner exits with the shell's status, then releases.
-    let runner = holder.id().to_string();
     client("kill", &["-KILL", &pids[1].to_string()]);
     // SIGTERM to the runner is forwarded; the shell ignores it.
-    client("kill", &["-TERM", &runner]);
+    holder.signal(Signal::TERM);
     // `wait` without operands returns 0 once the grandchild is gone.
-    let status = wait_bounded(&mut holder, Duration::from_secs(10));
+    let status = holder.wait_bounded(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0));
     assert!(wait_all_gone(&pids, Duration::from_secs(2)).is_some());
     // Released after the group exited: the lock is free again.
@@ -289,7 +315,7 @@ fn exit_codes_are_the_documented_ones() {
 fn signals_are_forwarded_to_the_whole_group() {
     let url = redis_url();
     let name = unique("lockrun/signals");
-    let mut holder = lockrun(&[
+    let mut command = lockrun(&[
         "exec",
         "--backend",
         &url,
@@ -298,25 +324,113 @@ fn signals_are_forwarded_to_the_whole_group() {
         "--ttl",
         "3s",
         "--",
-    ])
-    .args(["sh", "-c", r#"sleep 60 & echo "$$ $!"; wait"#])
-    .stdout(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    let (line, _out) = read_line(
-        holder.stdout.take().expect("stdout"),
-        Duration::from_secs(20),
-    );
-    let pids: Vec<u32> = line
-        .split_whitespace()
-        .map(|p| p.parse().expect("pid"))
-        .collect();
-    client("kill", &["-INT", &holder.id().to_string()]);
-    let status = wait_bounded(&mut holder, Duration::from_secs(10));
+    ]);
+    command.args(["sh", "-c", r#"sleep 60 & echo "pid=$$ child=$!"; wait"#]);
+    let mut holder = Spawned::start(command, &name);
+    let pids = tree_pids(&holder);
+    let watchdog = watchdog_of(&holder, pids[0]);
+    holder.signal(Signal::INT);
+    let status = holder.wait_bounded(Duration::from_secs(10));
     // sh dies of the forwarded SIGINT: 128 + 2.
     assert_eq!(status.code(), Some(130));
     assert!(
         wait_all_gone(&pids, Duration::from_secs(2)).is_some(),
         "grandchild reaped too"
     );
+    assert_eq!(
+        state(watchdog),
+        None,
+        "the watchdog was reaped before lockrun exited"
+    );
+}
+
+/// A shell that prints "term" on SIGTERM and waits on, with a child that
+/// ignores SIGTERM: only SIGKILL ends the group.
+const TERM_LOGGER: &str = r#"trap 'echo term' TERM; (trap '' TERM; exec sleep 60) & echo "pid=$$ child=$!"; while kill -0 $! 2>/dev/null; do wait $!; done"#;
+
+#[test]
+fn max_hold_stops_the_group_with_sigterm_then_sigkill_after_the_grace() {
+    let url = redis_url();
+    let name = unique("lockrun/max-hold");
+    // SIGTERM at 3 s, SIGKILL at 4 s; the lock held and renewed until the
+    // group is gone.
+    let (max_hold, grace) = (Duration::from_secs(4), Duration::from_secs(1));
+    let mut command = lockrun(&[
+        "exec",
+        "--backend",
+        &url,
+        "--name",
+        &name,
+        "--ttl",
+        "4s",
+        "--max-hold",
+        "4s",
+        "--kill-grace",
+        "1s",
+        "--",
+    ]);
+    command.args(["sh", "-c", TERM_LOGGER]);
+    let mut holder = Spawned::start(command, &name);
+    let pids = tree_pids(&holder);
+    let started = holder.stdout.snapshot()[0].at;
+    let termed = holder
+        .stdout
+        .wait_for(max_hold + Duration::from_secs(2), |lines| {
+            lines.iter().find(|l| l.text == "term").map(|l| l.at)
+        })
+        .expect("the command got SIGTERM");
+    // During the grace the lock is still held: nothing else runs while the
+    // group does.
+    let (during, _, _) = output_bounded(
+        lockrun(&["exec", "--backend", &url, "--name", &name, "--", "true"]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        pids.iter().all(|p| alive(*p)),
+        "the group outlived the check"
+    );
+    assert_eq!(during.code(), Some(75), "held while the group runs");
+    let gone = wait_all_gone(&pids, Duration::from_secs(5)).expect("the group was killed");
+    let status = holder.wait_bounded(Duration::from_secs(10));
+    println!(
+        "max-hold {} ms, grace {} ms: SIGTERM seen {} ms after the start, the group gone {} ms after it",
+        max_hold.as_millis(),
+        grace.as_millis(),
+        (termed - started).as_millis(),
+        (gone - started).as_millis()
+    );
+    // `started` is when the command's first line was read, a little after
+    // the acquisition the hold counts from; the tolerance is for a loaded
+    // machine's timers.
+    let tolerance = Duration::from_millis(300);
+    assert!(
+        termed - started >= max_hold - grace - tolerance,
+        "SIGTERM came too early: {:?}",
+        termed - started
+    );
+    assert!(
+        gone - termed >= grace - tolerance,
+        "SIGKILL did not wait for the grace: {:?}",
+        gone - termed
+    );
+    assert!(
+        gone - started < max_hold + tolerance,
+        "the group outlived the maximum hold: {:?}",
+        gone - started
+    );
+    assert_eq!(status.code(), Some(76), "exit code 'lock lost'");
+    assert!(
+        holder
+            .stderr
+            .snapshot()
+            .iter()
+            .any(|l| l.text.contains("maximum hold time reached")),
+        "logged as the maximum hold"
+    );
+    // The lock was let go: another run takes it at once.
+    let (status, _, _) = output_bounded(
+        lockrun(&["exec", "--backend", &url, "--name", &name, "--", "true"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(status.code(), Some(0));
 }

@@ -43,17 +43,15 @@ pub(super) fn job(entry: &Entry, timing: KillTiming, reaper: &Reaper, keeper: &A
         reaper: reaper.clone(),
         keeper: Arc::clone(keeper),
     });
-    let mut job = Job::new(entry.name.clone(), entry.schedule.clone(), move |ctx| {
+    // No max hold on the tick's lease: the supervisor enforces it, so that
+    // the tick's lock is let go only once the group is gone (see supervise).
+    Job::new(entry.name.clone(), entry.schedule.clone(), move |ctx| {
         let spec = Arc::clone(&spec);
         async move { spec.run(ctx).await }
     })
     .with_time_zone(entry.tz.clone())
     .with_ttl(entry.ttl)
-    .with_missed_ticks(entry.missed);
-    if let Some(max_hold) = entry.max_hold {
-        job = job.with_max_hold(max_hold);
-    }
-    job
+    .with_missed_ticks(entry.missed)
 }
 
 impl Spec {

@@ -21,8 +21,13 @@ use crate::{backend, telemetry};
 /// How long queued releases get once the schedulers have stopped.
 const LOCKER_SHUTDOWN: Duration = Duration::from_secs(5);
 
-/// Runs `lockrun cron`; returns the runner's exit code.
-pub(crate) async fn run(args: CronArgs) -> Result<u8, Failure> {
+/// Runs `lockrun cron` with the runner's reaper and watchdog; returns the
+/// runner's exit code.
+pub(crate) async fn run(
+    args: CronArgs,
+    reaper: Reaper,
+    keeper: Arc<Keeper>,
+) -> Result<u8, Failure> {
     let path = args.file.display().to_string();
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| Failure::usage(format!("cannot read the cron file {path}: {e}")))?;
@@ -40,12 +45,6 @@ pub(crate) async fn run(args: CronArgs) -> Result<u8, Failure> {
         signal(SignalKind::interrupt()).map_err(|e| Failure::internal(e.to_string()))?,
         signal(SignalKind::terminate()).map_err(|e| Failure::internal(e.to_string()))?,
     );
-    let reaper =
-        Reaper::start().map_err(|e| Failure::internal(format!("cannot reap children: {e}")))?;
-    let keeper = Arc::new(
-        Keeper::start(&reaper)
-            .map_err(|e| Failure::internal(format!("cannot start the watchdog process: {e}")))?,
-    );
     let metrics = telemetry::serve_metrics(args.common.metrics_addr).await?;
     let locks = backend::connect(args.common.backend.as_deref()).await?;
     let locker = locks
@@ -57,7 +56,10 @@ pub(crate) async fn run(args: CronArgs) -> Result<u8, Failure> {
         .with_skew_tolerance(args.skew_tolerance);
     let mut leader = Scheduler::builder(locker.clone(), locks.tick_store())
         .with_mode(Mode::Leader(
-            ElectionOptions::new().with_name(args.election_name.clone()),
+            ElectionOptions::new()
+                .with_name(args.election_name.clone())
+                .with_ttl(args.election_ttl)
+                .with_interval(args.election_interval),
         ))
         .with_skew_tolerance(args.skew_tolerance);
     let (mut any_per_tick, mut any_leader) = (false, false);

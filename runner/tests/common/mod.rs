@@ -1,21 +1,20 @@
-//! Helpers of the real-process tests: the binary, bounded waits, unique names.
+//! Helpers of the real-process tests: the binary, guarded processes,
+//! bounded waits, unique names, the servers.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
+mod metrics;
+mod proc;
+mod servers;
+
+pub use metrics::{metrics_addr, scrape, wait_renewed};
+pub use proc::{epoch, field, Line, Lines, Spawned};
+pub use servers::{database_url, redis_url, Backend, Server};
+
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub const LOCKRUN: &str = env!("CARGO_BIN_EXE_lockrun");
-
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
 
 /// A name no other run of the tests uses.
 pub fn unique(prefix: &str) -> String {
@@ -31,72 +30,54 @@ pub fn lockrun(args: &[&str]) -> Command {
     c
 }
 
-/// Waits for `child` at most `limit`; kills it (SIGKILL) and fails past that.
-pub fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("lockrun did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Runs to completion within `limit`.
-pub fn output_bounded(mut command: Command, limit: Duration) -> Output {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn lockrun");
-    let status = wait_bounded(&mut child, limit);
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    use std::io::Read;
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_end(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_end(&mut stderr);
-    }
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
-/// Reads one line of `out` on a thread, failing after `limit`.
-pub fn read_line(out: ChildStdout, limit: Duration) -> (String, ChildStdout) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(out);
-        let mut line = String::new();
-        let _ = reader.read_line(&mut line);
-        let _ = tx.send((line, reader.into_inner()));
-    });
-    rx.recv_timeout(limit)
-        .expect("a line from the command in time")
+/// Runs to completion within `limit`; returns the status and the output.
+pub fn output_bounded(command: Command, limit: Duration) -> (ExitStatus, String, String) {
+    let mut run = Spawned::start(command, "lockrun");
+    let status = run.finish(limit);
+    let text = |lines: &Lines| {
+        lines
+            .snapshot()
+            .into_iter()
+            .map(|l| l.text + "\n")
+            .collect::<String>()
+    };
+    (status, text(&run.stdout), text(&run.stderr))
 }
 
 /// Whether `pid` runs: exists and is not a zombie (a process re-parented
 /// to an ancestor outside the test may wait there to be reaped).
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+    matches!(state(pid), Some(s) if s != 'Z')
 }
 
-/// Waits until none of `pids` runs, polling every
-/// 2 ms for at most `limit`; returns when the last one went.
+/// The state letter of `pid` (`R`, `S`, `Z`...), `None` once it is gone
+/// for good (reaped).
+pub fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// The pids whose parent is `parent`, zombies included.
+pub fn children(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let (_, rest) = s.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// Waits until none of `pids` runs, polling every 2 ms for at most
+/// `limit`; returns when the last one went.
 pub fn wait_all_gone(pids: &[u32], limit: Duration) -> Option<Instant> {
     let start = Instant::now();
     while start.elapsed() < limit {
@@ -108,12 +89,51 @@ pub fn wait_all_gone(pids: &[u32], limit: Duration) -> Option<Instant> {
     None
 }
 
-/// Runs a stock client, failing the test if it fails.
-pub fn client(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
+/// Runs `program` to completion within `limit`, killing and reaping it
+/// past that; `None` if it could not start or ran out of time.
+pub fn run_bounded(program: &str, args: &[&str], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(program)
         .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} could not run: {e}"));
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    // Read on threads so a full pipe cannot stall the client.
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = read(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = read(child.stderr.take().map(|p| Box::new(p) as _));
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Some(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+/// Runs a stock client (at most 20 s), failing the test if it fails.
+pub fn client(program: &str, args: &[&str]) -> String {
+    let out = run_bounded(program, args, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("{program} {args:?} could not run, or ran over 20 s"));
     assert!(
         out.status.success(),
         "{program} {args:?}: {}",

@@ -1,0 +1,79 @@
+//! An entry's max-hold: its command's group gets SIGTERM the kill grace
+//! before the hold ends and SIGKILL when it ends, and the runner goes on.
+
+use super::*;
+
+#[test]
+fn max_hold_stops_the_command_with_sigterm_then_sigkill() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let server = Backend::Redis.server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = unique("lockrun-max-hold");
+    // A shell that reports SIGTERM and waits on, with a child that ignores
+    // it: only SIGKILL ends the group.
+    let file = write_crontab(
+        &dir,
+        &format!(
+            "{job} */4 * * * * * ttl=3s max-hold=3s -- \
+             trap 'echo term' TERM; (trap '' TERM; exec sleep 60) & \
+             echo \"start $LOCKRUN_SCHEDULED_AT pid=$$ child=$!\"; \
+             while kill -0 $! 2>/dev/null; do wait $!; done\n"
+        ),
+    );
+    let (max_hold, grace) = (Duration::from_secs(3), Duration::from_secs(1));
+    let mut runner = start(&server, &file, "a", None, &["--kill-grace", "1s"]);
+    wait_started(&[&runner]);
+    let (started, shell, child) = runner
+        .stdout
+        .wait_for(Duration::from_secs(10), |lines| {
+            let (_, l) = *events(&job, lines, "start").first()?;
+            Some((l.at, field(&l.text, "pid")?, field(&l.text, "child")?))
+        })
+        .expect("a tick ran within 10 s");
+    let termed = runner
+        .stdout
+        .wait_for(max_hold + Duration::from_secs(2), |lines| {
+            lines
+                .iter()
+                .find(|l| l.text.ends_with("] term"))
+                .map(|l| l.at)
+        })
+        .expect("the command got SIGTERM");
+    let gone =
+        wait_all_gone(&[shell, child], Duration::from_secs(5)).expect("the group was killed");
+    println!(
+        "cron max-hold {} ms, grace {} ms: SIGTERM seen {} ms after the start, the group gone {} ms after it",
+        max_hold.as_millis(),
+        grace.as_millis(),
+        (termed - started).as_millis(),
+        (gone - started).as_millis()
+    );
+    // `started` is when the command's first line was read, a little after
+    // the run began; the tolerance is for a loaded machine's timers.
+    let tolerance = Duration::from_millis(300);
+    assert!(
+        termed - started >= max_hold - grace - tolerance,
+        "SIGTERM came too early: {:?}",
+        termed - started
+    );
+    assert!(
+        gone - termed >= grace - tolerance,
+        "SIGKILL did not wait for the grace: {:?}",
+        gone - termed
+    );
+    assert!(
+        gone - started < max_hold + tolerance,
+        "the group outlived the maximum hold: {:?}",
+        gone - started
+    );
+    assert!(
+        runner
+            .stderr
+            .snapshot()
+            .iter()
+            .any(|l| l.text.contains("maximum hold time reached")),
+        "logged as the maximum hold"
+    );
+    runner.signal(Signal::TERM);
+    assert_eq!(runner.finish(Duration::from_secs(40)).code(), Some(0));
+}
