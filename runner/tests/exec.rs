@@ -41,6 +41,13 @@ fn watchdog_of(runner: &Spawned, command: u32) -> u32 {
     others[0]
 }
 
+/// The kill grace of the steal cases. The steal comes just after a
+/// renewal, so the loss is seen at the next one (TTL/3 later) and the tree
+/// dies a grace after that; the default grace (TTL/4) would leave only
+/// ~220 ms to the earliest possible local deadline the case asserts
+/// against, which a late timer on a loaded 2-core machine can eat.
+const STEAL_GRACE: &str = "300ms";
+
 /// Starts `lockrun exec` on `backend` and returns it with the tree's pids.
 fn start_holder(backend: &str, name: &str) -> (Spawned, Vec<u32>) {
     let mut command = lockrun(&[
@@ -51,6 +58,8 @@ fn start_holder(backend: &str, name: &str) -> (Spawned, Vec<u32>) {
         name,
         "--ttl",
         "3s",
+        "--kill-grace",
+        STEAL_GRACE,
         "--metrics-addr",
         "127.0.0.1:0",
         "--",
