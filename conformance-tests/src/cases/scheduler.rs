@@ -67,7 +67,15 @@ async fn exactly_once(ctx: Ctx, mode: impl Fn(&Ctx) -> Mode) {
             fleet.recording_job(job.as_str(), plan.cron, replica, plan.work)
         })
         .await;
-    tokio::time::sleep(plan.period * plan.ticks + plan.period / 2).await;
+    // Until the planned number of ticks completed, not for a fixed span: on
+    // a loaded machine the first tick (after connecting, and in leader mode
+    // an election) can come a period or two late. Gaps and duplicates are
+    // judged over whatever ran; the bound keeps a stuck fleet failing fast.
+    let give_up = tokio::time::Instant::now() + plan.period * (plan.ticks * 2 + 2);
+    while fleet.log.completed().len() < plan.ticks as usize && tokio::time::Instant::now() < give_up
+    {
+        tokio::time::sleep(plan.period / 4).await;
+    }
     let leaders: Vec<i64> = schedulers.iter().map(|s| s.metrics().is_leader()).collect();
     fleet.shutdown_all(schedulers).await;
 
