@@ -153,11 +153,17 @@
 //!
 //! # Release notification
 //!
-//! Each release through this crate is announced with
-//! `NOTIFY lock_release, 'key1:key2'`; waiting acquires `LISTEN` on one extra
-//! connection per backend and wake at once. Locks that end otherwise (a
-//! session that dies, an unlock from another program) are found by polling.
-//! Turn it off with [`PostgresBuilder::with_release_notify`].
+//! Waiting acquires `LISTEN lock_release` on one extra connection per
+//! backend and, while they wait for a key, hold a shared `bigint` advisory
+//! lock on its *wait marker* there (`pg_locks` shows it with
+//! `objsubid = 1` and a salted `classid`). A release through this crate
+//! announces itself with `NOTIFY lock_release, 'key1:key2'` only when it
+//! cannot take that marker, that is, only when someone waits: `NOTIFY`
+//! serialises every notifying commit on the server, so releases nobody
+//! waits for do not pay for it. Locks that end otherwise (a session that
+//! dies, an unlock from another program) are found by polling, as is a
+//! release that raced a waiter's subscription. Turn it off with
+//! [`PostgresBuilder::with_release_notify`].
 //!
 //! # Keys
 //!

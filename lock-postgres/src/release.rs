@@ -24,7 +24,7 @@ use tokio_postgres::types::Type;
 use tracing::warn;
 
 use crate::error::{protocol, timed_out};
-use crate::notify::{payload, CHANNEL};
+use crate::notify::{payload, wait_marker, CHANNEL};
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresBackend};
 
@@ -41,10 +41,13 @@ pub(crate) enum NotStarted {
 const UNLOCK: &str = "SELECT pg_backend_pid(), \
      CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END";
 
-/// The unlock and, only when it freed the lock, the release announcement, in
-/// one round trip (the notification leaves when the statement commits).
+/// The unlock and, only when it freed the lock and someone waits for it (a
+/// listener holds its wait marker, so the marker cannot be taken
+/// exclusively), the release announcement, in one round trip (the
+/// notification leaves when the statement commits, and the marker taken
+/// when nobody waits is let go then too).
 const UNLOCK_NOTIFY: &str = "SELECT s.pid, s.freed, \
-     CASE WHEN s.freed THEN pg_notify($4, $5)::text END \
+     CASE WHEN s.freed AND NOT pg_try_advisory_xact_lock($6) THEN pg_notify($4, $5)::text END \
      FROM (SELECT pg_backend_pid() AS pid, \
        CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END AS freed) s";
 
@@ -66,6 +69,7 @@ impl PostgresBackend {
         }
         let pid = session.pid();
         let text = payload(key);
+        let marker = wait_marker(key);
         let what = "releasing an advisory lock";
         let rows = if announce {
             session
@@ -78,6 +82,7 @@ impl PostgresBackend {
                         (&pid, Type::INT4),
                         (&CHANNEL, Type::TEXT),
                         (&text.as_str(), Type::TEXT),
+                        (&marker, Type::INT8),
                     ],
                     limit,
                 )

@@ -54,6 +54,12 @@ impl Faults {
 }
 
 impl PostgresBackend {
+    /// The `bigint` advisory lock this backend's listener holds shared
+    /// while it waits for `name` (releases announce only while one is held).
+    pub fn release_wait_marker(&self, name: &LockName) -> i64 {
+        crate::notify::wait_marker(self.inner.config.key_for(name))
+    }
+
     /// How many lock keys have release waiters registered on this backend's
     /// listening connection: it must stay O(live waiters), however many
     /// waits timed out or were cancelled.

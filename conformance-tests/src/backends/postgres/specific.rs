@@ -77,6 +77,16 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "release_waiters_stay_bounded", |f| {
         Box::pin(super::waiters::release_waiters_stay_bounded(f))
     });
+    add(
+        suite,
+        f,
+        "release_is_announced_only_while_waited_for",
+        |f| {
+            Box::pin(super::waiters::release_is_announced_only_while_waited_for(
+                f,
+            ))
+        },
+    );
     add(suite, f, "tls_verify_full", |f| {
         Box::pin(input::tls_verify_full(f))
     });

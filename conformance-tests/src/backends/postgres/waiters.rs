@@ -1,6 +1,7 @@
 //! The release-notification waiter table stays O(live waiters): waits that
 //! time out or are cancelled, and waits for locks that end without a release
-//! announcement (their session ended), leave nothing behind.
+//! announcement (their session ended), leave nothing behind. A release is
+//! announced only while someone waits for it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -103,4 +104,116 @@ async fn expect_keys(
     } else {
         Err(format!("{when}: {got} keys in the waiter table, expected {want}").into())
     }
+}
+
+/// A plain session listening on the release channel, and what it hears.
+async fn eavesdrop(
+    url: &str,
+) -> Result<
+    (
+        tokio_postgres::Client,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ),
+    BoxError,
+> {
+    let (client, mut conn) = url
+        .parse::<tokio_postgres::Config>()?
+        .connect_timeout(Duration::from_secs(5))
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client.batch_execute("LISTEN lock_release").await?;
+    Ok((client, rx))
+}
+
+/// What the eavesdropper heard of `payload` by the end of a round trip
+/// after the release (a notification committed before it is delivered by
+/// then), and a moment more. Other trials' releases on the same server are
+/// passed over.
+async fn heard(
+    client: &tokio_postgres::Client,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    payload: &str,
+) -> Result<usize, BoxError> {
+    client.batch_execute("SELECT 1").await?;
+    let mut got = 0;
+    while let Ok(Some(p)) = timeout(Duration::from_millis(200), rx.recv()).await {
+        got += usize::from(p == payload);
+    }
+    Ok(got)
+}
+
+/// `NOTIFY` serialises the server's notifying commits, so a release pays
+/// for it only while someone waits: a plain listener hears nothing of a
+/// release nobody waits for, hears the one a waiter waits for (and the
+/// waiter wakes), and nothing again once that waiter is gone.
+pub(super) async fn release_is_announced_only_while_waited_for(
+    f: Arc<PostgresFactory>,
+) -> Result<(), BoxError> {
+    let holder = backend_as(&f, "postgres").await?;
+    let waiter = backend_as(&f, "postgres").await?;
+    let url = tokio::task::block_in_place(|| f.url())?;
+    let (ear, mut rx) = eavesdrop(&url).await?;
+    let n = name(&f, "announced");
+    let key = holder.config().key_for(&n);
+    let payload = format!("{}:{}", key.key1, key.key2);
+    let cycle = || async {
+        let token = OwnerToken::generate()?;
+        if !matches!(
+            holder.try_acquire(&n, &token, TTL).await?,
+            AcquireAttempt::Acquired(_)
+        ) {
+            return Err::<_, BoxError>("the lock was not free".into());
+        }
+        Ok(token)
+    };
+
+    let token = cycle().await?;
+    holder.release(&n, &token).await?;
+    if heard(&ear, &mut rx, &payload).await? != 0 {
+        return Err("a release nobody waited for was announced".into());
+    }
+
+    let token = cycle().await?;
+    let signal = waiter
+        .subscribe_release(&n)
+        .await?
+        .ok_or("release notification is on by default")?;
+    holder.release(&n, &token).await?;
+    let got = heard(&ear, &mut rx, &payload).await?;
+    if got != 1 {
+        return Err(format!("a waited-for release was heard {got} times").into());
+    }
+    timeout(Duration::from_secs(5), signal)
+        .await
+        .map_err(|_| "the waiter was not woken by the release")?;
+
+    // The waiter's marker goes back once its entry is gone.
+    let marker = waiter.release_wait_marker(&n);
+    let back_by = Instant::now() + Duration::from_secs(5);
+    loop {
+        let row = ear
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&marker])
+            .await?;
+        if row.get::<_, bool>(0) {
+            break;
+        }
+        if Instant::now() >= back_by {
+            return Err("the waiter's marker was still held 5 s after its wait".into());
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    let token = cycle().await?;
+    holder.release(&n, &token).await?;
+    if heard(&ear, &mut rx, &payload).await? != 0 {
+        return Err("a release after the wait ended was announced".into());
+    }
+    Ok(())
 }
