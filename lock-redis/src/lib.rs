@@ -95,6 +95,7 @@ mod connection;
 mod error;
 mod notify;
 mod scripts;
+mod sentinel;
 mod ticks;
 
 pub use backend::RedisBackend;
