@@ -157,12 +157,14 @@ impl Connection {
 }
 
 /// Whether after `e` the sentinels should be asked again: the server is
-/// gone, stalled, demoted to a replica, or not serving.
+/// gone, stalled, demoted to a replica, not serving, or cut off from its
+/// replicas (`NOREPLICAS`, under `min-replicas-to-write`).
 fn primary_may_have_moved(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
+        || e.code() == Some("NOREPLICAS")
         || matches!(
             e.kind(),
             ErrorKind::Server(

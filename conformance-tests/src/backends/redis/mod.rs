@@ -9,6 +9,8 @@
 mod access;
 mod faults;
 mod saboteur;
+pub mod sentinel;
+mod sentinel_factory;
 pub mod server;
 mod specific;
 
@@ -22,6 +24,7 @@ use lock_redis::{RedisBackend, RedisBuilder};
 
 pub use access::acl_rules;
 pub use saboteur::RedisSaboteur;
+pub use sentinel_factory::{sentinel_factory, SentinelFactory};
 
 use crate::harness::{free_port, Availability, ServerProcess};
 use crate::{BackendFactory, BoxError, Saboteur, Suite, Timing};
@@ -175,7 +178,9 @@ pub struct RedisRun {
 impl RedisRun {
     /// Finds servers and adds every Redis trial to `suite`: the conformance
     /// cases as `redis::<case>` (private server) and `redis_env::<case>`
-    /// (`REDIS_URL`, when set), and the Redis-specific tests as `redis::<test>`.
+    /// (`REDIS_URL`, when set), `redis_sentinel::<case>` (a private primary,
+    /// two replicas and three sentinels), and the Redis-specific tests as
+    /// `redis::<test>`.
     pub fn register(suite: &mut Suite) -> Self {
         let prefix = format!("lock-test:{}:", suite.run_id());
         let mut run = Self::default();
@@ -199,6 +204,7 @@ impl RedisRun {
                 Availability::Ready(factory as Arc<dyn BackendFactory>),
             );
         }
+        suite.add_server_backend("redis_sentinel", sentinel_factory(&prefix));
         run
     }
 
