@@ -21,6 +21,7 @@ mod pg;
 mod pg_failover;
 mod procs;
 mod restart;
+mod sentinel_failover;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -164,6 +165,24 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                 Box::pin(async move { churn::leader_churn(ctx, target, &replica).await })
             }),
         );
+    }
+    if which("redis-server").is_some() {
+        let target = Target {
+            op_timeout: redis::OP_TIMEOUT,
+            iterations,
+            scheme: "redis+sentinel",
+        };
+        let run_id = run_id.to_owned();
+        out.push(Trial::test(
+            "redis_sentinel::chaos_sentinel_failover",
+            move || {
+                let factory = Arc::new(redis::SentinelFactory::new(&redis_prefix(&run_id)));
+                let body_factory = Arc::clone(&factory);
+                run_on(factory, &run_id, "chaos_sentinel_failover", move |ctx| {
+                    sentinel_failover::sentinel_failover(ctx, target, body_factory)
+                })
+            },
+        ));
     }
     out.extend(cluster::trials(run_id, bins));
     out.extend(pg::trials(run_id, bins));

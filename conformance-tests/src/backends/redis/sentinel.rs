@@ -26,12 +26,16 @@ const FAILOVER_TIMEOUT_MS: u64 = 4_000;
 /// Every data server (each may be promoted) refuses writes with no replica
 /// acknowledging within 5 s: the old primary, once a failover repointed its
 /// replicas, then stops granting locks instead of granting them until the
-/// sentinels demote it seconds later.
-const MIN_REPLICAS: &[&str] = &[
+/// sentinels demote it seconds later. A replica that needs a full sync gets
+/// it at once, not after the default 5 s wait for more replicas, since the
+/// new primary refuses writes until one is linked.
+const DATA_ARGS: &[&str] = &[
     "--min-replicas-to-write",
     "1",
     "--min-replicas-max-lag",
     "5",
+    "--repl-diskless-sync-delay",
+    "0",
 ];
 /// Bound of every readiness wait.
 const READY_WITHIN: Duration = Duration::from_secs(40);
@@ -54,11 +58,11 @@ impl SentinelSet {
         let configs = tempfile::Builder::new()
             .prefix("lock-test-sentinel-")
             .tempdir()?;
-        let primary = server::start_with(MIN_REPLICAS)?;
+        let primary = server::start_with(DATA_ARGS)?;
         let primary_port = primary.port();
         let mut servers = vec![primary];
         for _ in 0..2 {
-            servers.push(server::start_replica_of_with(primary_port, MIN_REPLICAS)?);
+            servers.push(server::start_replica_of_with(primary_port, DATA_ARGS)?);
         }
         let mut sentinels = Vec::with_capacity(3);
         for i in 0..3 {
