@@ -11,6 +11,7 @@ mod faults;
 mod saboteur;
 pub mod sentinel;
 mod sentinel_factory;
+mod sentinel_refused;
 pub mod server;
 mod specific;
 
@@ -25,6 +26,7 @@ use lock_redis::{RedisBackend, RedisBuilder};
 pub use access::acl_rules;
 pub use saboteur::RedisSaboteur;
 pub use sentinel_factory::{sentinel_factory, SentinelFactory};
+pub use sentinel_refused::replica_refused;
 
 use crate::harness::{free_port, Availability, ServerProcess};
 use crate::{BackendFactory, BoxError, Saboteur, Suite, Timing};
@@ -205,6 +207,19 @@ impl RedisRun {
             );
         }
         suite.add_server_backend("redis_sentinel", sentinel_factory(&prefix));
+        if crate::harness::which("redis-server").is_some() {
+            suite.push(libtest_mimic::Trial::test(
+                "redis_sentinel::replica_refused",
+                || {
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()?;
+                    rt.block_on(replica_refused())
+                        .map_err(|e| e.to_string().into())
+                },
+            ));
+        }
         run
     }
 

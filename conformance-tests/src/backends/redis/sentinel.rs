@@ -4,6 +4,7 @@
 //! it is dropped.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -54,7 +55,6 @@ impl SentinelSet {
     /// linked and every sentinel sees the primary, both replicas and the
     /// two other sentinels.
     pub fn start() -> Result<Self, BoxError> {
-        let program = which("redis-server").ok_or("redis-server is not on PATH")?;
         let configs = tempfile::Builder::new()
             .prefix("lock-test-sentinel-")
             .tempdir()?;
@@ -67,33 +67,7 @@ impl SentinelSet {
         let mut sentinels = Vec::with_capacity(3);
         for i in 0..3 {
             let path = configs.path().join(format!("sentinel-{i}.conf"));
-            std::fs::write(
-                &path,
-                format!(
-                    "sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} {QUORUM}\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
-                     sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
-                     sentinel parallel-syncs {MASTER_NAME} 2\n"
-                ),
-            )?;
-            let path = path.to_string_lossy().into_owned();
-            sentinels.push(ServerProcess::start(ServerSpec {
-                program: program.clone(),
-                args: [
-                    path.as_str(),
-                    "--sentinel",
-                    "--port",
-                    "{port}",
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    "{dir}",
-                ]
-                .map(String::from)
-                .to_vec(),
-                run_as: None,
-                ready_timeout: Duration::from_secs(10),
-            })?);
+            sentinels.push(start_sentinel(&path, primary_port, QUORUM)?);
         }
         let set = Self {
             servers,
@@ -251,6 +225,44 @@ impl SentinelSet {
         }
         Ok(true)
     }
+}
+
+/// Starts a sentinel that monitors `127.0.0.1:monitored` as
+/// [`MASTER_NAME`] with `quorum`, its config written to `config` (a sentinel
+/// rewrites its config file, so the file must outlive it).
+pub fn start_sentinel(
+    config: &Path,
+    monitored: u16,
+    quorum: usize,
+) -> Result<ServerProcess, BoxError> {
+    let program = which("redis-server").ok_or("redis-server is not on PATH")?;
+    std::fs::write(
+        config,
+        format!(
+            "sentinel monitor {MASTER_NAME} 127.0.0.1 {monitored} {quorum}\n\
+             sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
+             sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
+             sentinel parallel-syncs {MASTER_NAME} 2\n"
+        ),
+    )?;
+    let config = config.to_string_lossy().into_owned();
+    ServerProcess::start(ServerSpec {
+        program,
+        args: [
+            config.as_str(),
+            "--sentinel",
+            "--port",
+            "{port}",
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            "{dir}",
+        ]
+        .map(String::from)
+        .to_vec(),
+        run_as: None,
+        ready_timeout: Duration::from_secs(10),
+    })
 }
 
 fn connect(port: u16) -> Result<redis::Connection, BoxError> {
