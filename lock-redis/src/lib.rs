@@ -82,7 +82,12 @@
 //!   replica: the holder learns it at its next renewal (`expired` or
 //!   `stolen`), before its local deadline, and a successor may have been
 //!   granted the lock up to one renewal interval plus the operation timeout
-//!   earlier. The fencing counter can go back at the same time (above).
+//!   earlier. The fencing counter can go back at the same time (above). In
+//!   the fault suite (a lock that reached no replica, the primary killed,
+//!   8 s TTL) the sentinels promoted a replica in 2.3 s, the holder saw
+//!   `expired` 0.33 s later, a waiter had been granted the lock 0.22 s
+//!   before that, with the same fencing token, and a resource fenced by the
+//!   Redis token accepted 49 of the old holder's writes after the waiter's.
 //! - Set `min-replicas-to-write 1` (and a `min-replicas-max-lag`) on every
 //!   data server. Without it the old primary keeps granting and renewing
 //!   locks for clients still connected to it until the sentinels demote it,
