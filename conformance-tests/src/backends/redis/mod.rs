@@ -175,6 +175,7 @@ impl BackendFactory for RedisFactory {
 #[derive(Debug, Default)]
 pub struct RedisRun {
     factories: Vec<Arc<RedisFactory>>,
+    sentinel: Option<Arc<SentinelFactory>>,
 }
 
 impl RedisRun {
@@ -206,7 +207,17 @@ impl RedisRun {
                 Availability::Ready(factory as Arc<dyn BackendFactory>),
             );
         }
-        suite.add_server_backend("redis_sentinel", sentinel_factory(&prefix));
+        let sentinel = sentinel_factory(&prefix);
+        if let Availability::Ready(f) = &sentinel {
+            run.sentinel = Some(Arc::clone(f));
+        }
+        suite.add_server_backend(
+            "redis_sentinel",
+            match sentinel {
+                Availability::Ready(f) => Availability::Ready(f as Arc<dyn BackendFactory>),
+                Availability::Missing(why) => Availability::Missing(why),
+            },
+        );
         if crate::harness::which("redis-server").is_some() {
             suite.push(libtest_mimic::Trial::test(
                 "redis_sentinel::replica_refused",
@@ -240,6 +251,18 @@ impl RedisRun {
                 // Scheduler cases keep per-tick locks as completion marks for
                 // their skew tolerance (5 s); those end on their own.
                 specific::leftover_keys(f, TTL * 2 + Duration::from_secs(6)).await?;
+            }
+            // The Sentinel deployment, if a case started it.
+            if let Some(set) = self.sentinel.as_ref().and_then(|f| f.started()) {
+                let url = format!("redis://127.0.0.1:{}", set.primary_port()?);
+                let prefix = self.sentinel.as_ref().map_or("", |f| f.prefix());
+                specific::leftover_keys_at(
+                    "redis_sentinel",
+                    &url,
+                    prefix,
+                    TTL * 2 + Duration::from_secs(6),
+                )
+                .await?;
             }
             Ok(())
         })

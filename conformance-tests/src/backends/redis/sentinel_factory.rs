@@ -24,7 +24,7 @@ pub struct SentinelFactory {
 
 /// The Sentinel factory for this run (keys under `prefix`), or missing when
 /// `redis-server` is not on `PATH`.
-pub fn sentinel_factory(prefix: &str) -> Availability<Arc<dyn BackendFactory>> {
+pub fn sentinel_factory(prefix: &str) -> Availability<Arc<SentinelFactory>> {
     match which("redis-server") {
         Some(_) => Availability::Ready(Arc::new(SentinelFactory::new(prefix))),
         None => Availability::Missing("redis-server is not on PATH".to_owned()),
@@ -50,6 +50,16 @@ impl SentinelFactory {
             })
             .as_ref()
             .map_err(|e| format!("private Sentinel deployment: {e}").into())
+    }
+
+    /// The deployment, if a case started it.
+    pub fn started(&self) -> Option<&Arc<SentinelSet>> {
+        self.set.get()?.as_ref().ok()
+    }
+
+    /// The key prefix every replica uses.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// A backend through the sentinels, with the test profile's timeouts.
