@@ -62,9 +62,10 @@
 //! `redis+sentinel://locksvc:secret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/locks/0`.
 //!
 //! - **Finding the primary.** Every sentinel is asked at once (each within
-//!   the connect timeout); the answer with the highest configuration epoch
-//!   wins, since a sentinel that has not heard of a failover yet still names
-//!   the old primary. The connection then checks `ROLE` and refuses a
+//!   the connect timeout); among the first majority to answer (or all that
+//!   answer), the answer with the highest configuration epoch wins, since a
+//!   sentinel that has not heard of a failover yet still names the old
+//!   primary, and a frozen sentinel does not hold up the others. The connection then checks `ROLE` and refuses a
 //!   server that is not a primary (`Unavailable`): locks are never taken or
 //!   checked on a replica.
 //! - **After a failover.** An I/O error, a timeout, or a `READONLY`,

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lock_core::BackendError;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 use tracing::debug;
@@ -158,9 +158,10 @@ impl Resolver {
     }
 
     /// A client for the primary that the sentinels name, asking all of them
-    /// at once (each within the connect timeout) and trusting the answer
-    /// with the highest configuration epoch: during a failover a sentinel
-    /// that has not heard of it yet still names the old primary.
+    /// at once (each within the connect timeout) and trusting, among the
+    /// first majority to answer (or all that answer), the answer with the
+    /// highest configuration epoch: during a failover a sentinel that has
+    /// not heard of it yet still names the old primary.
     ///
     /// The primary is not contacted here; callers check its role.
     ///
@@ -186,9 +187,17 @@ impl Resolver {
                 )),
             }
         });
+        let mut asks: FuturesUnordered<_> = asks.collect();
+        // A majority's answers are enough: a sentinel that is frozen or cut
+        // off must not hold up every reconnect for its whole timeout.
+        let majority = self.spec.nodes.len() / 2 + 1;
+        let mut answered = 0;
         let mut best: Option<(u64, String, u16)> = None;
         let mut last_error = None;
-        for answer in join_all(asks).await {
+        while let Some(answer) = asks.next().await {
+            if answer.is_ok() {
+                answered += 1;
+            }
             match answer {
                 Ok(Some((epoch, host, port))) => {
                     if best.as_ref().is_none_or(|(e, _, _)| epoch > *e) {
@@ -200,6 +209,9 @@ impl Resolver {
                     debug!(error = %e, "a sentinel did not answer");
                     last_error = Some(e);
                 }
+            }
+            if answered >= majority && best.is_some() {
+                break;
             }
         }
         let Some((epoch, host, port)) = best else {
@@ -213,7 +225,7 @@ impl Resolver {
                     ),
                 ),
                 None => BackendError::unavailable(format!(
-                    "no sentinel of {} knows a primary named {:?}",
+                    "no sentinel of {} names a primary {:?} that is up",
                     self.target, self.spec.master
                 )),
             });
