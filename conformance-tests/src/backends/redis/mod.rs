@@ -11,6 +11,7 @@ mod faults;
 mod saboteur;
 pub mod sentinel;
 mod sentinel_factory;
+mod sentinel_frozen;
 mod sentinel_refused;
 pub mod server;
 mod specific;
@@ -26,6 +27,7 @@ use lock_redis::{RedisBackend, RedisBuilder};
 pub use access::acl_rules;
 pub use saboteur::RedisSaboteur;
 pub use sentinel_factory::{sentinel_factory, SentinelFactory};
+pub use sentinel_frozen::frozen_sentinel_does_not_stall;
 pub use sentinel_refused::replica_refused;
 
 use crate::harness::{free_port, Availability, ServerProcess};
@@ -219,16 +221,13 @@ impl RedisRun {
             },
         );
         if crate::harness::which("redis-server").is_some() {
-            suite.push(libtest_mimic::Trial::test(
+            suite.push(sentinel_trial(
                 "redis_sentinel::replica_refused",
-                || {
-                    let rt = tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()?;
-                    rt.block_on(replica_refused())
-                        .map_err(|e| e.to_string().into())
-                },
+                replica_refused,
+            ));
+            suite.push(sentinel_trial(
+                "redis_sentinel::frozen_sentinel_does_not_stall",
+                frozen_sentinel_does_not_stall,
             ));
         }
         run
@@ -267,6 +266,22 @@ impl RedisRun {
             Ok(())
         })
     }
+}
+
+/// A trial that runs `body` (which starts its own servers) on a runtime of
+/// its own.
+fn sentinel_trial<F, Fut>(name: &str, body: F) -> libtest_mimic::Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), BoxError>>,
+{
+    libtest_mimic::Trial::test(name, move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(body()).map_err(|e| e.to_string().into())
+    })
 }
 
 /// A factory over a private server of its own, for cases that pause, kill

@@ -88,6 +88,13 @@ impl SentinelSet {
         format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
     }
 
+    /// Sentinel `i`'s process.
+    pub fn sentinel(&self, i: usize) -> Result<&ServerProcess, BoxError> {
+        self.sentinels
+            .get(i)
+            .ok_or_else(|| format!("no sentinel {i}").into())
+    }
+
     /// The data servers' ports (index 0 was the first primary).
     pub fn server_ports(&self) -> Vec<u16> {
         self.servers.iter().map(ServerProcess::port).collect()
