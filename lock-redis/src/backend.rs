@@ -15,13 +15,13 @@ use lock_core::{
 
 use tracing::{debug, warn};
 
-use crate::connection::Connection;
+use crate::connection::{Connection, Source};
 use crate::error::{config, protocol};
 use crate::notify::ReleaseNotifier;
 use crate::scripts::{KeySpace, ACQUIRE, RELEASE, RENEW, RENEW_MANY};
 use crate::RedisBuilder;
 
-/// Locks in one Redis primary. Cheap to clone; clones share connections.
+/// Locks in one Redis primary (fixed, or found through Sentinel). Cheap to clone; clones share connections.
 ///
 /// Build it with [`RedisBuilder`]. Each value holds one command connection and,
 /// once a waiter needs it, one subscriber connection; separate processes (or
@@ -66,16 +66,16 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    pub(crate) fn from_parts(config: RedisBuilder, client: redis::Client) -> Self {
+    pub(crate) fn from_parts(config: RedisBuilder, source: Source) -> Self {
         let target = config.target();
         let conn = Connection::new(
-            client.clone(),
+            source.clone(),
             target.clone(),
             config.connect_timeout(),
             config.operation_timeout(),
         );
         let notifier = ReleaseNotifier::new(
-            client,
+            source,
             target,
             config.connect_timeout(),
             config.operation_timeout(),

@@ -9,14 +9,17 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use crate::connection::Source;
 use crate::error::config;
+use crate::sentinel::{self, Resolver, SentinelSpec};
 use crate::RedisBackend;
 
 /// The environment variable [`RedisBuilder::from_env`] reads.
 pub const ENV_VAR: &str = "REDIS_URL";
 
-/// The URL schemes [`RedisBuilder::from_url`] accepts: plaintext and TLS.
-pub const URL_SCHEMES: &[&str] = &["redis", "rediss"];
+/// The URL schemes [`RedisBuilder::from_url`] accepts: plaintext, TLS, and
+/// a primary found through Sentinel (plaintext).
+pub const URL_SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel"];
 
 const DEFAULT_PREFIX: &str = "lock:";
 const MAX_PREFIX_LEN: usize = 100;
@@ -51,6 +54,7 @@ pub struct RedisBuilder {
     connect_timeout: Duration,
     operation_timeout: Duration,
     ca_certificate_pem: Option<Vec<u8>>,
+    sentinel: Option<SentinelSpec>,
 }
 
 impl Default for RedisBuilder {
@@ -89,11 +93,16 @@ impl RedisBuilder {
             connect_timeout: Duration::from_secs(2),
             operation_timeout: Duration::from_secs(1),
             ca_certificate_pem: None,
+            sentinel: None,
         }
     }
 
     /// Reads the server, database and credentials from a URL:
-    /// `redis://[user[:password]@]host[:port][/db]`, or `rediss://` for TLS.
+    /// `redis://[user[:password]@]host[:port][/db]`, or `rediss://` for TLS,
+    /// or `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`
+    /// for the primary that these sentinels (port 26379 unless given) know
+    /// as `<master-name>`. The credentials log in to the primary; the
+    /// sentinels are asked without them.
     ///
     /// # Errors
     ///
@@ -110,12 +119,13 @@ impl RedisBuilder {
                 "malformed Redis URL {shown}: expected redis://host:port or rediss://host:port"
             ))
         })?;
-        let tls = match scheme {
-            "redis" => false,
-            "rediss" => true,
+        let (tls, via_sentinel) = match scheme {
+            "redis" => (false, false),
+            "rediss" => (true, false),
+            "redis+sentinel" => (false, true),
             other => {
                 return Err(config(format!(
-                    "unsupported URL scheme{} in {shown}: use redis:// or rediss:// (TLS)",
+                    "unsupported URL scheme{} in {shown}: use redis://, rediss:// (TLS) or redis+sentinel://",
                     quoted_scheme(other)
                 )))
             }
@@ -133,6 +143,16 @@ impl RedisBuilder {
             return Err(config(format!(
                 "URL fragments are not supported in {shown}: certificate verification is always on; pass a CA with with_ca_certificate_pem"
             )));
+        }
+        if via_sentinel {
+            let parsed = sentinel::parse(rest, &shown)?;
+            return Ok(Self {
+                db: parsed.db,
+                username: parsed.username,
+                password: parsed.password,
+                sentinel: Some(parsed.spec),
+                ..Self::new()
+            });
         }
         let info: ConnectionInfo = url
             .into_connection_info()
@@ -238,8 +258,12 @@ impl RedisBuilder {
         self.connect_timeout
     }
 
-    /// The server as `redis://host:port/db` (or `rediss://`), without credentials.
+    /// The server as `redis://host:port/db` (or `rediss://`, or
+    /// `redis+sentinel://sentinels/<master-name>/db`), without credentials.
     pub fn target(&self) -> String {
+        if let Some(spec) = &self.sentinel {
+            return format!("redis+sentinel://{}/{}", spec.shown(), self.db);
+        }
         let scheme = if self.tls { "rediss" } else { "redis" };
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
@@ -258,8 +282,16 @@ impl RedisBuilder {
     /// a CA certificate with a plaintext URL, or an unreadable CA certificate.
     pub fn build(self) -> Result<RedisBackend, BackendError> {
         self.validate()?;
-        let client = self.client()?;
-        Ok(RedisBackend::from_parts(self, client))
+        let source = match &self.sentinel {
+            Some(spec) => Source::Sentinel(std::sync::Arc::new(Resolver::new(
+                spec.clone(),
+                self.settings(),
+                self.connect_timeout,
+                self.target(),
+            ))),
+            None => Source::Direct(Box::new(self.client()?)),
+        };
+        Ok(RedisBackend::from_parts(self, source))
     }
 
     /// Builds the backend and checks that the server answers (and accepts the
@@ -319,6 +351,17 @@ impl RedisBuilder {
         Ok(())
     }
 
+    fn settings(&self) -> RedisConnectionInfo {
+        let mut settings = RedisConnectionInfo::default().set_db(self.db);
+        if let Some(user) = &self.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(pw) = &self.password {
+            settings = settings.set_password(pw);
+        }
+        settings
+    }
+
     fn client(&self) -> Result<redis::Client, BackendError> {
         let addr = if self.tls {
             // rustls needs one process-wide crypto provider; when several are
@@ -334,13 +377,7 @@ impl RedisBuilder {
         } else {
             ConnectionAddr::Tcp(self.host.clone(), self.port)
         };
-        let mut settings = RedisConnectionInfo::default().set_db(self.db);
-        if let Some(user) = &self.username {
-            settings = settings.set_username(user);
-        }
-        if let Some(pw) = &self.password {
-            settings = settings.set_password(pw);
-        }
+        let settings = self.settings();
         let info = addr
             .into_connection_info()
             .map_err(|e| config(format!("invalid address {}: {e}", self.target())))?
@@ -390,6 +427,10 @@ mod tests {
         assert_eq!(c.password.as_deref(), Some("p@ss"));
         let d = RedisBuilder::from_url("redis://127.0.0.1")?;
         assert_eq!(d.target(), "redis://127.0.0.1:6379/0");
+        let s = RedisBuilder::from_url("redis+sentinel://u:s3cret@h1:1,h2:2/mymaster/3")?;
+        assert_eq!(s.target(), "redis+sentinel://h1:1,h2:2/mymaster/3");
+        assert_eq!(s.password.as_deref(), Some("s3cret"));
+        assert!(!format!("{s:?}").contains("s3cret"));
         Ok(())
     }
 
@@ -401,6 +442,8 @@ mod tests {
             ("redis://:pw@[::1/", "malformed"),
             ("redis://127.0.0.1:6379/notadb", "malformed"),
             ("rediss://127.0.0.1:6379/#insecure", "fragments"),
+            ("redis+sentinel://:pw@h1:1,h2:2", "master-name"),
+            ("redis+sentinel://:pw@h1:x/m", "sentinel must be"),
         ];
         for (url, needle) in cases {
             let err = RedisBuilder::from_url(url).expect_err(url);
@@ -432,6 +475,9 @@ mod tests {
             "redis://h:6379/0?password=x&protocol=s3cret",
             "host=h password=s3cret",
             "host=h password=s3cret://x",
+            "redis+sentinel://u:s3cret@h1:1",
+            "redis+sentinel://u:s3cret@h1:x/m",
+            "redis+sentinel://u:ab/s3cret@h1:1/m",
         ] {
             let err = RedisBuilder::from_url(url).expect_err(url);
             assert_eq!(err.kind(), BackendErrorKind::Config, "{url}");

@@ -2,19 +2,43 @@
 //! failures, with every call bounded by the operation timeout.
 
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_core::BackendError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisResult};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use tracing::debug;
 
 use crate::error::{from_redis, timed_out};
+use crate::sentinel::Resolver;
+
+/// Where connections go: one fixed server, or the primary the sentinels
+/// name at the time of connecting.
+#[derive(Clone)]
+pub(crate) enum Source {
+    Direct(Box<redis::Client>),
+    Sentinel(Arc<Resolver>),
+}
+
+impl Source {
+    /// A client for the server to use now.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub(crate) async fn client(&self) -> Result<redis::Client, BackendError> {
+        match self {
+            Self::Direct(c) => Ok((**c).clone()),
+            Self::Sentinel(r) => r.primary().await,
+        }
+    }
+}
 
 /// Commands go through a [`ConnectionManager`], created on first use so the
 /// backend can be built outside a runtime and against a server that is down.
 pub(crate) struct Connection {
-    client: redis::Client,
+    source: Source,
     target: String,
     connect_timeout: Duration,
     op_timeout: Duration,
@@ -23,13 +47,13 @@ pub(crate) struct Connection {
 
 impl Connection {
     pub(crate) fn new(
-        client: redis::Client,
+        source: Source,
         target: String,
         connect_timeout: Duration,
         op_timeout: Duration,
     ) -> Self {
         Self {
-            client,
+            source,
             target,
             connect_timeout,
             op_timeout,
@@ -49,11 +73,16 @@ impl Connection {
         self.op_timeout
     }
 
-    fn manager(&self, op: &str) -> Result<ConnectionManager, BackendError> {
-        let mut slot = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(m) = slot.as_ref() {
+    async fn manager(&self, op: &str) -> Result<ConnectionManager, BackendError> {
+        if let Some(m) = self
+            .manager
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
             return Ok(m.clone());
         }
+        let client = self.source.client().await?;
         // No retries inside the manager: a failed connect fails this call at
         // once (fail closed) and the next call tries again. The response
         // timeout matches ours so a stalled connection is replaced.
@@ -61,10 +90,15 @@ impl Connection {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.op_timeout))
             .set_number_of_retries(0);
-        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+        let manager = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| from_redis(e, op, &self.target))?;
-        *slot = Some(manager.clone());
-        Ok(manager)
+        if matches!(self.source, Source::Sentinel(_)) {
+            // The sentinels may name a server that was demoted a moment ago;
+            // a replica would answer reads with stale data.
+            check_primary(manager.clone(), op, &self.target).await?;
+        }
+        let mut slot = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(slot.get_or_insert(manager).clone())
     }
 
     /// Forgets the manager after a failure it would never recover from by
@@ -94,18 +128,73 @@ impl Connection {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let manager = self.manager(op)?;
-        match tokio::time::timeout(limit, call(manager)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => {
+        let sentinel = matches!(self.source, Source::Sentinel(_));
+        let attempt = async {
+            let manager = self.manager(op).await?;
+            Ok::<_, BackendError>(call(manager).await)
+        };
+        match tokio::time::timeout(limit, attempt).await {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(e))) => {
                 if e.kind() == ErrorKind::AuthenticationFailed
                     || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+                    || (sentinel && primary_may_have_moved(&e))
                 {
+                    debug!(server = %self.target, error = %e, "dropping the connection; the next call connects afresh");
                     self.reset();
                 }
                 Err(from_redis(e, op, &self.target))
             }
-            Err(_) => Err(timed_out(op, &self.target, limit)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                if sentinel {
+                    self.reset();
+                }
+                Err(timed_out(op, &self.target, limit))
+            }
         }
+    }
+}
+
+/// Whether after `e` the sentinels should be asked again: the server is
+/// gone, stalled, demoted to a replica, not serving, or cut off from its
+/// replicas (`NOREPLICAS`, under `min-replicas-to-write`).
+fn primary_may_have_moved(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.code() == Some("NOREPLICAS")
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::ReadOnly
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+            )
+        )
+}
+
+/// Refuses a server whose `ROLE` is not `master`.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
+async fn check_primary(
+    mut manager: ConnectionManager,
+    op: &str,
+    target: &str,
+) -> Result<(), BackendError> {
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query_async(&mut manager)
+        .await
+        .map_err(|e| from_redis(e, op, target))?;
+    match role.first() {
+        Some(redis::Value::BulkString(r)) if r.as_slice() == b"master" => Ok(()),
+        Some(redis::Value::SimpleString(r)) if r == "master" => Ok(()),
+        _ => Err(BackendError::unavailable(format!(
+            "{op} on {target}: the server the sentinels named is not a primary (a failover may be under way); locks are never taken on a replica"
+        ))),
     }
 }

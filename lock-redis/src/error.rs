@@ -57,6 +57,12 @@ fn classify(err: &RedisError) -> (BackendErrorKind, Option<&'static str>) {
                     Some("the ACL user may not run this command or touch this key or channel"),
                 )
             }
+            "NOREPLICAS" => {
+                return (
+                    BackendErrorKind::Unavailable,
+                    Some("the primary has too few replicas to accept writes (min-replicas-to-write); a failover may be under way"),
+                )
+            }
             "WRONGPASS" | "NOAUTH" => {
                 return (
                     BackendErrorKind::Auth,

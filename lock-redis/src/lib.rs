@@ -19,7 +19,8 @@
 //!   shared subscriber connection; where pub/sub is refused or down they poll.
 //! - Scripts are sent by SHA; after `SCRIPT FLUSH` or a restart the call is
 //!   repeated once with the script body on `NOSCRIPT`, invisibly to callers.
-//! - The connection reconnects after errors. Every call is bounded by the
+//! - The connection reconnects after errors (through the sentinels when the
+//!   URL names them: see [Sentinel](#sentinel)). Every call is bounded by the
 //!   operation timeout, so a stalled (paused, partitioned) server gives
 //!   [`BackendErrorKind::Timeout`](lock_core::BackendErrorKind::Timeout)
 //!   errors rather than a hang, and an unreachable one gives `Unavailable`:
@@ -33,18 +34,75 @@
 //!   while the first still believes it holds the lock. A restart without
 //!   persistence loses every key the same way; the holder finds out at its
 //!   next renewal (reported as `expired`).
-//! - **Fencing tokens are the defence** against that and against paused
-//!   holders: pass [`LeaseHandle::fencing_token`](lock_core::LeaseHandle::fencing_token)
+//! - **Fencing tokens are the defence against paused holders, not against
+//!   failover.** Pass [`LeaseHandle::fencing_token`](lock_core::LeaseHandle::fencing_token)
 //!   to the resource you write to and have it reject tokens lower than the
 //!   highest it has seen. One counter (`<prefix>#fence`) serves every name,
-//!   so tokens are strictly increasing per name. They come from the same
-//!   server, so a failover that loses writes can also make them go backwards:
-//!   a resource that must survive failover needs tokens from a store of its own.
+//!   so tokens are strictly increasing per name while the primary keeps its
+//!   data. **Redis fencing tokens are not failover-safe**: the counter is an
+//!   `INCR` on the same asynchronously replicated server, so a failover or a
+//!   restart that loses its last increments hands out the same or a lower
+//!   token again, and a fenced resource then accepts the old holder's stale
+//!   writes. Where a resource must refuse stale writers across a failover,
+//!   use [lock-etcd](https://docs.rs/lock-etcd) (the token is a raft-ordered
+//!   revision, never lower on any member) or lock-postgres (a sequence that
+//!   only skips ahead after a promotion), or fence with a counter of the
+//!   resource's own.
 //! - **No Redlock.** This crate does not spread a lock over several
 //!   independent primaries; its safety under clock and pause faults is
 //!   contested and it is not tested here.
 //! - Redis Cluster is not supported: the batch renewal script touches keys in
 //!   many slots.
+//!
+//! # Sentinel
+//!
+//! `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`
+//! names the sentinels (port 26379 unless given) and the name they monitor
+//! the primary under. For example
+//! `redis+sentinel://locksvc:secret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/locks/0`.
+//!
+//! - **Finding the primary.** Every sentinel is asked at once (each within
+//!   the connect timeout); among the first majority to answer (or all that
+//!   answer), the answer with the highest configuration epoch wins, since a
+//!   sentinel that has not heard of a failover yet still names the old
+//!   primary, and a frozen sentinel does not hold up the others. The connection then checks `ROLE` and refuses a
+//!   server that is not a primary (`Unavailable`): locks are never taken or
+//!   checked on a replica.
+//! - **After a failover.** An I/O error, a timeout, or a `READONLY`,
+//!   `MASTERDOWN`, `LOADING`, `TRYAGAIN` or `NOREPLICAS` reply fails that
+//!   call (fail closed) and drops the connection; the next call asks the
+//!   sentinels again. Release subscribers reconnect the same way (a replica
+//!   also delivers what its primary publishes).
+//! - **Credentials** in the URL log in to the primary; the sentinels are
+//!   asked without credentials. TLS (`rediss+sentinel`) is not supported.
+//!
+//! What a failover does to locks, and what to configure:
+//!
+//! - Mutual exclusion holds while no failover happens, as on one primary.
+//! - A failover can lose a lock whose key had not reached the promoted
+//!   replica: the holder learns it at its next renewal (`expired` or
+//!   `stolen`), before its local deadline, and a successor may have been
+//!   granted the lock up to one renewal interval plus the operation timeout
+//!   earlier. The fencing counter can go back at the same time (above). In
+//!   the fault suite (a lock that reached no replica, the primary killed,
+//!   8 s TTL) the sentinels promoted a replica in 2.3 s, the holder saw
+//!   `expired` 0.33 s later, a waiter had been granted the lock 0.22 s
+//!   before that, with the same fencing token, and a resource fenced by the
+//!   Redis token accepted 49 of the old holder's writes after the waiter's.
+//! - Set `min-replicas-to-write 1` (and a `min-replicas-max-lag`) on every
+//!   data server. Without it the old primary keeps granting and renewing
+//!   locks for clients still connected to it until the sentinels demote it,
+//!   seconds after the promotion, while other clients are granted the same
+//!   locks on the new primary. With it, the old primary refuses writes
+//!   (`NOREPLICAS`) as soon as its replicas are repointed, and these clients
+//!   move to the new primary.
+//! - A failover that takes longer than the lease's TTL costs every lease:
+//!   each holder aborts by its local deadline (fail closed), its renewals
+//!   having failed or found the key expired on the new primary. With a 1 s
+//!   TTL, `SENTINEL FAILOVER` on loopback aborted every holder 1.4 to 2.0 s
+//!   after the command, and the first acquire on the new primary came 1.2
+//!   to 2.3 s after it (over two runs). Choose a TTL above your failover
+//!   time if holders should survive one.
 //!
 //! # Keys and least privilege
 //!
@@ -95,6 +153,7 @@ mod connection;
 mod error;
 mod notify;
 mod scripts;
+mod sentinel;
 mod ticks;
 
 pub use backend::RedisBackend;

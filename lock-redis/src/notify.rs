@@ -17,6 +17,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{oneshot, Mutex, Notify};
 use tracing::debug;
 
+use crate::connection::Source;
 use crate::error::{from_redis, timed_out};
 
 pub(crate) struct ReleaseNotifier {
@@ -24,7 +25,7 @@ pub(crate) struct ReleaseNotifier {
 }
 
 struct Inner {
-    client: redis::Client,
+    source: Source,
     target: String,
     connect_timeout: Duration,
     op_timeout: Duration,
@@ -81,14 +82,14 @@ struct Channel {
 
 impl ReleaseNotifier {
     pub(crate) fn new(
-        client: redis::Client,
+        source: Source,
         target: String,
         connect_timeout: Duration,
         op_timeout: Duration,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client,
+                source,
                 target,
                 connect_timeout,
                 op_timeout,
@@ -159,14 +160,19 @@ impl ReleaseNotifier {
     async fn open(&self, st: &mut State) -> Result<(u64, PubSubSink), BackendError> {
         let inner = &self.inner;
         let op = "open the release subscriber";
-        let pubsub = match tokio::time::timeout(
-            inner.connect_timeout,
-            inner.client.get_async_pubsub(),
-        )
+        // A replica also delivers what is published on its primary, so a
+        // subscriber need not check the role of the server it reached.
+        let pubsub = match tokio::time::timeout(inner.connect_timeout, async {
+            let client = inner.source.client().await?;
+            client
+                .get_async_pubsub()
+                .await
+                .map_err(|e| from_redis(e, op, &inner.target))
+        })
         .await
         {
             Ok(Ok(p)) => p,
-            Ok(Err(e)) => return Err(from_redis(e, op, &inner.target)),
+            Ok(Err(e)) => return Err(e),
             Err(_) => return Err(timed_out(op, &inner.target, inner.connect_timeout)),
         };
         let (sink, stream) = pubsub.split();

@@ -21,6 +21,8 @@ mod pg;
 mod pg_failover;
 mod procs;
 mod restart;
+mod sentinel_failover;
+mod sentinel_lost;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -164,6 +166,41 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                 Box::pin(async move { churn::leader_churn(ctx, target, &replica).await })
             }),
         );
+    }
+    if which("redis-server").is_some() {
+        let target = Target {
+            op_timeout: redis::OP_TIMEOUT,
+            iterations,
+            scheme: "redis+sentinel",
+        };
+        let id = run_id.to_owned();
+        out.push(Trial::test(
+            "redis_sentinel::chaos_sentinel_failover",
+            move || {
+                let factory = Arc::new(redis::SentinelFactory::new(&redis_prefix(&id)));
+                let body_factory = Arc::clone(&factory);
+                run_on(factory, &id, "chaos_sentinel_failover", move |ctx| {
+                    sentinel_failover::sentinel_failover(ctx, target, body_factory)
+                })
+            },
+        ));
+        // One fresh deployment per kill: a killed primary would take the
+        // sentinels many seconds to turn into a replica again.
+        let target = Target {
+            iterations: figures::iterations(1),
+            ..target
+        };
+        let id = run_id.to_owned();
+        out.push(Trial::test(
+            "redis_sentinel::chaos_sentinel_primary_lost",
+            move || {
+                let prefix = redis_prefix(&id);
+                let factory = Arc::new(redis::SentinelFactory::new(&prefix));
+                run_on(factory, &id, "chaos_sentinel_primary_lost", move |ctx| {
+                    sentinel_lost::sentinel_primary_lost(ctx, target, prefix)
+                })
+            },
+        ));
     }
     out.extend(cluster::trials(run_id, bins));
     out.extend(pg::trials(run_id, bins));

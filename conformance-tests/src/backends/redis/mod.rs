@@ -9,6 +9,10 @@
 mod access;
 mod faults;
 mod saboteur;
+pub mod sentinel;
+mod sentinel_factory;
+mod sentinel_frozen;
+mod sentinel_refused;
 pub mod server;
 mod specific;
 
@@ -22,6 +26,9 @@ use lock_redis::{RedisBackend, RedisBuilder};
 
 pub use access::acl_rules;
 pub use saboteur::RedisSaboteur;
+pub use sentinel_factory::{sentinel_factory, SentinelFactory};
+pub use sentinel_frozen::frozen_sentinel_does_not_stall;
+pub use sentinel_refused::replica_refused;
 
 use crate::harness::{free_port, Availability, ServerProcess};
 use crate::{BackendFactory, BoxError, Saboteur, Suite, Timing};
@@ -170,12 +177,15 @@ impl BackendFactory for RedisFactory {
 #[derive(Debug, Default)]
 pub struct RedisRun {
     factories: Vec<Arc<RedisFactory>>,
+    sentinel: Option<Arc<SentinelFactory>>,
 }
 
 impl RedisRun {
     /// Finds servers and adds every Redis trial to `suite`: the conformance
     /// cases as `redis::<case>` (private server) and `redis_env::<case>`
-    /// (`REDIS_URL`, when set), and the Redis-specific tests as `redis::<test>`.
+    /// (`REDIS_URL`, when set), `redis_sentinel::<case>` (a private primary,
+    /// two replicas and three sentinels), and the Redis-specific tests as
+    /// `redis::<test>`.
     pub fn register(suite: &mut Suite) -> Self {
         let prefix = format!("lock-test:{}:", suite.run_id());
         let mut run = Self::default();
@@ -199,6 +209,27 @@ impl RedisRun {
                 Availability::Ready(factory as Arc<dyn BackendFactory>),
             );
         }
+        let sentinel = sentinel_factory(&prefix);
+        if let Availability::Ready(f) = &sentinel {
+            run.sentinel = Some(Arc::clone(f));
+        }
+        suite.add_server_backend(
+            "redis_sentinel",
+            match sentinel {
+                Availability::Ready(f) => Availability::Ready(f as Arc<dyn BackendFactory>),
+                Availability::Missing(why) => Availability::Missing(why),
+            },
+        );
+        if crate::harness::which("redis-server").is_some() {
+            suite.push(sentinel_trial(
+                "redis_sentinel::replica_refused",
+                replica_refused,
+            ));
+            suite.push(sentinel_trial(
+                "redis_sentinel::frozen_sentinel_does_not_stall",
+                frozen_sentinel_does_not_stall,
+            ));
+        }
         run
     }
 
@@ -220,9 +251,37 @@ impl RedisRun {
                 // their skew tolerance (5 s); those end on their own.
                 specific::leftover_keys(f, TTL * 2 + Duration::from_secs(6)).await?;
             }
+            // The Sentinel deployment, if a case started it.
+            if let Some(set) = self.sentinel.as_ref().and_then(|f| f.started()) {
+                let url = format!("redis://127.0.0.1:{}", set.primary_port()?);
+                let prefix = self.sentinel.as_ref().map_or("", |f| f.prefix());
+                specific::leftover_keys_at(
+                    "redis_sentinel",
+                    &url,
+                    prefix,
+                    TTL * 2 + Duration::from_secs(6),
+                )
+                .await?;
+            }
             Ok(())
         })
     }
+}
+
+/// A trial that runs `body` (which starts its own servers) on a runtime of
+/// its own.
+fn sentinel_trial<F, Fut>(name: &str, body: F) -> libtest_mimic::Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), BoxError>>,
+{
+    libtest_mimic::Trial::test(name, move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(body()).map_err(|e| e.to_string().into())
+    })
 }
 
 /// A factory over a private server of its own, for cases that pause, kill

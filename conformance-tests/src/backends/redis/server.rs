@@ -32,11 +32,18 @@ pub fn start_with(extra: &[&str]) -> Result<ServerProcess, BoxError> {
 /// `127.0.0.1:primary`, also without persistence. Replication is
 /// asynchronous; wait for [`replica_link_up`] before relying on it.
 pub fn start_replica_of(primary: u16) -> Result<ServerProcess, BoxError> {
+    start_replica_of_with(primary, &[])
+}
+
+/// [`start_replica_of`] with more `redis-server` arguments.
+pub fn start_replica_of_with(primary: u16, extra: &[&str]) -> Result<ServerProcess, BoxError> {
     let program = which("redis-server").ok_or("redis-server is not on PATH")?;
     let primary = primary.to_string();
+    let mut a = vec!["--port", "{port}", "--replicaof", "127.0.0.1", &primary];
+    a.extend_from_slice(extra);
     ServerProcess::start(ServerSpec {
         program,
-        args: args(&["--port", "{port}", "--replicaof", "127.0.0.1", &primary]),
+        args: args(&a),
         run_as: None,
         ready_timeout: Duration::from_secs(10),
     })

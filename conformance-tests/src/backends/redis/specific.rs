@@ -349,8 +349,18 @@ pub(super) fn tracing_line(what: &str) {
 /// the run's prefix once leases cut short at a case's end have had `wait`
 /// to expire; then removes the counter and tick marks.
 pub(super) async fn leftover_keys(f: &RedisFactory, wait: Duration) -> Result<(), BoxError> {
-    let mut c = plain(f.url()).await?;
-    let pattern = format!("{}*", f.prefix());
+    leftover_keys_at(f.name, f.url(), f.prefix(), wait).await
+}
+
+/// [`leftover_keys`] on the server at `url`, for the factory called `name`.
+pub(super) async fn leftover_keys_at(
+    name: &str,
+    url: &str,
+    prefix: &str,
+    wait: Duration,
+) -> Result<(), BoxError> {
+    let mut c = plain(url).await?;
+    let pattern = format!("{prefix}*");
     let deadline = Instant::now() + wait;
     loop {
         let mut keys: Vec<String> = Vec::new();
@@ -377,7 +387,7 @@ pub(super) async fn leftover_keys(f: &RedisFactory, wait: Duration) -> Result<()
             if !kept.is_empty() {
                 let _: i64 = redis::cmd("DEL").arg(&kept).query_async(&mut c).await?;
             }
-            eprintln!("{}: no lock key left under {}", f.name, f.prefix());
+            eprintln!("{name}: no lock key left under {prefix}");
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -386,13 +396,9 @@ pub(super) async fn leftover_keys(f: &RedisFactory, wait: Duration) -> Result<()
                 let pttl: i64 = redis::cmd("PTTL").arg(k).query_async(&mut c).await?;
                 described.push(format!("{k} (pttl {pttl} ms)"));
             }
-            return Err(format!(
-                "{}: keys left under {}: {}",
-                f.name,
-                f.prefix(),
-                described.join(", ")
-            )
-            .into());
+            return Err(
+                format!("{name}: keys left under {prefix}: {}", described.join(", ")).into(),
+            );
         }
         sleep(Duration::from_millis(100)).await;
     }

@@ -1,0 +1,372 @@
+//! Redis behind Sentinel: a lock that never reached a replica, then the
+//! primary killed and a replica promoted by the sentinels.
+//!
+//! Both replicas are frozen (SIGSTOP) and their links cut while the victim
+//! takes its lock, so the lock key and the fencing counter's last increment
+//! exist on the primary alone; the primary is then killed and the replicas
+//! thawed. This
+//! is what asynchronous replication allows in any failover, made certain:
+//! the victim must learn of the loss at its first renewal on the promoted
+//! primary (expired or stolen) before its local deadline, a waiter is
+//! granted the lock meanwhile (a raw overlap), and the fencing counter goes
+//! back, so a resource fenced by the Redis token accepts the victim's stale
+//! writes. All of it is counted in the row; the TTL is long enough (8 s)
+//! for the sentinels to promote a replica within it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{LockName, LockOptions, LossReason};
+use tokio::time::{sleep, Instant};
+
+use super::cases::leak_probe;
+use super::figures::{self, Row};
+use super::holder::{Holder, Resource};
+use super::Target;
+use crate::backends::redis::config_for;
+use crate::backends::redis::sentinel::SentinelSet;
+use crate::{Ctx, Replica};
+
+/// Lease TTL: above the ~3 s a kill-triggered failover takes here (1 s
+/// `down-after-milliseconds`, election, promotion) with room for load.
+const TTL: Duration = Duration::from_secs(8);
+/// Holders whose keys reached the replicas before the freeze.
+const KEEPERS: usize = 2;
+/// Bound on the sentinels promoting a replica after the kill.
+const FAILOVER_WITHIN: Duration = Duration::from_secs(30);
+/// Pause between the waiter's writes.
+const STEP: Duration = Duration::from_millis(10);
+/// Writes the waiter makes once granted.
+const WAITER_WRITES: usize = 20;
+
+/// What the waiter saw: granted at, its token, its first write's instant,
+/// its accepted and refused writes, and when it let go.
+#[derive(Debug)]
+struct Waited {
+    granted: Instant,
+    token: u64,
+    first_write: Instant,
+    accepted: usize,
+    refused: usize,
+    end: Instant,
+}
+
+async fn waiter(
+    rep: Replica,
+    name: LockName,
+    opts: LockOptions,
+    resource: Arc<Resource>,
+) -> Waited {
+    let guard = rep
+        .locker
+        .lock(&name, &opts)
+        .await
+        .expect("the waiter is granted the lock on the promoted primary");
+    let granted = Instant::now();
+    let handle = guard.handle();
+    let token = handle.fencing_token().expect("the backend fences");
+    let (mut accepted, mut refused) = (0, 0);
+    let mut first_write = None;
+    for _ in 0..WAITER_WRITES {
+        let deadline = handle.remaining_validity().map(|r| Instant::now() + r);
+        if handle.assert_held().is_err() {
+            break;
+        }
+        resource.log.record(Instant::now(), deadline);
+        first_write.get_or_insert_with(Instant::now);
+        if resource.write(token) {
+            accepted += 1;
+        } else {
+            refused += 1;
+        }
+        sleep(STEP).await;
+    }
+    let end = Instant::now();
+    guard.release().await.expect("the waiter releases");
+    Waited {
+        granted,
+        token,
+        first_write: first_write.unwrap_or(end),
+        accepted,
+        refused,
+        end,
+    }
+}
+
+async fn direct(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a direct connection")
+}
+
+async fn through(ctx: &Ctx, set: &SentinelSet, prefix: &str) -> Replica {
+    let backend = config_for(&set.url())
+        .expect("config")
+        .with_key_prefix(prefix)
+        .connect()
+        .await
+        .expect("connects through the sentinels");
+    ctx.replica_over(Arc::new(backend))
+}
+
+/// What one kill measured.
+#[derive(Debug, Default)]
+struct Trial {
+    writes: usize,
+    late: usize,
+    stale: usize,
+    overlap: Option<Duration>,
+    leaked: usize,
+    victim: Option<LossReason>,
+    detection: Option<Duration>,
+    abort: Option<Duration>,
+    reconnect: Option<Duration>,
+    key_lost: bool,
+    backwards: bool,
+    waiter_refused: usize,
+    kept: usize,
+    keepers_lost: Vec<LossReason>,
+    switch: (u16, u16),
+    promoted_in: Duration,
+}
+
+async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
+    let tol = ctx.timing().tolerance;
+    let opts = LockOptions::new(TTL);
+    let interval = opts.renew_interval();
+    let set = Arc::new(
+        tokio::task::spawn_blocking(SentinelSet::start)
+            .await
+            .expect("start task")
+            .expect("the Sentinel deployment starts"),
+    );
+    let mut t = Trial::default();
+    let old = {
+        let s = Arc::clone(&set);
+        tokio::task::spawn_blocking(move || s.primary_port())
+            .await
+            .expect("task")
+            .expect("the sentinels name the primary")
+    };
+    let replicas: Vec<u16> = set
+        .server_ports()
+        .into_iter()
+        .filter(|p| *p != old)
+        .collect();
+
+    let keep_names: Vec<LockName> = (0..KEEPERS)
+        .map(|k| ctx.name(&format!("lost-{i}-keep-{k}")))
+        .collect();
+    let mut keepers = Vec::new();
+    for name in &keep_names {
+        let rep = through(ctx, &set, prefix).await;
+        let holder = Holder::start(&rep, name, &opts, Arc::default()).await;
+        keepers.push((rep, holder));
+    }
+    // Both replicas have every write so far before they are frozen.
+    let mut p = direct(old).await;
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(2)
+        .arg(5_000)
+        .query_async(&mut p)
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 2, "both replicas acknowledge the keepers' locks");
+    for r in &replicas {
+        set.server(*r)
+            .expect("replica")
+            .pause()
+            .expect("SIGSTOP a replica");
+    }
+    // A frozen replica still receives the stream into its socket buffer and
+    // applies it once thawed; cutting the links loses it for good. The
+    // primary then has no replica, so it must accept writes without one:
+    // the victim's write stands for one acknowledged in the moment before
+    // the stream broke, which min-replicas-to-write does not prevent (it
+    // counts linked replicas, not acknowledgements of this write).
+    let cut: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut p)
+        .await
+        .expect("CLIENT KILL TYPE replica");
+    assert_eq!(cut, 2, "both replication links are cut");
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .query_async(&mut p)
+        .await
+        .expect("CONFIG SET min-replicas-to-write 0");
+
+    let victim_name = ctx.name(&format!("lost-{i}-victim"));
+    let victim_key = format!("{prefix}{}", victim_name.as_str());
+    let resource = Arc::new(Resource::default());
+    let victim_rep = through(ctx, &set, prefix).await;
+    let mut victim = Holder::start(&victim_rep, &victim_name, &opts, Arc::clone(&resource)).await;
+    let victim_token = victim.token;
+    let victim_at = Instant::now();
+    let waiter_rep = through(ctx, &set, prefix).await;
+    let waited = tokio::spawn(waiter(
+        waiter_rep,
+        victim_name.clone(),
+        opts.clone().with_acquire_timeout(FAILOVER_WITHIN + TTL),
+        Arc::clone(&resource),
+    ));
+    sleep(interval / 2).await;
+
+    let killed_at = Instant::now();
+    set.server(old)
+        .expect("primary")
+        .kill()
+        .expect("SIGKILL the primary");
+    for r in &replicas {
+        set.server(*r)
+            .expect("replica")
+            .resume()
+            .expect("SIGCONT a replica");
+    }
+    let s = Arc::clone(&set);
+    let new = tokio::task::spawn_blocking(move || s.wait_new_primary(old, FAILOVER_WITHIN))
+        .await
+        .expect("task")
+        .expect("the sentinels promote a replica");
+    let switched_at = Instant::now();
+    t.switch = (old, new);
+    t.promoted_in = switched_at - killed_at;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&victim_key)
+        .query_async(&mut direct(new).await)
+        .await
+        .expect("EXISTS");
+    t.key_lost = exists == 0;
+    assert!(
+        t.key_lost,
+        "the promoted replica has the victim's key: the fault was not injected"
+    );
+
+    let victim_deadline = victim_at + TTL;
+    let (lost_at, reason) = victim
+        .lost_by(victim_deadline + tol)
+        .await
+        .expect("the victim's lease ends by its local deadline");
+    t.victim = Some(reason);
+    t.abort = Some(lost_at - killed_at);
+    t.detection = Some(lost_at.saturating_duration_since(switched_at));
+    let (_guard, n) = victim.writes(TTL).await;
+    t.writes += n;
+    // Where the promoted primary answered well before the victim's deadline,
+    // the loss must have come from a renewal there, not from the deadline.
+    if t.key_lost && switched_at + interval + target.op_timeout + tol < victim_deadline {
+        assert!(
+            matches!(reason, LossReason::Expired | LossReason::Stolen),
+            "the victim's key vanished but it lost its lease as {reason:?}"
+        );
+        assert!(
+            lost_at <= switched_at + interval + target.op_timeout + tol,
+            "the victim learned of the loss {:?} after the promotion",
+            lost_at - switched_at
+        );
+    }
+
+    let w = tokio::time::timeout(FAILOVER_WITHIN + TTL * 2, waited)
+        .await
+        .expect("the waiter finishes")
+        .expect("waiter task");
+    t.writes += w.accepted + w.refused;
+    t.waiter_refused = w.refused;
+    t.reconnect = Some(w.granted - killed_at);
+    t.backwards = w.token <= victim_token;
+    t.overlap = (lost_at > w.granted).then(|| lost_at.min(w.end) - w.granted);
+    // The victim's writes the Redis-fenced resource accepted after the
+    // waiter's first write: stale writes a failover-safe token would refuse.
+    t.stale = resource
+        .accepted()
+        .iter()
+        .filter(|(at, token)| *token == victim_token && *at >= w.first_write)
+        .count();
+    t.late += resource.log.after_deadline();
+
+    let hold_until = switched_at + interval + target.op_timeout + tol;
+    for (_rep, mut holder) in keepers {
+        match holder.lost_by(hold_until).await {
+            Some((_, reason)) => {
+                t.keepers_lost.push(reason);
+                let (_guard, n) = holder.writes(TTL).await;
+                t.writes += n;
+            }
+            None => {
+                holder
+                    .handle
+                    .verify()
+                    .await
+                    .expect("a kept lease verifies on the promoted primary");
+                let (released, _, n) = holder.release(TTL).await;
+                released.expect("a kept lease releases");
+                t.kept += 1;
+                t.writes += n;
+            }
+        }
+    }
+    let checker = through(ctx, &set, prefix).await;
+    for name in keep_names.iter().chain([&victim_name]) {
+        t.leaked += leak_probe(&checker.locker, name, &opts).await;
+    }
+    drop(checker);
+    tokio::task::block_in_place(move || drop(set));
+    t
+}
+
+/// The primary killed after a lock that reached no replica; one fresh
+/// deployment per iteration. Keys under `prefix`.
+pub(super) async fn sentinel_primary_lost(ctx: Ctx, target: Target, prefix: String) {
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: "chaos_sentinel_primary_lost".to_owned(),
+        ..Row::default()
+    };
+    let mut trials = Vec::new();
+    for i in 0..target.iterations {
+        let t = one_kill(&ctx, target, &prefix, i).await;
+        row.faults += 1;
+        row.writes += t.writes;
+        row.after_deadline += t.late;
+        row.stale_accepts += t.stale;
+        row.overlaps += usize::from(t.overlap.is_some());
+        row.leaked += t.leaked;
+        row.abort.extend(t.abort);
+        row.detection.extend(t.detection);
+        row.reconnect.extend(t.reconnect);
+        trials.push(t);
+    }
+    row.iterations = target.iterations;
+    let lines: Vec<String> = trials
+        .iter()
+        .map(|t| {
+            format!(
+                "primary {}->{} promoted in {:?}; victim key lost {}, victim {:?}, overlap {:?}; \
+                 Redis fencing token went back {}; waiter writes refused {}; keepers kept {} lost {:?}",
+                t.switch.0,
+                t.switch.1,
+                t.promoted_in,
+                t.key_lost,
+                t.victim,
+                t.overlap,
+                t.backwards,
+                t.waiter_refused,
+                t.kept,
+                t.keepers_lost
+            )
+        })
+        .collect();
+    let summary = format!("{row:?}; {}", lines.join("; "));
+    eprintln!("{} chaos_sentinel_primary_lost: {summary}", row.backend);
+    figures::record(row.clone());
+    assert!(
+        row.after_deadline == 0 && row.leaked == 0,
+        "writes after the deadline or leaked locks: {summary}"
+    );
+}
