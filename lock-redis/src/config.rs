@@ -198,7 +198,7 @@ impl RedisBuilder {
         match std::env::var(ENV_VAR) {
             Ok(url) => Self::from_url(&url),
             Err(_) => Err(config(format!(
-                "{ENV_VAR} is not set (expected a redis:// or rediss:// URL)"
+                "{ENV_VAR} is not set (expected a redis://, rediss:// or redis+sentinel:// URL)"
             ))),
         }
     }
