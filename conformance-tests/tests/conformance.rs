@@ -21,6 +21,7 @@ fn main() -> ExitCode {
     suite.add_server_backend("etcd", etcd::factory());
     etcd::add_specific(&mut suite);
     suite.add_server_backend("etcd_cluster", etcd::cluster_factory());
+    etcd::add_cluster_specific(&mut suite);
     for trial in conformance_tests::backends::connect_urls::trials(suite.run_id()) {
         suite.push(trial);
     }

@@ -4,25 +4,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Compare, CompareOp, DeleteOptions, EventType, KeyValue, Txn, TxnOp, TxnOpResponse,
 };
 use lock_core::{
     async_trait,
-    backend::{
-        AcquireAttempt, Expiry, Lease, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
-    },
+    backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
     BackendError, Capabilities, LockBackend, LockName, OwnerToken,
 };
 use tracing::{debug, warn};
 
-use crate::connection::{classify, Connected, Held, Inner};
-use crate::error::{bounded_retry, convert, protocol};
-use crate::lease::lease_seconds;
+use crate::connection::{classify, Connected, Inner};
+use crate::error::{convert, protocol};
+use crate::members::Attempt;
 
 impl Inner {
-    pub(crate) async fn get(&self, key: &str) -> Result<Option<KeyValue>, BackendError> {
-        let mut resp = self
+    pub(crate) async fn get(
+        &self,
+        at: &Attempt,
+        key: &str,
+    ) -> Result<Option<KeyValue>, BackendError> {
+        let mut resp = at
             .client
             .kv_client()
             .get(key, None)
@@ -31,83 +32,20 @@ impl Inner {
         Ok(resp.take_kvs().into_iter().next())
     }
 
-    async fn acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        let key = self.key(name);
-        let mut kv = self.client.kv_client();
-        if self.read_first(name) {
-            let existing = kv
-                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
-                .await
-                .map_err(|e| convert(&format!("acquire {key}"), e))?;
-            if existing.count() > 0 {
-                return Ok(AcquireAttempt::HeldElsewhere);
-            }
-        }
-        let seconds = lease_seconds(ttl);
-        let (lease, granted) = self.leases.grant(seconds).await?;
-        if granted != seconds {
-            debug!(lock = %name, asked = seconds, granted, "etcd changed the lease TTL");
-        }
-        let put = TxnOp::put(
-            key.as_str(),
-            owner.to_hex(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([put]);
-        let resp = match kv.txn(txn).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                // Revoking also deletes the key if the put did land: nobody
-                // believes they hold it, so that is the safe cleanup.
-                self.revoke_in_background(lease);
-                return Err(convert(&format!("acquire {key}"), e));
-            }
-        };
-        if !resp.succeeded() {
-            self.revoke_in_background(lease);
-            self.note_contended(name, true);
-            return Ok(AcquireAttempt::HeldElsewhere);
-        }
-        self.note_contended(name, false);
-        // The put is the only write of the transaction, so the revision it
-        // created is the key's create revision: cluster-wide monotonic.
-        let revision = resp
-            .header()
-            .map(|h| h.revision())
-            .ok_or_else(|| protocol("acquire", "transaction answer without a header"))?;
-        let fence = u64::try_from(revision)
-            .map_err(|_| protocol("acquire", "negative revision in the answer"))?;
-        self.remember(
-            name,
-            Held {
-                owner: *owner,
-                lease,
-                seconds,
-                revision,
-            },
-        );
-        Ok(AcquireAttempt::Acquired(Lease::new(Some(fence))))
-    }
-
     async fn check_one(
         &self,
+        at: Attempt,
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
-        let kv = self.get(&self.key(name)).await?;
+        let kv = self.get(&at, &self.key(name)).await?;
         let lease = kv.as_ref().map_or(0, KeyValue::lease);
         Ok(classify(kv.as_ref(), owner, lease, 1))
     }
 
     async fn release_one(
         &self,
+        at: Attempt,
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
@@ -122,7 +60,7 @@ impl Inner {
                 key.as_str(),
                 Some(DeleteOptions::new().with_prev_key()),
             )]);
-        let resp = self
+        let resp = at
             .client
             .kv_client()
             .txn(txn)
@@ -133,6 +71,14 @@ impl Inner {
             // Our lease, if we still have one, guards nothing now.
             if let Some(held) = remembered {
                 self.revoke_in_background(held.lease);
+                if at.after_unclear {
+                    // An earlier attempt of this release got no answer, but
+                    // the key was ours until then (we still knew its lease):
+                    // that attempt deleted it. Reporting `NotHeld` would
+                    // count a normal release as a loss.
+                    debug!(lock = %name, "an unanswered release attempt had deleted the key");
+                    return Ok(ReleaseOutcome::Released);
+                }
             }
             return Ok(ReleaseOutcome::NotHeld);
         }
@@ -142,16 +88,20 @@ impl Inner {
         });
         let lease = deleted_lease.or(remembered.map(|h| h.lease)).unwrap_or(0);
         if lease != 0 {
-            if let Err(e) = self.leases.revoke(lease).await {
+            if let Err(e) = self.leases.revoke(&at, lease).await {
                 warn!(lock = %name, error = %e, "lock released but its lease was not revoked; it will expire");
             }
         }
         Ok(ReleaseOutcome::Released)
     }
 
-    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseSignal>, BackendError> {
+    async fn subscribe(
+        &self,
+        at: Attempt,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
         let key = self.key(name);
-        let mut stream = self
+        let mut stream = at
             .client
             .watch_client()
             .watch(key.as_str(), None)
@@ -218,7 +168,12 @@ impl LockBackend for Connected {
     ) -> Result<AcquireAttempt, BackendError> {
         self.inner.check_ttl(ttl)?;
         let inner = &self.inner;
-        bounded_retry(inner.timeout, "acquire", || inner.acquire(name, owner, ttl)).await
+        inner
+            .members
+            .run(inner.timeout, "acquire", |at| {
+                inner.acquire(at, name, owner, ttl)
+            })
+            .await
     }
 
     async fn renew(
@@ -229,7 +184,12 @@ impl LockBackend for Connected {
     ) -> Result<LeaseStatus, BackendError> {
         self.inner.check_ttl(ttl)?;
         let inner = &self.inner;
-        bounded_retry(inner.timeout, "renew", || inner.renew_one(name, owner, ttl)).await
+        inner
+            .members
+            .run(inner.timeout, "renew", |at| {
+                inner.renew_one(at, name, owner, ttl)
+            })
+            .await
     }
 
     async fn check(
@@ -238,7 +198,12 @@ impl LockBackend for Connected {
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
         let inner = &self.inner;
-        bounded_retry(inner.timeout, "check", || inner.check_one(name, owner)).await
+        inner
+            .members
+            .run(inner.timeout, "check", |at| {
+                inner.check_one(at, name, owner)
+            })
+            .await
     }
 
     async fn release(
@@ -247,7 +212,12 @@ impl LockBackend for Connected {
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         let inner = &self.inner;
-        bounded_retry(inner.timeout, "release", || inner.release_one(name, owner)).await
+        inner
+            .members
+            .run(inner.timeout, "release", |at| {
+                inner.release_one(at, name, owner)
+            })
+            .await
     }
 
     async fn renew_many(
@@ -258,7 +228,10 @@ impl LockBackend for Connected {
             self.inner.check_ttl(r.ttl)?;
         }
         let inner = &self.inner;
-        bounded_retry(inner.timeout, "renew", || inner.renew_batch(requests)).await
+        inner
+            .members
+            .run(inner.timeout, "renew", |at| inner.renew_batch(at, requests))
+            .await
     }
 
     async fn subscribe_release(
@@ -266,7 +239,10 @@ impl LockBackend for Connected {
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
         let inner = &self.inner;
-        let signal = bounded_retry(inner.timeout, "watch", || inner.subscribe(name)).await?;
+        let signal = inner
+            .members
+            .run(inner.timeout, "watch", |at| inner.subscribe(at, name))
+            .await?;
         Ok(signal.map(|released| {
             // A waiter woken by a release goes straight to the lease grant:
             // the name is most likely free now, so a read first would only

@@ -5,14 +5,14 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, KeyValue, TlsOptions};
-use lock_core::redact::redact_url;
+use etcd_client::{Certificate, ConnectOptions, KeyValue, TlsOptions};
 use lock_core::{backend::LeaseStatus, BackendError, BackendErrorKind, LockName, OwnerToken};
 use tracing::debug;
 
 use crate::config::EtcdBuilder;
-use crate::error::{bounded, convert};
+use crate::error::{convert, is_lease_not_found};
 use crate::lease::{lease_seconds, Leases};
+use crate::members::Members;
 
 /// A backend connected to its cluster: what [`EtcdBackend`](crate::EtcdBackend)
 /// holds once the cluster answered. Cloning is cheap and clones share the connection.
@@ -22,7 +22,8 @@ pub(crate) struct Connected {
 }
 
 pub(crate) struct Inner {
-    pub(crate) client: Client,
+    /// One client per member; every call goes through [`Members::run`].
+    pub(crate) members: Arc<Members>,
     pub(crate) leases: Leases,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
@@ -86,33 +87,31 @@ impl Connected {
             }
             options = options.with_tls(tls);
         }
-        let connect_limit = b.connect_timeout + b.request_timeout;
-        let shown: Vec<String> = endpoints.iter().map(|e| redact_url(e)).collect();
-        let client = bounded(connect_limit, "connect", async {
-            Client::connect(&endpoints, Some(options))
-                .await
-                .map_err(|e| convert(&format!("connect to {}", shown.join(",")), e))
-        })
-        .await?;
-        let leases = Leases::new(client.lease_client());
+        let connect_limit = b.connect_timeout.saturating_add(b.request_timeout);
+        let members = Arc::new(Members::new(&endpoints, options));
+        let leases = Leases::default();
         let declared = b.declared_min_ttl();
         let min_ttl = if probe {
             // A grant comes back raised to the cluster's minimum TTL, so one
             // short lease both proves the cluster answers and measures it.
             let asked = declared.map_or(1, lease_seconds);
-            let granted = bounded(connect_limit, "probe the cluster", async {
-                let (id, granted) = leases.grant(asked).await?;
-                leases.revoke(id).await?;
-                Ok(granted)
-            })
-            .await?;
+            let granted = members
+                .run(connect_limit, "probe the cluster", |at| {
+                    let leases = &leases;
+                    async move {
+                        let (id, granted) = leases.grant(&at, asked).await?;
+                        leases.revoke(&at, id).await?;
+                        Ok(granted)
+                    }
+                })
+                .await?;
             declared.unwrap_or_default().max(secs(granted))
         } else {
             b.unmeasured_min_ttl()
         };
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
+                members,
                 leases,
                 prefix: b.prefix,
                 timeout: b.request_timeout,
@@ -219,10 +218,18 @@ impl Inner {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut client = self.client.lease_client();
+        let members = Arc::clone(&self.members);
         let limit = self.timeout;
         runtime.spawn(async move {
-            if let Ok(Err(e)) = tokio::time::timeout(limit, client.revoke(lease)).await {
+            let revoked = members
+                .run(limit, "revoke an unused lease", |at| async move {
+                    match at.client.lease_client().revoke(lease).await {
+                        Err(e) if !is_lease_not_found(&e) => Err(convert("lease revoke", e)),
+                        _ => Ok(()),
+                    }
+                })
+                .await;
+            if let Err(e) = revoked {
                 debug!(lease, error = %e, "revoking an unused lease failed; it will expire");
             }
         });

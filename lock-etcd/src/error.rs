@@ -1,12 +1,8 @@
 //! Converts `etcd-client` errors into [`BackendError`]s of the right kind.
 
-use std::future::Future;
-use std::time::Duration;
-
 use etcd_client::Error as EtcdError;
 use lock_core::{BackendError, BackendErrorKind};
 use tonic::Code;
-use tracing::debug;
 
 /// Wraps a native client error, naming the operation that failed.
 pub(crate) fn convert(op: &str, e: EtcdError) -> BackendError {
@@ -71,30 +67,12 @@ pub(crate) fn is_lease_not_found(e: &EtcdError) -> bool {
     }
 }
 
-/// Runs `fut`, turning "no answer within `limit`" into a timeout error.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    op: &str,
-    fut: impl Future<Output = Result<T, BackendError>>,
-) -> Result<T, BackendError> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::timeout(format!(
-            "{op}: etcd did not answer within {limit:?}"
-        ))),
-    }
-}
-
-/// How many members one call tries when connections are refused: with the
-/// usual 3 or 5 members, enough to reach a live one after two dead ones.
-const MEMBER_TRIES: usize = 4;
-
 /// Whether `e` failed before any member acted on the request: the TCP
-/// connection to the member the client's balancer picked was refused (a
+/// connection to the member was refused (a
 /// killed member), or that member answered "no leader" (one cut off from
 /// the others: the client asks every member to refuse requests while it has
 /// no leader, which etcd checks before it handles them). The call can then
-/// be repeated as it is, and the balancer picks a member again.
+/// be repeated as it is, at another member or this one.
 pub(crate) fn unserved(e: &BackendError) -> bool {
     let Some(source) = std::error::Error::source(e) else {
         return false;
@@ -120,33 +98,6 @@ pub(crate) fn unserved(e: &BackendError) -> bool {
         next = cause.source();
     }
     false
-}
-
-/// As [`bounded`], repeating `attempt` while it fails [`unserved`] (at most
-/// [`MEMBER_TRIES`] times, all within `limit`): a dead or cut-off member of
-/// a cluster costs a refused attempt, not a failed call.
-pub(crate) async fn bounded_retry<T, F, Fut>(
-    limit: Duration,
-    op: &str,
-    mut attempt: F,
-) -> Result<T, BackendError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, BackendError>>,
-{
-    bounded(limit, op, async {
-        let mut tries = 1;
-        loop {
-            match attempt().await {
-                Err(e) if tries < MEMBER_TRIES && unserved(&e) => {
-                    debug!(op, error = %e, "a member refused the call; trying again");
-                    tries += 1;
-                }
-                outcome => return outcome,
-            }
-        }
-    })
-    .await
 }
 
 /// A response that lacked a field etcd always sends.

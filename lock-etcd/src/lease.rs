@@ -3,11 +3,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use etcd_client::{Error as EtcdError, LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{Error as EtcdError, LeaseKeepAliveStream, LeaseKeeper};
 use lock_core::BackendError;
 use tokio::sync::Mutex;
 
 use crate::error::{convert, is_lease_not_found, protocol};
+use crate::members::Attempt;
 
 /// etcd lease TTLs are whole seconds: the TTL rounded up, at least one.
 pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
@@ -20,13 +21,15 @@ pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
 /// Keep-alives share one bidirectional stream: etcd answers the requests of
 /// a stream one by one, in order, so a batch is written in one go and its
 /// answers read back in the same order, one round trip for any number of
-/// leases.
+/// leases. The stream runs on one member; a keep-alive sent through
+/// another member (the first did not answer) opens a new stream there.
+#[derive(Default)]
 pub(crate) struct Leases {
-    client: LeaseClient,
     stream: Mutex<Option<KeepAliveStream>>,
 }
 
 struct KeepAliveStream {
+    member: usize,
     keeper: LeaseKeeper,
     answers: LeaseKeepAliveStream,
 }
@@ -38,19 +41,16 @@ impl fmt::Debug for Leases {
 }
 
 impl Leases {
-    pub(crate) fn new(client: LeaseClient) -> Self {
-        Self {
-            client,
-            stream: Mutex::new(None),
-        }
-    }
-
     /// Grants a lease of `seconds`; returns its id and the TTL the server
     /// actually gave (it raises TTLs below its minimum).
-    pub(crate) async fn grant(&self, seconds: i64) -> Result<(i64, i64), BackendError> {
-        let resp = self
+    pub(crate) async fn grant(
+        &self,
+        at: &Attempt,
+        seconds: i64,
+    ) -> Result<(i64, i64), BackendError> {
+        let resp = at
             .client
-            .clone()
+            .lease_client()
             .grant(seconds, None)
             .await
             .map_err(|e| convert("lease grant", e))?;
@@ -62,8 +62,8 @@ impl Leases {
 
     /// Revokes `id`, deleting the keys attached to it. A lease that is
     /// already gone counts as revoked.
-    pub(crate) async fn revoke(&self, id: i64) -> Result<(), BackendError> {
-        match self.client.clone().revoke(id).await {
+    pub(crate) async fn revoke(&self, at: &Attempt, id: i64) -> Result<(), BackendError> {
+        match at.client.lease_client().revoke(id).await {
             Ok(_) => Ok(()),
             Err(e) if is_lease_not_found(&e) => Ok(()),
             Err(e) => Err(convert("lease revoke", e)),
@@ -76,20 +76,30 @@ impl Leases {
     /// Cancel safety: if the future is dropped midway, the stream is left
     /// out of step with its answers, so it is discarded (the slot is emptied
     /// before any request goes out) and the next call opens a new one.
-    pub(crate) async fn keep_alive(&self, ids: &[i64]) -> Result<Vec<i64>, BackendError> {
+    pub(crate) async fn keep_alive(
+        &self,
+        at: &Attempt,
+        ids: &[i64],
+    ) -> Result<Vec<i64>, BackendError> {
         let mut slot = self.stream.lock().await;
         let mut ttls = Vec::with_capacity(ids.len());
-        let mut stream = match slot.take() {
+        // A stream on another member is dropped: this attempt goes here
+        // because that member failed a call or was passed over.
+        let mut stream = match slot.take().filter(|s| s.member == at.member) {
             Some(s) => s,
             None => {
                 // Opening a stream renews its first lease. The client refuses
                 // to open one for a lease that is gone, so try the next.
                 let mut opened = None;
                 for &id in ids {
-                    match self.client.clone().keep_alive(id).await {
+                    match at.client.lease_client().keep_alive(id).await {
                         Ok((keeper, answers)) => {
                             ttls.push(1);
-                            opened = Some(KeepAliveStream { keeper, answers });
+                            opened = Some(KeepAliveStream {
+                                member: at.member,
+                                keeper,
+                                answers,
+                            });
                             break;
                         }
                         Err(e) if is_lease_not_found(&e) => ttls.push(0),
@@ -103,7 +113,9 @@ impl Leases {
             }
         };
         let rest = &ids[ttls.len()..];
-        let KeepAliveStream { keeper, answers } = &mut stream;
+        let KeepAliveStream {
+            keeper, answers, ..
+        } = &mut stream;
         let send = async {
             for &id in rest {
                 // The handle's lease id is public (etcd-client's

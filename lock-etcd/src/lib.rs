@@ -78,20 +78,27 @@
 //!   while it has no leader, and it does not do serializable reads. A client that reaches
 //!   only the minority side cannot acquire, renew or verify. Its holders abort by their
 //!   local deadline, before the majority side can grant the lock again.
-//! - **A dead member costs nothing.** A call that the client's balancer sends to a killed
-//!   member is refused at connect time, and to a cut-off member it is refused with "no leader".
-//!   Such a call is sent again at once, to another member, up to 4 tries within the
-//!   request timeout.
+//! - **One client per member, calls on one member at a time.** Each endpoint gets
+//!   its own connection. Calls go to one member while it answers. A call that the
+//!   member refuses (killed: connection refused; cut off: "no leader") or fails as
+//!   unreachable goes on at once to the next member, and one that gets no answer
+//!   within half the request timeout goes on to the next member with the half that
+//!   is left. That member is then passed over for 5 s. Up to 4 attempts, all within
+//!   the request timeout.
+//! - **A frozen member (SIGSTOP, a VM stall) costs one call half its timeout.** Its
+//!   connections stay open, so only the time tells it apart. The lease keep-alive
+//!   stream moves with the calls, so a renewal that finds its member frozen is
+//!   answered by another within the request timeout, well inside the TTL. In the
+//!   fault suite, with 2 s TTLs and 1 s request timeouts, no holder lost its lease
+//!   while a follower was frozen.
 //!
 //! What it does not give you:
 //!
-//! - **A frozen member (SIGSTOP, a VM stall) costs calls.** Its connections stay open, so
-//!   every call the balancer sends there fails closed after the request timeout. The
-//!   balancer picks a member at random for each call. Holders whose renewals keep landing
-//!   on the frozen member can lose their lease: in our runs, 3 of 4 holders did, with
-//!   1 s request timeouts and 2 s TTLs. This is always safe (they abort by their deadline),
-//!   but it is not transparent. Use a TTL of at least 3 × the request timeout if a member
-//!   can stall.
+//! - **No answer in time is still a failure.** If no member answers within the
+//!   request timeout, the call fails closed, as with a single server.
+//! - **Waiters watch through one member.** A waiter's release watch stays on the
+//!   member it was opened on. If that member freezes, the waiter is not woken by the
+//!   release and finds the lock free at its next retry instead.
 //! - **A majority is still needed.** Lose two of three members and every call fails
 //!   closed until quorum returns.
 //! - **Run etcd with `--pre-vote`.** It is the default from etcd 3.5; in 3.4 it is off.
@@ -132,6 +139,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod acquire;
 mod backend;
 mod config;
 mod connection;
@@ -139,6 +147,7 @@ mod deferred;
 mod error;
 mod handle;
 mod lease;
+mod members;
 mod renewal;
 #[cfg(feature = "test-util")]
 mod test_util;

@@ -12,6 +12,7 @@ use crate::backend::first_kv;
 use crate::connection::{classify, Held, Inner};
 use crate::error::{convert, protocol};
 use crate::lease::lease_seconds;
+use crate::members::Attempt;
 
 /// etcd's default `--max-txn-ops`: the most reads one batch transaction may carry.
 const MAX_TXN_OPS: usize = 128;
@@ -24,6 +25,7 @@ impl Inner {
     /// The lease behind `owner`'s hold on `name`: remembered, or read from the key.
     async fn resolve(
         &self,
+        at: &Attempt,
         name: &LockName,
         owner: &OwnerToken,
         seconds: i64,
@@ -31,7 +33,7 @@ impl Inner {
         if let Some(held) = self.lease_of(name, owner) {
             return Ok(Ok(held));
         }
-        let kv = self.get(&self.key(name)).await?;
+        let kv = self.get(at, &self.key(name)).await?;
         match classify(
             kv.as_ref(),
             owner,
@@ -50,23 +52,24 @@ impl Inner {
 
     pub(crate) async fn renew_one(
         &self,
+        at: Attempt,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
         let seconds = lease_seconds(ttl);
-        let held = match self.resolve(name, owner, seconds).await? {
+        let held = match self.resolve(&at, name, owner, seconds).await? {
             Ok(held) => held,
             Err(status) => return Ok(status),
         };
         if held.seconds != seconds {
-            return self.relet(name, owner, held, seconds).await;
+            return self.relet(&at, name, owner, held, seconds).await;
         }
-        let ttls = self.leases.keep_alive(&[held.lease]).await?;
+        let ttls = self.leases.keep_alive(&at, &[held.lease]).await?;
         let ttl = ttls.first().copied().unwrap_or(0);
         #[cfg(feature = "test-util")]
         self.renewal_pause_point().await;
-        let kv = self.get(&self.key(name)).await?;
+        let kv = self.get(&at, &self.key(name)).await?;
         let status = classify(kv.as_ref(), owner, held.lease, ttl);
         self.settle(name, owner, held.lease, status);
         Ok(status)
@@ -81,13 +84,14 @@ impl Inner {
     /// starts again from the lease the key is on now.
     async fn relet(
         &self,
+        at: &Attempt,
         name: &LockName,
         owner: &OwnerToken,
         held: Held,
         seconds: i64,
     ) -> Result<LeaseStatus, BackendError> {
         let key = self.key(name);
-        let (lease, _) = self.leases.grant(seconds).await?;
+        let (lease, _) = self.leases.grant(at, seconds).await?;
         let mut from = held.lease;
         for _ in 0..RELET_ATTEMPTS {
             let txn = Txn::new()
@@ -101,7 +105,7 @@ impl Inner {
                     Some(PutOptions::new().with_lease(lease)),
                 )])
                 .or_else([TxnOp::get(key.as_str(), None)]);
-            let resp = match self.client.kv_client().txn(txn).await {
+            let resp = match at.client.kv_client().txn(txn).await {
                 Ok(resp) => resp,
                 Err(e) => {
                     self.revoke_in_background(lease);
@@ -161,6 +165,7 @@ impl Inner {
 
     pub(crate) async fn renew_batch(
         &self,
+        at: Attempt,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         let mut out: Vec<Option<LeaseStatus>> = vec![None; requests.len()];
@@ -169,14 +174,14 @@ impl Inner {
             match self.lease_of(&r.name, &r.owner) {
                 Some(h) if h.seconds == lease_seconds(r.ttl) => batch.push((i, h)),
                 // Unknown here or a new TTL: rare, renewed on its own.
-                _ => out[i] = Some(self.renew_one(&r.name, &r.owner, r.ttl).await?),
+                _ => out[i] = Some(self.renew_one(at.clone(), &r.name, &r.owner, r.ttl).await?),
             }
         }
         let ids: Vec<i64> = batch.iter().map(|(_, h)| h.lease).collect();
-        let ttls = self.leases.keep_alive(&ids).await?;
+        let ttls = self.leases.keep_alive(&at, &ids).await?;
         #[cfg(feature = "test-util")]
         self.renewal_pause_point().await;
-        let mut kv = self.client.kv_client();
+        let mut kv = at.client.kv_client();
         for (chunk_no, chunk) in batch.chunks(MAX_TXN_OPS).enumerate() {
             let gets: Vec<TxnOp> = chunk
                 .iter()

@@ -6,7 +6,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use lock_core::{async_trait, BackendError, LockName, TickStore};
 
 use crate::connection::Connected;
-use crate::error::{bounded_retry, convert, protocol};
+use crate::error::{convert, protocol};
 
 /// Tick keys live under the lock prefix (so one RBAC grant covers both) but
 /// behind `#`, a character lock names cannot contain, so they never collide.
@@ -52,22 +52,23 @@ impl Connected {
 impl TickStore for Connected {
     async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
         let key = &self.tick_key(job);
-        bounded_retry(self.inner.timeout, "read tick", || async move {
-            let mut resp = self
-                .inner
-                .client
-                .kv_client()
-                .get(key.as_str(), None)
-                .await
-                .map_err(|e| convert(&format!("read {key}"), e))?;
-            match resp.take_kvs().first() {
-                None => Ok(None),
-                Some(kv) => decode(kv.value())
-                    .map(Some)
-                    .ok_or_else(|| protocol(&format!("read {key}"), "not a tick value")),
-            }
-        })
-        .await
+        self.inner
+            .members
+            .run(self.inner.timeout, "read tick", |at| async move {
+                let mut resp = at
+                    .client
+                    .kv_client()
+                    .get(key.as_str(), None)
+                    .await
+                    .map_err(|e| convert(&format!("read {key}"), e))?;
+                match resp.take_kvs().first() {
+                    None => Ok(None),
+                    Some(kv) => decode(kv.value())
+                        .map(Some)
+                        .ok_or_else(|| protocol(&format!("read {key}"), "not a tick value")),
+                }
+            })
+            .await
     }
 
     async fn record_completed(
@@ -107,31 +108,33 @@ impl TickStore for Connected {
             ])
             .or_else([TxnOp::txn(create), mark[0].clone(), mark[1].clone()]);
         let (key, txn) = (&key, &txn);
-        bounded_retry(self.inner.timeout, "record tick", || async move {
-            self.inner
-                .client
-                .kv_client()
-                .txn(txn.clone())
-                .await
-                .map_err(|e| convert(&format!("record {key}"), e))?;
-            Ok(())
-        })
-        .await
+        self.inner
+            .members
+            .run(self.inner.timeout, "record tick", |at| async move {
+                at.client
+                    .kv_client()
+                    .txn(txn.clone())
+                    .await
+                    .map_err(|e| convert(&format!("record {key}"), e))?;
+                Ok(())
+            })
+            .await
     }
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
         let key = &self.mark_key(job, tick);
-        bounded_retry(self.inner.timeout, "read tick mark", || async move {
-            let resp = self
-                .inner
-                .client
-                .kv_client()
-                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
-                .await
-                .map_err(|e| convert(&format!("read {key}"), e))?;
-            Ok(resp.count() > 0)
-        })
-        .await
+        self.inner
+            .members
+            .run(self.inner.timeout, "read tick mark", |at| async move {
+                let resp = at
+                    .client
+                    .kv_client()
+                    .get(key.as_str(), Some(GetOptions::new().with_count_only()))
+                    .await
+                    .map_err(|e| convert(&format!("read {key}"), e))?;
+                Ok(resp.count() > 0)
+            })
+            .await
     }
 }
 

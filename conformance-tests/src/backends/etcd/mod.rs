@@ -3,6 +3,7 @@
 
 pub mod cluster;
 mod cluster_factory;
+mod cluster_frozen;
 mod saboteur;
 pub mod server;
 mod specific;
@@ -19,6 +20,7 @@ use crate::harness::{free_port, which, Availability, ServerProcess};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
 pub use cluster_factory::{cluster_factory, EtcdClusterFactory};
+pub use cluster_frozen::add_cluster_specific;
 pub use saboteur::EtcdSaboteur;
 pub use specific::add_specific;
 
