@@ -148,9 +148,12 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod cluster;
+mod cluster_keys;
 mod config;
 mod connection;
 mod error;
+mod nodes;
 mod notify;
 mod scripts;
 mod sentinel;
