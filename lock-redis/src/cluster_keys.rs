@@ -40,9 +40,11 @@ pub(crate) fn crc16(bytes: &[u8]) -> u16 {
     crc
 }
 
-/// The slot of `key`: the hash of the text between its first `{` and the
-/// next `}` when that text is not empty, else of the whole key.
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
+/// Returns the Redis Cluster slot of `key`, as `CLUSTER KEYSLOT` does: the
+/// CRC16 of the text between its first `{` and the next `}` when that text
+/// is not empty, else of the whole key, modulo 16,384. For operators and
+/// tests that need to know which node holds a lock.
+pub fn key_slot(key: &[u8]) -> u16 {
     let hashed = key
         .iter()
         .position(|&b| b == b'{')
