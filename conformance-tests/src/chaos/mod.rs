@@ -20,6 +20,7 @@ mod pause;
 mod pg;
 mod pg_failover;
 mod procs;
+mod redis_cluster_lost;
 mod redis_cluster_slots;
 mod restart;
 mod sentinel_failover;
@@ -213,6 +214,17 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                 let body_factory = Arc::clone(&factory);
                 run_on(factory, &id, "chaos_cluster_slot_migration", move |ctx| {
                     redis_cluster_slots::slot_migration(ctx, body_factory)
+                })
+            },
+        ));
+        let id = run_id.to_owned();
+        out.push(Trial::test(
+            "redis_cluster::chaos_cluster_primary_lost",
+            move || {
+                let factory = Arc::new(redis::ClusterFactory::new(&redis_prefix(&id)));
+                let body_factory = Arc::clone(&factory);
+                run_on(factory, &id, "chaos_cluster_primary_lost", move |ctx| {
+                    redis_cluster_lost::primary_lost(ctx, body_factory)
                 })
             },
         ));
