@@ -144,6 +144,16 @@
 //!   lock (and the latest counter increments) that had not reached the
 //!   replica are lost, with the same consequences as a Sentinel failover
 //!   (below). Fencing tokens are per slot and are **not failover-safe**.
+//!   In the fault suite (3 primaries, 3 replicas, `cluster-node-timeout`
+//!   1000 ms, loopback): a primary SIGKILLed with six locks that its replica
+//!   had acknowledged (`WAIT`): calls to its slots failed closed meanwhile,
+//!   no contender was granted one of them, all six were still the holder's
+//!   after the promotion, and the first new lock in those slots came 1.9
+//!   and 2.6 s after the kill (two runs). A slot moved by hand (`SETSLOT`
+//!   IMPORTING/MIGRATING, `MIGRATE`, `SETSLOT NODE`) while its lock was
+//!   held: the holder renewed through `ASK` and `MOVED`, no contender was
+//!   granted the lock, and the next token was higher.
+//! - Pub/sub of any kind, including sharded pub/sub, is out of scope.
 //!
 //! # Keys and least privilege
 //!
