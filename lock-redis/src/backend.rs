@@ -15,13 +15,15 @@ use lock_core::{
 
 use tracing::{debug, warn};
 
+use crate::cluster;
 use crate::connection::{Connection, Source};
 use crate::error::{config, protocol};
 use crate::notify::ReleaseNotifier;
 use crate::scripts::{KeySpace, ACQUIRE, RELEASE, RENEW, RENEW_MANY};
 use crate::RedisBuilder;
 
-/// Locks in one Redis primary (fixed, or found through Sentinel). Cheap to clone; clones share connections.
+/// Locks in one Redis primary (fixed, or found through Sentinel) or in a
+/// Redis Cluster. Cheap to clone; clones share connections.
 ///
 /// Build it with [`RedisBuilder`]. Each value holds one command connection and,
 /// once a waiter needs it, one subscriber connection; separate processes (or
@@ -84,7 +86,11 @@ impl RedisBackend {
             shared: Arc::new(Shared {
                 conn,
                 notifier,
-                keys: KeySpace::new(config.key_prefix()),
+                keys: if config.is_cluster() {
+                    KeySpace::cluster(config.key_prefix())
+                } else {
+                    KeySpace::new(config.key_prefix())
+                },
                 warned_no_pubsub: AtomicBool::new(false),
             }),
         }
@@ -129,9 +135,17 @@ impl RedisBackend {
         self.shared.keys.lock(name)
     }
 
-    /// The key of the fencing counter shared by every name under the prefix.
+    /// The key of the fencing counter shared by every name under the prefix
+    /// (single server and Sentinel; a cluster has one per slot, see
+    /// [`RedisBackend::fence_key_for`]).
     pub fn fence_key(&self) -> String {
         self.shared.keys.fence()
+    }
+
+    /// The key of the fencing counter `name`'s acquire increments: the
+    /// shared one, or in cluster mode the one of the lock key's slot.
+    pub fn fence_key_for(&self, name: &LockName) -> String {
+        self.shared.keys.fence_for(name)
     }
 }
 
@@ -161,7 +175,8 @@ impl LockBackend for RedisBackend {
         Capabilities::new(Expiry::Ttl)
             .with_fencing(true)
             .with_batch_renew(true)
-            .with_release_notify(true)
+            // A cluster broadcasts PUBLISH to every node; its waiters poll.
+            .with_release_notify(!self.shared.keys.is_cluster())
     }
 
     async fn try_acquire(
@@ -173,7 +188,7 @@ impl LockBackend for RedisBackend {
         let ms = ttl_ms(ttl)?;
         let (key, fence, token) = (
             self.shared.keys.lock(name),
-            self.shared.keys.fence(),
+            self.shared.keys.fence_for(name),
             owner.to_hex(),
         );
         let conn = &self.shared.conn;
@@ -255,6 +270,15 @@ impl LockBackend for RedisBackend {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
+        if self.shared.keys.is_cluster() {
+            let (keys, args) =
+                cluster::split_requests(requests, |r| self.shared.keys.lock(&r.name), ttl_ms)?;
+            let target = self.shared.conn.target();
+            return cluster::renew_by_slot(&self.shared.conn, keys, args, |c| {
+                status(c, "renew batch", target)
+            })
+            .await;
+        }
         let mut keys = Vec::with_capacity(requests.len());
         let mut args = Vec::with_capacity(requests.len() * 2);
         for r in requests {
@@ -289,6 +313,9 @@ impl LockBackend for RedisBackend {
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
         let shared = &self.shared;
+        if shared.keys.is_cluster() {
+            return Ok(None);
+        }
         let limit = shared.conn.op_timeout();
         let subscribe = shared.notifier.subscribe(shared.keys.channel(name));
         let Ok(outcome) = tokio::time::timeout(limit, subscribe).await else {

@@ -9,6 +9,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use crate::cluster::{self, ClusterSpec};
 use crate::connection::Source;
 use crate::error::config;
 use crate::sentinel::{self, Resolver, SentinelSpec};
@@ -17,9 +18,10 @@ use crate::RedisBackend;
 /// The environment variable [`RedisBuilder::from_env`] reads.
 pub const ENV_VAR: &str = "REDIS_URL";
 
-/// The URL schemes [`RedisBuilder::from_url`] accepts: plaintext, TLS, and
-/// a primary found through Sentinel (plaintext).
-pub const URL_SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel"];
+/// The URL schemes [`RedisBuilder::from_url`] accepts: plaintext, TLS, a
+/// primary found through Sentinel (plaintext), and a Redis Cluster
+/// (plaintext).
+pub const URL_SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel", "redis+cluster"];
 
 const DEFAULT_PREFIX: &str = "lock:";
 const MAX_PREFIX_LEN: usize = 100;
@@ -55,6 +57,7 @@ pub struct RedisBuilder {
     operation_timeout: Duration,
     ca_certificate_pem: Option<Vec<u8>>,
     sentinel: Option<SentinelSpec>,
+    cluster: Option<ClusterSpec>,
 }
 
 impl Default for RedisBuilder {
@@ -94,6 +97,7 @@ impl RedisBuilder {
             operation_timeout: Duration::from_secs(1),
             ca_certificate_pem: None,
             sentinel: None,
+            cluster: None,
         }
     }
 
@@ -102,7 +106,10 @@ impl RedisBuilder {
     /// or `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`
     /// for the primary that these sentinels (port 26379 unless given) know
     /// as `<master-name>`. The credentials log in to the primary; the
-    /// sentinels are asked without them.
+    /// sentinels are asked without them. Or
+    /// `redis+cluster://[user[:password]@]host1[:port1][,host2[:port2]...]`
+    /// for a Redis Cluster reached through these seed nodes (port 6379
+    /// unless given; the client learns the other nodes from them).
     ///
     /// # Errors
     ///
@@ -123,9 +130,10 @@ impl RedisBuilder {
             "redis" => (false, false),
             "rediss" => (true, false),
             "redis+sentinel" => (false, true),
+            "redis+cluster" => (false, false),
             other => {
                 return Err(config(format!(
-                    "unsupported URL scheme{} in {shown}: use redis://, rediss:// (TLS) or redis+sentinel://",
+                    "unsupported URL scheme{} in {shown}: use redis://, rediss:// (TLS), redis+sentinel:// or redis+cluster://",
                     quoted_scheme(other)
                 )))
             }
@@ -143,6 +151,17 @@ impl RedisBuilder {
             return Err(config(format!(
                 "URL fragments are not supported in {shown}: certificate verification is always on; pass a CA with with_ca_certificate_pem"
             )));
+        }
+        if scheme == "redis+cluster" {
+            let parsed = crate::nodes::parse_cluster(rest, &shown)?;
+            return Ok(Self {
+                username: parsed.username,
+                password: parsed.password,
+                cluster: Some(ClusterSpec {
+                    nodes: parsed.nodes,
+                }),
+                ..Self::new()
+            });
         }
         if via_sentinel {
             let parsed = sentinel::parse(rest, &shown)?;
@@ -198,7 +217,7 @@ impl RedisBuilder {
         match std::env::var(ENV_VAR) {
             Ok(url) => Self::from_url(&url),
             Err(_) => Err(config(format!(
-                "{ENV_VAR} is not set (expected a redis://, rediss:// or redis+sentinel:// URL)"
+                "{ENV_VAR} is not set (expected a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL)"
             ))),
         }
     }
@@ -258,9 +277,18 @@ impl RedisBuilder {
         self.connect_timeout
     }
 
+    /// Whether the URL names a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster.is_some()
+    }
+
     /// The server as `redis://host:port/db` (or `rediss://`, or
-    /// `redis+sentinel://sentinels/<master-name>/db`), without credentials.
+    /// `redis+sentinel://sentinels/<master-name>/db`, or
+    /// `redis+cluster://seed-nodes`), without credentials.
     pub fn target(&self) -> String {
+        if let Some(spec) = &self.cluster {
+            return format!("redis+cluster://{}", crate::nodes::shown(&spec.nodes));
+        }
         if let Some(spec) = &self.sentinel {
             return format!("redis+sentinel://{}/{}", spec.shown(), self.db);
         }
@@ -289,7 +317,17 @@ impl RedisBuilder {
                 self.connect_timeout,
                 self.target(),
             ))),
-            None => Source::Direct(Box::new(self.client()?)),
+            None => match &self.cluster {
+                Some(spec) => Source::Cluster(Box::new(cluster::client(
+                    spec,
+                    self.username.as_deref(),
+                    self.password.as_deref(),
+                    self.connect_timeout,
+                    self.operation_timeout,
+                    &self.target(),
+                )?)),
+                None => Source::Direct(Box::new(self.client()?)),
+            },
         };
         Ok(RedisBackend::from_parts(self, source))
     }
@@ -431,6 +469,13 @@ mod tests {
         assert_eq!(s.target(), "redis+sentinel://h1:1,h2:2/mymaster/3");
         assert_eq!(s.password.as_deref(), Some("s3cret"));
         assert!(!format!("{s:?}").contains("s3cret"));
+        let c = RedisBuilder::from_url("redis+cluster://u:s3cret@h1:7000,h2:7001")?;
+        assert_eq!(c.target(), "redis+cluster://h1:7000,h2:7001");
+        assert!(c.is_cluster());
+        assert_eq!(c.password.as_deref(), Some("s3cret"));
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let built = c.build()?;
+        assert!(!format!("{built:?}").contains("s3cret"));
         Ok(())
     }
 
@@ -444,6 +489,8 @@ mod tests {
             ("rediss://127.0.0.1:6379/#insecure", "fragments"),
             ("redis+sentinel://:pw@h1:1,h2:2", "master-name"),
             ("redis+sentinel://:pw@h1:x/m", "sentinel must be"),
+            ("redis+cluster://:pw@h1:x,h2:1", "each node must be"),
+            ("redis+cluster://:pw@h1:1/3", "only database 0"),
         ];
         for (url, needle) in cases {
             let err = RedisBuilder::from_url(url).expect_err(url);
@@ -478,6 +525,9 @@ mod tests {
             "redis+sentinel://u:s3cret@h1:1",
             "redis+sentinel://u:s3cret@h1:x/m",
             "redis+sentinel://u:ab/s3cret@h1:1/m",
+            "redis+cluster://u:s3cret@h1:x",
+            "redis+cluster://u:s3cret@h1:1/2",
+            "redis+cluster://u:ab/s3cret@h1:1",
         ] {
             let err = RedisBuilder::from_url(url).expect_err(url);
             assert_eq!(err.kind(), BackendErrorKind::Config, "{url}");

@@ -10,15 +10,17 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tracing::debug;
 
+use crate::cluster::Link;
 use crate::error::{from_redis, timed_out};
 use crate::sentinel::Resolver;
 
-/// Where connections go: one fixed server, or the primary the sentinels
-/// name at the time of connecting.
+/// Where connections go: one fixed server, the primary the sentinels name
+/// at the time of connecting, or a Redis Cluster.
 #[derive(Clone)]
 pub(crate) enum Source {
     Direct(Box<redis::Client>),
     Sentinel(Arc<Resolver>),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 impl Source {
@@ -31,18 +33,23 @@ impl Source {
         match self {
             Self::Direct(c) => Ok((**c).clone()),
             Self::Sentinel(r) => r.primary().await,
+            Self::Cluster(_) => Err(BackendError::new(
+                lock_core::BackendErrorKind::Config,
+                "a Redis Cluster has no single server to connect to",
+            )),
         }
     }
 }
 
-/// Commands go through a [`ConnectionManager`], created on first use so the
-/// backend can be built outside a runtime and against a server that is down.
+/// Commands go through a [`ConnectionManager`] (or, for a cluster, a
+/// cluster connection), created on first use so the backend can be built
+/// outside a runtime and against a server that is down.
 pub(crate) struct Connection {
     source: Source,
     target: String,
     connect_timeout: Duration,
     op_timeout: Duration,
-    manager: Mutex<Option<ConnectionManager>>,
+    manager: Mutex<Option<Link>>,
 }
 
 impl Connection {
@@ -73,7 +80,7 @@ impl Connection {
         self.op_timeout
     }
 
-    async fn manager(&self, op: &str) -> Result<ConnectionManager, BackendError> {
+    async fn manager(&self, op: &str) -> Result<Link, BackendError> {
         if let Some(m) = self
             .manager
             .lock()
@@ -81,6 +88,16 @@ impl Connection {
             .as_ref()
         {
             return Ok(m.clone());
+        }
+        if let Source::Cluster(client) = &self.source {
+            // The cluster client follows redirects and reconnects to nodes
+            // by itself; it fetches the slot map from the seeds here.
+            let cluster = client
+                .get_async_connection()
+                .await
+                .map_err(|e| from_redis(e, op, &self.target))?;
+            let mut slot = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
+            return Ok(slot.get_or_insert(Link::Cluster(cluster)).clone());
         }
         let client = self.source.client().await?;
         // No retries inside the manager: a failed connect fails this call at
@@ -98,7 +115,7 @@ impl Connection {
             check_primary(manager.clone(), op, &self.target).await?;
         }
         let mut slot = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(slot.get_or_insert(manager).clone())
+        Ok(slot.get_or_insert(Link::Single(manager)).clone())
     }
 
     /// Forgets the manager after a failure it would never recover from by
@@ -111,7 +128,7 @@ impl Connection {
     /// any reconnect it has to wait for.
     pub(crate) async fn run<T, F, Fut>(&self, op: &str, call: F) -> Result<T, BackendError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         self.run_within(op, self.op_timeout, call).await
@@ -125,7 +142,7 @@ impl Connection {
         call: F,
     ) -> Result<T, BackendError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let sentinel = matches!(self.source, Source::Sentinel(_));

@@ -51,8 +51,8 @@
 //! - **No Redlock.** This crate does not spread a lock over several
 //!   independent primaries; its safety under clock and pause faults is
 //!   contested and it is not tested here.
-//! - Redis Cluster is not supported: the batch renewal script touches keys in
-//!   many slots.
+//! - Redis Cluster is supported with its own key layout: see
+//!   [Redis Cluster](#redis-cluster).
 //!
 //! # Sentinel
 //!
@@ -104,6 +104,57 @@
 //!   to 2.3 s after it (over two runs). Choose a TTL above your failover
 //!   time if holders should survive one.
 //!
+//! # Redis Cluster
+//!
+//! `redis+cluster://[user[:password]@]host1[:port1][,host2[:port2]...]`
+//! names seed nodes (port 6379 unless given); the client reads the slot map
+//! from them and connects to every primary. For example
+//! `redis+cluster://locksvc:secret@10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000`.
+//! A cluster has only database 0. TLS (`rediss+cluster`) is not supported.
+//!
+//! - **Key layout.** A script may only touch keys of one slot, so cluster
+//!   mode lays keys out differently (the single-server layout is unchanged):
+//!   the lock key is still `<prefix><name>`, but its fencing counter is the
+//!   one of its slot, `<prefix>#fence{<tag>}`, where `<tag>` is the first
+//!   string of the enumeration `0`..`z`, `00`..`zz`, ... whose CRC16 slot is
+//!   the lock key's slot (every slot has a tag of at most 4 characters). Tick
+//!   keys are `<prefix>#tick:{<job>}` and `<prefix>#tick:{<job>}#<tick>`.
+//!   This layout is part of the on-server format and never changes.
+//!   [`cluster_key_slot`] gives a key's slot, as `CLUSTER KEYSLOT` does.
+//! - **Routing.** Each script goes to the primary of its lock key's slot;
+//!   `MOVED` and `ASK` redirects (a slot being migrated) are followed by the
+//!   client, within the operation timeout. The counter lives in the same
+//!   slot, so it moves with the lock when the slot is migrated, and tokens
+//!   stay strictly increasing per name. Because the client may send an
+//!   acquire again after an I/O error, the acquire script grants a key that
+//!   already holds the caller's own (never reused) owner token, with a new
+//!   token, instead of refusing it for one TTL.
+//! - **Batch renewal** groups leases by slot: one script per slot, all sent
+//!   at once, so a batch costs about one round trip per primary; statuses
+//!   come back in request order. Leases of different slots are not renewed
+//!   atomically together (nothing needs them to be).
+//! - **No release notification.** Cluster `PUBLISH` is broadcast to every
+//!   node, so releases are not published and
+//!   [`Capabilities::release_notify`](lock_core::Capabilities) is `false`:
+//!   waiting acquires poll with back-off. Sharded pub/sub (`SPUBLISH`) is not
+//!   used.
+//! - **What is guaranteed.** Mutual exclusion per name while the primary of
+//!   its slot keeps its data, as on one server. Replication inside a cluster
+//!   is asynchronous too: when a primary fails and its replica is promoted, a
+//!   lock (and the latest counter increments) that had not reached the
+//!   replica are lost, with the same consequences as a Sentinel failover
+//!   (below). Fencing tokens are per slot and are **not failover-safe**.
+//!   In the fault suite (3 primaries, 3 replicas, `cluster-node-timeout`
+//!   1000 ms, loopback): a primary SIGKILLed with six locks that its replica
+//!   had acknowledged (`WAIT`): calls to its slots failed closed meanwhile,
+//!   no contender was granted one of them, all six were still the holder's
+//!   after the promotion, and the first new lock in those slots came 1.9
+//!   and 2.6 s after the kill (two runs). A slot moved by hand (`SETSLOT`
+//!   IMPORTING/MIGRATING, `MIGRATE`, `SETSLOT NODE`) while its lock was
+//!   held: the holder renewed through `ASK` and `MOVED`, no contender was
+//!   granted the lock, and the next token was higher.
+//! - Pub/sub of any kind, including sharded pub/sub, is out of scope.
+//!
 //! # Keys and least privilege
 //!
 //! Everything lives under the key prefix (default `lock:`): lock keys
@@ -113,6 +164,13 @@
 //!
 //! ```text
 //! ACL SETUSER locksvc on >password resetkeys ~lock:* resetchannels &lock:* -@all +get +set +exists +incr +pexpire +del +publish +subscribe +unsubscribe +evalsha +eval +ping +time
+//! ```
+//!
+//! On a Redis Cluster (set it on every node) pub/sub is not used, and the
+//! client needs the slot map and `ASK` redirects:
+//!
+//! ```text
+//! ACL SETUSER locksvc on >password resetkeys ~lock:* resetchannels -@all +get +set +exists +incr +pexpire +del +evalsha +eval +ping +time +cluster|slots +asking
 //! ```
 //!
 //! # TLS
@@ -148,13 +206,17 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod cluster;
+mod cluster_keys;
 mod config;
 mod connection;
 mod error;
+mod nodes;
 mod notify;
 mod scripts;
 mod sentinel;
 mod ticks;
 
 pub use backend::RedisBackend;
+pub use cluster_keys::key_slot as cluster_key_slot;
 pub use config::{RedisBuilder, ENV_VAR, URL_SCHEMES};

@@ -10,8 +10,10 @@
 use std::sync::LazyLock;
 
 use lock_core::LockName;
-use redis::aio::ConnectionManager;
 use redis::{ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+
+use crate::cluster::Link;
+use crate::cluster_keys::fence_tag;
 
 /// A Lua script: its body and the SHA1 the server caches it under.
 pub(crate) struct Lua {
@@ -30,7 +32,7 @@ impl Lua {
     /// Runs the script with `keys` and `args`, by SHA, falling back to the body.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Link,
         keys: &[String],
         args: &[String],
     ) -> RedisResult<T> {
@@ -52,12 +54,17 @@ impl Lua {
 ///
 /// The counter is bumped before the key is written: if the `INCR` is refused
 /// (an ACL without `incr`, a foreign value in the counter key), no lock exists
-/// without a token. `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner token,
-/// `ARGV[2]` TTL in ms. Returns the token, or 0 when the lock is held.
+/// without a token. A key that already holds the caller's owner token is
+/// granted again with a new, higher token: owner tokens are never reused, so
+/// that is this very attempt re-sent after a lost reply (the cluster client
+/// re-sends after an I/O error), and refusing it would leave the lock
+/// unusable for one TTL. `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner
+/// token, `ARGV[2]` TTL in ms. Returns the token, or 0 when the lock is held.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
-if redis.call('exists', KEYS[1]) == 1 then return 0 end
+local v = redis.call('get', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
 local fence = redis.call('incr', KEYS[2])
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return fence
@@ -102,7 +109,9 @@ return out
     )
 });
 
-/// Deletes the lease if the token matches and announces it on `ARGV[2]`.
+/// Deletes the lease if the token matches and announces it on `ARGV[2]`
+/// (unless that is empty: in cluster mode a `PUBLISH` would be broadcast to
+/// every node, and nobody listens).
 ///
 /// The announcement comes first so that a refused `PUBLISH` (ACL) fails the
 /// whole release before anything is deleted; within the script it makes no
@@ -112,7 +121,7 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  redis.call('publish', ARGV[2], '')
+  if ARGV[2] ~= '' then redis.call('publish', ARGV[2], '') end
   redis.call('del', KEYS[1])
   return 1
 end
@@ -141,16 +150,37 @@ return 0
 /// names cannot contain, so no name can collide with it. This layout is
 /// part of the on-server format: changing it would let two versions of the
 /// library hold the same lock at once.
+///
+/// In cluster mode every key one script touches must be in one slot: the
+/// fencing counter of a lock is the one of its key's slot,
+/// `<prefix>#fence{<tag>}` (see [`crate::cluster_keys`]), and a job's tick
+/// keys share the hash tag `{<job>}`. Lock names and prefixes hold no braces,
+/// so a lock key hashes whole.
 #[derive(Debug, Clone)]
 pub(crate) struct KeySpace {
     prefix: String,
+    cluster: bool,
 }
 
 impl KeySpace {
     pub(crate) fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
+            cluster: false,
         }
+    }
+
+    /// The cluster layout under `prefix`.
+    pub(crate) fn cluster(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            cluster: true,
+        }
+    }
+
+    /// Whether keys are laid out for a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.cluster
     }
 
     /// The key holding the owner token of `name`.
@@ -158,10 +188,15 @@ impl KeySpace {
         format!("{}{}", self.prefix, name.as_str())
     }
 
-    /// The pub/sub channel announcing releases of `name`. Channels are a
+    /// The pub/sub channel announcing releases of `name`, or an empty string
+    /// in cluster mode, where releases are not announced. Channels are a
     /// namespace apart from keys, so it may share the key's text.
     pub(crate) fn channel(&self, name: &LockName) -> String {
-        self.lock(name)
+        if self.cluster {
+            String::new()
+        } else {
+            self.lock(name)
+        }
     }
 
     /// The one fencing counter for every name under the prefix: strictly
@@ -171,14 +206,29 @@ impl KeySpace {
         format!("{}#fence", self.prefix)
     }
 
+    /// The fencing counter `name`'s acquire increments: [`KeySpace::fence`],
+    /// or in cluster mode the counter of the lock key's slot, which moves
+    /// with the slot.
+    pub(crate) fn fence_for(&self, name: &LockName) -> String {
+        if self.cluster {
+            format!("{}#fence{{{}}}", self.prefix, fence_tag(&self.lock(name)))
+        } else {
+            self.fence()
+        }
+    }
+
     /// The last completed tick of `job`.
     pub(crate) fn tick(&self, job: &LockName) -> String {
-        format!("{}#tick:{}", self.prefix, job.as_str())
+        if self.cluster {
+            format!("{}#tick:{{{}}}", self.prefix, job.as_str())
+        } else {
+            format!("{}#tick:{}", self.prefix, job.as_str())
+        }
     }
 
     /// The mark of one completed tick; it expires on its own.
     pub(crate) fn tick_mark(&self, job: &LockName, tick: i64) -> String {
-        format!("{}#tick:{}#{tick}", self.prefix, job.as_str())
+        format!("{}#{tick}", self.tick(job))
     }
 }
 
@@ -193,7 +243,31 @@ mod tests {
         assert_eq!(keys.lock(&name), "lock:fence");
         assert_eq!(keys.fence(), "lock:#fence");
         assert_eq!(keys.tick(&name), "lock:#tick:fence");
+        assert_eq!(keys.tick_mark(&name, 7), "lock:#tick:fence#7");
+        assert_eq!(keys.fence_for(&name), keys.fence());
         assert_ne!(keys.lock(&name), keys.fence());
+        Ok(())
+    }
+
+    #[test]
+    fn cluster_layout_keeps_each_script_in_one_slot() -> Result<(), lock_core::Error> {
+        use crate::cluster_keys::key_slot;
+        let keys = KeySpace::cluster("lock:");
+        for n in ["fence", "billing/nightly", "a", "job:1700000000000"] {
+            let name = LockName::new(n)?;
+            let lock = keys.lock(&name);
+            assert_eq!(lock, format!("lock:{n}"));
+            let fence = keys.fence_for(&name);
+            assert!(fence.starts_with("lock:#fence{"), "{fence}");
+            assert_eq!(key_slot(fence.as_bytes()), key_slot(lock.as_bytes()), "{n}");
+            assert_eq!(keys.tick(&name), format!("lock:#tick:{{{n}}}"));
+            assert_eq!(
+                key_slot(keys.tick(&name).as_bytes()),
+                key_slot(keys.tick_mark(&name, 42).as_bytes())
+            );
+        }
+        assert_eq!(keys.fence_for(&LockName::new("fence")?), "lock:#fence{zd}");
+        assert_eq!(keys.channel(&LockName::new("a")?), "");
         Ok(())
     }
 }

@@ -20,6 +20,8 @@ mod pause;
 mod pg;
 mod pg_failover;
 mod procs;
+mod redis_cluster_lost;
+mod redis_cluster_slots;
 mod restart;
 mod sentinel_failover;
 mod sentinel_lost;
@@ -201,6 +203,35 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                 })
             },
         ));
+    }
+    if which("redis-server").is_some() && which("redis-cli").is_some() {
+        // A cluster of its own, since the case moves a slot.
+        let id = run_id.to_owned();
+        out.push(Trial::test(
+            "redis_cluster::chaos_cluster_slot_migration",
+            move || {
+                let factory = Arc::new(redis::ClusterFactory::new(&redis_prefix(&id)));
+                let body_factory = Arc::clone(&factory);
+                run_on(factory, &id, "chaos_cluster_slot_migration", move |ctx| {
+                    redis_cluster_slots::slot_migration(ctx, body_factory)
+                })
+            },
+        ));
+        let id = run_id.to_owned();
+        out.push(Trial::test(
+            "redis_cluster::chaos_cluster_primary_lost",
+            move || {
+                let factory = Arc::new(redis::ClusterFactory::new(&redis_prefix(&id)));
+                let body_factory = Arc::clone(&factory);
+                run_on(factory, &id, "chaos_cluster_primary_lost", move |ctx| {
+                    redis_cluster_lost::primary_lost(ctx, body_factory)
+                })
+            },
+        ));
+    } else if in_ci() {
+        out.push(Trial::test("redis_cluster::chaos_server_available", || {
+            Err("redis_cluster: redis-server or redis-cli is not on PATH".into())
+        }));
     }
     out.extend(cluster::trials(run_id, bins));
     out.extend(pg::trials(run_id, bins));

@@ -152,9 +152,9 @@ pub(crate) async fn connect_with(url: &str, start: Start) -> Result<Backend> {
         #[cfg(not(feature = "memory"))]
         "memory" => not_compiled("memory"),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" => servers::redis(url, start).await,
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => servers::redis(url, start).await,
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+sentinel" => not_compiled("redis"),
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => not_compiled("redis"),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => servers::postgres(url, start).await,
         #[cfg(not(feature = "postgres"))]

@@ -7,6 +7,9 @@
 //! they flush scripts, pause and restart their server.
 
 mod access;
+pub mod cluster;
+mod cluster_cases;
+mod cluster_factory;
 mod faults;
 mod saboteur;
 pub mod sentinel;
@@ -25,6 +28,7 @@ use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_redis::{RedisBackend, RedisBuilder};
 
 pub use access::acl_rules;
+pub use cluster_factory::{cluster_factory, ClusterFactory};
 pub use saboteur::RedisSaboteur;
 pub use sentinel_factory::{sentinel_factory, SentinelFactory};
 pub use sentinel_frozen::frozen_sentinel_does_not_stall;
@@ -178,14 +182,16 @@ impl BackendFactory for RedisFactory {
 pub struct RedisRun {
     factories: Vec<Arc<RedisFactory>>,
     sentinel: Option<Arc<SentinelFactory>>,
+    cluster: Option<Arc<ClusterFactory>>,
 }
 
 impl RedisRun {
     /// Finds servers and adds every Redis trial to `suite`: the conformance
     /// cases as `redis::<case>` (private server) and `redis_env::<case>`
     /// (`REDIS_URL`, when set), `redis_sentinel::<case>` (a private primary,
-    /// two replicas and three sentinels), and the Redis-specific tests as
-    /// `redis::<test>`.
+    /// two replicas and three sentinels), `redis_cluster::<case>` (a private
+    /// 3-primary, 3-replica cluster), and the Redis-specific tests as
+    /// `redis::<test>` and `redis_cluster::<test>`.
     pub fn register(suite: &mut Suite) -> Self {
         let prefix = format!("lock-test:{}:", suite.run_id());
         let mut run = Self::default();
@@ -216,6 +222,18 @@ impl RedisRun {
         suite.add_server_backend(
             "redis_sentinel",
             match sentinel {
+                Availability::Ready(f) => Availability::Ready(f as Arc<dyn BackendFactory>),
+                Availability::Missing(why) => Availability::Missing(why),
+            },
+        );
+        let cluster = cluster_factory(&prefix);
+        if let Availability::Ready(f) = &cluster {
+            run.cluster = Some(Arc::clone(f));
+            cluster_cases::register(suite, f);
+        }
+        suite.add_server_backend(
+            "redis_cluster",
+            match cluster {
                 Availability::Ready(f) => Availability::Ready(f as Arc<dyn BackendFactory>),
                 Availability::Missing(why) => Availability::Missing(why),
             },
@@ -262,6 +280,20 @@ impl RedisRun {
                     TTL * 2 + Duration::from_secs(6),
                 )
                 .await?;
+            }
+            // The cluster, if a case started it: every primary holds keys.
+            if let Some(f) = &self.cluster {
+                if let Some(set) = f.started() {
+                    for port in set.primaries()? {
+                        specific::leftover_keys_at(
+                            "redis_cluster",
+                            &format!("redis://127.0.0.1:{port}"),
+                            f.prefix(),
+                            TTL * 2 + Duration::from_secs(6),
+                        )
+                        .await?;
+                    }
+                }
             }
             Ok(())
         })

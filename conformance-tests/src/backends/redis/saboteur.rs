@@ -7,16 +7,54 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{LockName, OwnerToken};
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::{BoxError, Saboteur};
 
 const CLEAR_IF_THIEF: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
 
+/// A plain client's connection: to one server, or to a cluster (which
+/// routes each command by its key).
+#[derive(Clone)]
+enum Conn {
+    Plain(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Plain(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Plain(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// Acts on `<prefix><name>` keys through its own connection.
 pub struct RedisSaboteur {
-    conn: MultiplexedConnection,
+    conn: Conn,
     prefix: String,
     thieves: Mutex<HashMap<LockName, String>>,
 }
@@ -40,7 +78,24 @@ impl RedisSaboteur {
         .await
         .map_err(|_| "saboteur: connect timed out")??;
         Ok(Self {
-            conn,
+            conn: Conn::Plain(conn),
+            prefix: prefix.to_owned(),
+            thieves: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Connects a plain cluster client through the seed `nodes`
+    /// (`redis://host:port` each).
+    pub async fn connect_cluster(nodes: &[String], prefix: &str) -> Result<Self, BoxError> {
+        let client = redis::cluster::ClusterClient::builder(nodes.to_vec())
+            .connection_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2))
+            .build()?;
+        let conn = tokio::time::timeout(Duration::from_secs(5), client.get_async_connection())
+            .await
+            .map_err(|_| "saboteur: cluster connect timed out")??;
+        Ok(Self {
+            conn: Conn::Cluster(conn),
             prefix: prefix.to_owned(),
             thieves: Mutex::new(HashMap::new()),
         })

@@ -385,7 +385,12 @@ pub(super) async fn leftover_keys_at(
             keys.into_iter().partition(|k| k.contains('#'));
         if leaked.is_empty() {
             if !kept.is_empty() {
-                let _: i64 = redis::cmd("DEL").arg(&kept).query_async(&mut c).await?;
+                // One DEL per key: on a cluster node one DEL may not span slots.
+                let mut p = redis::pipe();
+                for k in &kept {
+                    p.cmd("DEL").arg(k).ignore();
+                }
+                let () = p.query_async(&mut c).await?;
             }
             eprintln!("{name}: no lock key left under {prefix}");
             return Ok(());
