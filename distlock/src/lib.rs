@@ -6,7 +6,7 @@
 //! | feature | adds | URL |
 //! |---|---|---|
 //! | `memory` (default) | `distlock::memory`: in-process; one replica, tests | `memory://`, `memory://NAME` |
-//! | `redis` | `distlock::redis`: `SET NX PX` with a fencing counter | `redis://`, `rediss://`, `redis+sentinel://` |
+//! | `redis` | `distlock::redis`: `SET NX PX` with a fencing counter | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://` |
 //! | `postgres` | `distlock::postgres`: session-scoped advisory locks | `postgres://`, `postgresql://` |
 //! | `etcd` | `distlock::etcd`: a lease per lock (builds with `protoc`) | `etcd://`, `etcds://` |
 //! | `scheduler` | `distlock::scheduler`: cron jobs run once across replicas | |

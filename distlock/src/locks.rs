@@ -67,7 +67,7 @@ impl Locks {
 /// |---|---|---|
 /// | `memory://` | a new in-process backend, private to this call | `memory` (default) |
 /// | `memory://NAME` | the in-process backend `NAME`, shared by every `connect` with that name in this process | `memory` |
-/// | `redis://`, `rediss://`, `redis+sentinel://` | Redis | `redis` |
+/// | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://` | Redis | `redis` |
 /// | `postgres://`, `postgresql://` | Postgres advisory locks | `postgres` |
 /// | `etcd://`, `etcds://` | etcd leases | `etcd` |
 ///

@@ -35,7 +35,7 @@ pub(crate) enum Cmd {
 /// Options of every subcommand that talks to a backend.
 #[derive(Debug, Args)]
 pub(crate) struct Common {
-    /// The backend URL: redis://, rediss://, redis+sentinel://, postgres://, etcd://, etcds://
+    /// The backend URL: redis://, rediss://, redis+sentinel://, redis+cluster://, postgres://, etcd://, etcds://
     /// (or memory:// to try things out). Default: the LOCK_URL variable.
     #[arg(long, value_name = "URL")]
     pub(crate) backend: Option<String>,
