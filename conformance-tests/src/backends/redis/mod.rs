@@ -10,6 +10,7 @@ mod access;
 mod faults;
 mod saboteur;
 pub mod sentinel;
+mod sentinel_ack;
 mod sentinel_factory;
 mod sentinel_frozen;
 mod sentinel_refused;
@@ -26,6 +27,7 @@ use lock_redis::{RedisBackend, RedisBuilder};
 
 pub use access::acl_rules;
 pub use saboteur::RedisSaboteur;
+pub use sentinel_ack::{replica_ack, replica_ack_cost};
 pub use sentinel_factory::{sentinel_factory, SentinelFactory};
 pub use sentinel_frozen::frozen_sentinel_does_not_stall;
 pub use sentinel_refused::replica_refused;
@@ -229,6 +231,11 @@ impl RedisRun {
                 "redis_sentinel::frozen_sentinel_does_not_stall",
                 frozen_sentinel_does_not_stall,
             ));
+            suite.push(sentinel_trial("redis_sentinel::replica_ack", replica_ack));
+            suite.push(
+                sentinel_trial("redis_sentinel::replica_ack_cost", replica_ack_cost)
+                    .with_ignored_flag(true),
+            );
         }
         run
     }
