@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use lock_core::backend::{AcquireAttempt, Lease, LeaseStatus};
 use lock_core::{BackendError, LockName, OwnerToken};
-use redis::FromRedisValue;
+use redis::{FromRedisValue, RedisError};
 
 use crate::backend::{status, Shared};
 use crate::connection::Connection;
@@ -241,10 +241,23 @@ async fn eval_and_wait<T: FromRedisValue + Send + 'static>(
         .arg(u64::from(ack.replicas))
         .arg(ack.timeout_ms().to_string());
     let (reply, acked): (T, i64) = conn
-        .run(op, |mut c| async move { pipe.query_async(&mut c).await })
+        .run(op, |mut c| async move {
+            pipe.query_async(&mut c).await.map_err(first_server_error)
+        })
         .await?;
     let acked = u64::try_from(acked).map_err(|_| protocol(op, conn.target(), acked))?;
     Ok((reply, acked))
+}
+
+/// The first failed command's error of a failed pipeline, as a plain server
+/// error: the pipeline failure hides codes such as `NOREPLICAS`, which decide
+/// how the error is classified and whether the sentinels are asked again.
+fn first_server_error(e: RedisError) -> RedisError {
+    let first = e
+        .clone()
+        .into_server_errors()
+        .and_then(|errors| errors.first().map(|(_, s)| s.clone()));
+    first.map_or(e, RedisError::from)
 }
 
 /// The message for a write fewer than `ack.replicas()` replicas acknowledged.
