@@ -23,6 +23,7 @@ mod procs;
 mod restart;
 mod sentinel_failover;
 mod sentinel_lost;
+mod sentinel_lost_clients;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -205,7 +206,7 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
             ("chaos_sentinel_primary_lost", None),
             (
                 "chaos_sentinel_primary_lost_acked",
-                Some(sentinel_lost::ACK),
+                Some(sentinel_lost_clients::ACK),
             ),
         ] {
             let id = run_id.to_owned();
