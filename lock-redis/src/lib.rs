@@ -127,9 +127,9 @@
 //!   promoted continues above it: the token survives a failover.
 //!   [`RedisBackend::tokens_survive_failover`] says so for a deployment
 //!   size. In the fault suite (the primary killed after a lock that reached
-//!   no replica), `N` = 1 turned the 25 to 56 stale writes a Redis-fenced
+//!   no replica), `N` = 1 turned the 21 to 56 stale writes a Redis-fenced
 //!   resource accepted, and the raw overlap, into none: the victim's acquire
-//!   was refused in 0.27 to 0.47 s instead.
+//!   was refused in 0.26 to 0.47 s instead.
 //!
 //! What it does not promise:
 //!
