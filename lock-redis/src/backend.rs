@@ -15,6 +15,7 @@ use lock_core::{
 
 use tracing::{debug, warn};
 
+use crate::ack::{self, ReplicaAck};
 use crate::cluster;
 use crate::connection::{Connection, Source};
 use crate::error::{config, protocol};
@@ -56,6 +57,7 @@ pub(crate) struct Shared {
     notifier: ReleaseNotifier,
     pub(crate) keys: KeySpace,
     warned_no_pubsub: AtomicBool,
+    replica_ack: Option<ReplicaAck>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -63,18 +65,27 @@ impl fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("server", &self.shared.conn.target())
             .field("keys", &self.shared.keys)
+            .field("replica_ack", &self.shared.replica_ack)
             .finish()
     }
 }
 
 impl RedisBackend {
-    pub(crate) fn from_parts(config: RedisBuilder, source: Source) -> Self {
+    pub(crate) fn from_parts(
+        config: RedisBuilder,
+        source: Source,
+        replica_ack: Option<ReplicaAck>,
+    ) -> Self {
         let target = config.target();
+        // A call may queue behind another's WAIT on the shared connection.
+        let op_timeout = config
+            .operation_timeout()
+            .saturating_add(replica_ack.map_or(Duration::ZERO, |a| a.timeout()));
         let conn = Connection::new(
             source.clone(),
             target.clone(),
             config.connect_timeout(),
-            config.operation_timeout(),
+            op_timeout,
         );
         let notifier = ReleaseNotifier::new(
             source,
@@ -92,6 +103,7 @@ impl RedisBackend {
                     KeySpace::new(config.key_prefix())
                 },
                 warned_no_pubsub: AtomicBool::new(false),
+                replica_ack,
             }),
         }
     }
@@ -147,6 +159,31 @@ impl RedisBackend {
     pub fn fence_key_for(&self, name: &LockName) -> String {
         self.shared.keys.fence_for(name)
     }
+
+    /// The replica acknowledgement every acquire and renewal waits for, if on.
+    pub fn replica_ack(&self) -> Option<ReplicaAck> {
+        self.shared.replica_ack
+    }
+
+    /// Whether a failover can never hand out a fencing token that is not
+    /// above every token handed out before it, in a deployment whose primary
+    /// has `replicas_in_deployment` replicas: true when acknowledgement is on
+    /// and asks for every one of them (and there is at least one), since
+    /// then the counter's increment is on every replica, so on any promoted
+    /// one, before its token is handed out.
+    ///
+    /// This relies on the replicas keeping what they acknowledged: a replica
+    /// restarted without persistence, or one that resynchronised from a
+    /// primary that lacked the write, can lose it (`WAIT` does not make Redis
+    /// strongly consistent). With fewer replicas asked for, a failover
+    /// usually promotes one that acknowledged (Sentinel prefers the highest
+    /// replication offset after the priority), but that is likely, not
+    /// certain, and this returns false.
+    pub fn tokens_survive_failover(&self, replicas_in_deployment: usize) -> bool {
+        self.shared.replica_ack.is_some_and(|a| {
+            replicas_in_deployment > 0 && usize::from(a.replicas()) >= replicas_in_deployment
+        })
+    }
 }
 
 /// TTL in whole milliseconds, rounded up so a lease never ends early.
@@ -160,7 +197,7 @@ fn ttl_ms(ttl: Duration) -> Result<u64, BackendError> {
     }
 }
 
-fn status(code: i64, op: &str, target: &str) -> Result<LeaseStatus, BackendError> {
+pub(crate) fn status(code: i64, op: &str, target: &str) -> Result<LeaseStatus, BackendError> {
     match code {
         1 => Ok(LeaseStatus::Held),
         0 => Ok(LeaseStatus::Expired),
@@ -186,6 +223,9 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
         let ms = ttl_ms(ttl)?;
+        if let Some(a) = &self.shared.replica_ack {
+            return ack::acquire(&self.shared, a, name, owner, ms).await;
+        }
         let (key, fence, token) = (
             self.shared.keys.lock(name),
             self.shared.keys.fence_for(name),
@@ -213,6 +253,9 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
         let ms = ttl_ms(ttl)?;
+        if let Some(a) = &self.shared.replica_ack {
+            return ack::renew(&self.shared, a, name, owner, ms).await;
+        }
         let (key, token) = (self.shared.keys.lock(name), owner.to_hex());
         let conn = &self.shared.conn;
         let code: i64 = conn
@@ -287,11 +330,15 @@ impl LockBackend for RedisBackend {
             args.push(ttl_ms(r.ttl)?.to_string());
         }
         let conn = &self.shared.conn;
-        let codes: Vec<i64> = conn
-            .run("renew batch", |mut c| async move {
-                RENEW_MANY.run(&mut c, &keys, &args).await
-            })
-            .await?;
+        let codes: Vec<i64> = match &self.shared.replica_ack {
+            Some(a) => ack::renew_many(conn, a, &keys, &args).await?,
+            None => {
+                conn.run("renew batch", |mut c| async move {
+                    RENEW_MANY.run(&mut c, &keys, &args).await
+                })
+                .await?
+            }
+        };
         if codes.len() != requests.len() {
             return Err(protocol(
                 "renew batch",

@@ -9,6 +9,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use crate::ack::{self, ReplicaAck};
 use crate::cluster::{self, ClusterSpec};
 use crate::connection::Source;
 use crate::error::config;
@@ -58,6 +59,8 @@ pub struct RedisBuilder {
     ca_certificate_pem: Option<Vec<u8>>,
     sentinel: Option<SentinelSpec>,
     cluster: Option<ClusterSpec>,
+    /// Replicas and timeout as given; checked by `build`.
+    replica_ack: Option<(u8, Duration)>,
 }
 
 impl Default for RedisBuilder {
@@ -77,6 +80,7 @@ impl fmt::Debug for RedisBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("operation_timeout", &self.operation_timeout)
             .field("custom_ca", &self.ca_certificate_pem.is_some())
+            .field("replica_ack", &self.replica_ack)
             .finish()
     }
 }
@@ -98,6 +102,7 @@ impl RedisBuilder {
             ca_certificate_pem: None,
             sentinel: None,
             cluster: None,
+            replica_ack: None,
         }
     }
 
@@ -106,10 +111,13 @@ impl RedisBuilder {
     /// or `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`
     /// for the primary that these sentinels (port 26379 unless given) know
     /// as `<master-name>`. The credentials log in to the primary; the
-    /// sentinels are asked without them. Or
+    /// sentinels are asked without them. Any of them may end in
+    /// `?replica_ack=N&replica_ack_timeout=200ms` (timeout in `ms` or `s`,
+    /// 500ms unless given): see [`RedisBuilder::with_replica_ack`]. Or
     /// `redis+cluster://[user[:password]@]host1[:port1][,host2[:port2]...]`
     /// for a Redis Cluster reached through these seed nodes (port 6379
-    /// unless given; the client learns the other nodes from them).
+    /// unless given; the client learns the other nodes from them), which
+    /// takes no replica acknowledgement.
     ///
     /// # Errors
     ///
@@ -118,7 +126,8 @@ impl RedisBuilder {
     /// scheme, carries a fragment (such as `#insecure`: certificate
     /// verification cannot be turned off), or has a user name or password
     /// with an unencoded `/`, `?`, `#` or `@` before an `@` (percent-encode
-    /// them). The message shows the URL with its credentials masked.
+    /// them), or asks for replica acknowledgement out of range. The message
+    /// shows the URL with its credentials masked.
     pub fn from_url(url: &str) -> Result<Self, BackendError> {
         let shown = redact_url(url);
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
@@ -152,7 +161,13 @@ impl RedisBuilder {
                 "URL fragments are not supported in {shown}: certificate verification is always on; pass a CA with with_ca_certificate_pem"
             )));
         }
+        let (url, replica_ack) = ack::take_url_params(url, &shown)?;
+        let replica_ack = replica_ack.map(|a| (a.replicas(), a.timeout()));
+        let rest = url.split_once("://").map_or("", |(_, r)| r);
         if scheme == "redis+cluster" {
+            if replica_ack.is_some() {
+                return Err(cluster_refuses_ack(&shown));
+            }
             let parsed = crate::nodes::parse_cluster(rest, &shown)?;
             return Ok(Self {
                 username: parsed.username,
@@ -166,6 +181,7 @@ impl RedisBuilder {
         if via_sentinel {
             let parsed = sentinel::parse(rest, &shown)?;
             return Ok(Self {
+                replica_ack,
                 db: parsed.db,
                 username: parsed.username,
                 password: parsed.password,
@@ -174,6 +190,7 @@ impl RedisBuilder {
             });
         }
         let info: ConnectionInfo = url
+            .as_str()
             .into_connection_info()
             .map_err(|e| {
                 // The client's reason may quote a query value; after a secret
@@ -204,6 +221,7 @@ impl RedisBuilder {
             db: settings.db(),
             username: settings.username().map(str::to_owned),
             password: settings.password().map(str::to_owned),
+            replica_ack,
             ..Self::new()
         })
     }
@@ -262,6 +280,24 @@ impl RedisBuilder {
         self
     }
 
+    /// Makes every acquire and renewal wait (`WAIT`) until `replicas`
+    /// replicas acknowledged it, for at most `timeout`; off by default. An
+    /// acquire too few acknowledge is released again and fails as
+    /// `Unavailable`; such a renewal fails, so the lease's local deadline
+    /// does not move. With `replicas` = every replica of the deployment,
+    /// fencing tokens survive a failover: see
+    /// [`RedisBackend::tokens_survive_failover`] and the crate docs'
+    /// "Replica acknowledgement". Every call's time limit grows by
+    /// `timeout`, since a call may queue behind another's `WAIT` on the
+    /// shared connection.
+    ///
+    /// [`build`](Self::build) refuses 0 replicas, a zero timeout and one
+    /// above 10 s.
+    pub fn with_replica_ack(mut self, replicas: u8, timeout: Duration) -> Self {
+        self.replica_ack = Some((replicas, timeout));
+        self
+    }
+
     /// The key prefix.
     pub fn key_prefix(&self) -> &str {
         &self.key_prefix
@@ -307,9 +343,17 @@ impl RedisBuilder {
     /// # Errors
     ///
     /// A `Config` error for an empty or oversized key prefix, a zero timeout,
-    /// a CA certificate with a plaintext URL, or an unreadable CA certificate.
+    /// a CA certificate with a plaintext URL, an unreadable CA certificate,
+    /// or a replica acknowledgement out of range.
     pub fn build(self) -> Result<RedisBackend, BackendError> {
         self.validate()?;
+        let replica_ack = self
+            .replica_ack
+            .map(|(n, t)| ReplicaAck::new(n, t))
+            .transpose()?;
+        if replica_ack.is_some() && self.cluster.is_some() {
+            return Err(cluster_refuses_ack(&self.target()));
+        }
         let source = match &self.sentinel {
             Some(spec) => Source::Sentinel(std::sync::Arc::new(Resolver::new(
                 spec.clone(),
@@ -329,7 +373,7 @@ impl RedisBuilder {
                 None => Source::Direct(Box::new(self.client()?)),
             },
         };
-        Ok(RedisBackend::from_parts(self, source))
+        Ok(RedisBackend::from_parts(self, source, replica_ack))
     }
 
     /// Builds the backend and checks that the server answers (and accepts the
@@ -450,6 +494,14 @@ fn quoted_scheme(scheme: &str) -> String {
     } else {
         String::new()
     }
+}
+
+/// Replica acknowledgement asked of a Redis Cluster: a `WAIT` reaches only
+/// the replicas of the primary it is sent to, and each slot has its own.
+fn cluster_refuses_ack(shown: &str) -> BackendError {
+    config(format!(
+        "replica acknowledgement is not supported with redis+cluster:// ({shown}): each slot's primary has its own replicas; drop replica_ack, or use redis+sentinel:// for acknowledged locks"
+    ))
 }
 
 #[cfg(test)]

@@ -29,6 +29,14 @@ impl Lua {
         }
     }
 
+    /// The script as one `EVAL` with its body, for a pipeline in which a
+    /// `NOSCRIPT` retry would repeat what follows it.
+    pub(crate) fn eval(&self, keys: &[String], args: &[String]) -> redis::Cmd {
+        let mut c = redis::cmd("EVAL");
+        c.arg(self.body).arg(keys.len()).arg(keys).arg(args);
+        c
+    }
+
     /// Runs the script with `keys` and `args`, by SHA, falling back to the body.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,

@@ -25,6 +25,7 @@ mod redis_cluster_slots;
 mod restart;
 mod sentinel_failover;
 mod sentinel_lost;
+mod sentinel_lost_clients;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -175,34 +176,51 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
             iterations,
             scheme: "redis+sentinel",
         };
-        let id = run_id.to_owned();
-        out.push(Trial::test(
-            "redis_sentinel::chaos_sentinel_failover",
-            move || {
-                let factory = Arc::new(redis::SentinelFactory::new(&redis_prefix(&id)));
+        // Each case also runs with replica acknowledgement: from both
+        // replicas for the failover (tokens then survive it), from one where
+        // the primary is lost (the victim's lock reached none).
+        let both = (2, Duration::from_millis(250));
+        for (case, ack) in [
+            ("chaos_sentinel_failover", None),
+            ("chaos_sentinel_failover_acked", Some(both)),
+        ] {
+            let id = run_id.to_owned();
+            let target = acked_target(target, ack);
+            out.push(Trial::test(format!("redis_sentinel::{case}"), move || {
+                let mut factory = redis::SentinelFactory::new(&redis_prefix(&id));
+                if let Some((n, t)) = ack {
+                    factory = factory.with_replica_ack(n, t);
+                }
+                let factory = Arc::new(factory);
                 let body_factory = Arc::clone(&factory);
-                run_on(factory, &id, "chaos_sentinel_failover", move |ctx| {
+                run_on(factory, &id, case, move |ctx| {
                     sentinel_failover::sentinel_failover(ctx, target, body_factory)
                 })
-            },
-        ));
+            }));
+        }
         // One fresh deployment per kill: a killed primary would take the
         // sentinels many seconds to turn into a replica again.
         let target = Target {
             iterations: figures::iterations(1),
             ..target
         };
-        let id = run_id.to_owned();
-        out.push(Trial::test(
-            "redis_sentinel::chaos_sentinel_primary_lost",
-            move || {
+        for (case, ack) in [
+            ("chaos_sentinel_primary_lost", None),
+            (
+                "chaos_sentinel_primary_lost_acked",
+                Some(sentinel_lost_clients::ACK),
+            ),
+        ] {
+            let id = run_id.to_owned();
+            let target = acked_target(target, ack);
+            out.push(Trial::test(format!("redis_sentinel::{case}"), move || {
                 let prefix = redis_prefix(&id);
                 let factory = Arc::new(redis::SentinelFactory::new(&prefix));
-                run_on(factory, &id, "chaos_sentinel_primary_lost", move |ctx| {
-                    sentinel_lost::sentinel_primary_lost(ctx, target, prefix)
+                run_on(factory, &id, case, move |ctx| {
+                    sentinel_lost::sentinel_primary_lost(ctx, target, prefix, ack)
                 })
-            },
-        ));
+            }));
+        }
     }
     if which("redis-server").is_some() && which("redis-cli").is_some() {
         // A cluster of its own, since the case moves a slot.
@@ -236,6 +254,15 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
     out.extend(cluster::trials(run_id, bins));
     out.extend(pg::trials(run_id, bins));
     out
+}
+
+/// `target` for clients that ask for `ack`: each call may also wait out the
+/// acknowledgement timeout.
+fn acked_target(target: Target, ack: Option<(u8, Duration)>) -> Target {
+    Target {
+        op_timeout: target.op_timeout + ack.map_or(Duration::ZERO, |(_, t)| t),
+        ..target
+    }
 }
 
 fn run<F, Fut>(make: MakeFactory, run_id: &str, case: &str, body: F) -> Result<(), Failed>

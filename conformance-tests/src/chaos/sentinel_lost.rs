@@ -12,6 +12,12 @@
 //! back, so a resource fenced by the Redis token accepts the victim's stale
 //! writes. All of it is counted in the row; the TTL is long enough (8 s)
 //! for the sentinels to promote a replica within it.
+//!
+//! `chaos_sentinel_primary_lost_acked` runs the same with every client
+//! asking for acknowledgement by one replica: the victim's acquire is then
+//! refused (no replica acknowledges it) and released again, so the victim
+//! never holds the lock; the case asserts the refusal, 0 stale accepts,
+//! 0 overlaps and a waiter token above every earlier one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,10 +28,11 @@ use tokio::time::{sleep, Instant};
 use super::cases::leak_probe;
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
+use super::sentinel_lost_clients::{direct, through, waiter, ACK};
 use super::Target;
-use crate::backends::redis::config_for;
 use crate::backends::redis::sentinel::SentinelSet;
-use crate::{Ctx, Replica};
+use crate::backends::redis::OP_TIMEOUT;
+use crate::Ctx;
 
 /// Lease TTL: above the ~3 s a kill-triggered failover takes here (1 s
 /// `down-after-milliseconds`, election, promotion) with room for load.
@@ -34,82 +41,6 @@ const TTL: Duration = Duration::from_secs(8);
 const KEEPERS: usize = 2;
 /// Bound on the sentinels promoting a replica after the kill.
 const FAILOVER_WITHIN: Duration = Duration::from_secs(30);
-/// Pause between the waiter's writes.
-const STEP: Duration = Duration::from_millis(10);
-/// Writes the waiter makes once granted.
-const WAITER_WRITES: usize = 20;
-
-/// What the waiter saw: granted at, its token, its first write's instant,
-/// its accepted and refused writes, and when it let go.
-#[derive(Debug)]
-struct Waited {
-    granted: Instant,
-    token: u64,
-    first_write: Instant,
-    accepted: usize,
-    refused: usize,
-    end: Instant,
-}
-
-async fn waiter(
-    rep: Replica,
-    name: LockName,
-    opts: LockOptions,
-    resource: Arc<Resource>,
-) -> Waited {
-    let guard = rep
-        .locker
-        .lock(&name, &opts)
-        .await
-        .expect("the waiter is granted the lock on the promoted primary");
-    let granted = Instant::now();
-    let handle = guard.handle();
-    let token = handle.fencing_token().expect("the backend fences");
-    let (mut accepted, mut refused) = (0, 0);
-    let mut first_write = None;
-    for _ in 0..WAITER_WRITES {
-        let deadline = handle.remaining_validity().map(|r| Instant::now() + r);
-        if handle.assert_held().is_err() {
-            break;
-        }
-        resource.log.record(Instant::now(), deadline);
-        first_write.get_or_insert_with(Instant::now);
-        if resource.write(token) {
-            accepted += 1;
-        } else {
-            refused += 1;
-        }
-        sleep(STEP).await;
-    }
-    let end = Instant::now();
-    guard.release().await.expect("the waiter releases");
-    Waited {
-        granted,
-        token,
-        first_write: first_write.unwrap_or(end),
-        accepted,
-        refused,
-        end,
-    }
-}
-
-async fn direct(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a direct connection")
-}
-
-async fn through(ctx: &Ctx, set: &SentinelSet, prefix: &str) -> Replica {
-    let backend = config_for(&set.url())
-        .expect("config")
-        .with_key_prefix(prefix)
-        .connect()
-        .await
-        .expect("connects through the sentinels");
-    ctx.replica_over(Arc::new(backend))
-}
 
 /// What one kill measured.
 #[derive(Debug, Default)]
@@ -125,6 +56,7 @@ struct Trial {
     reconnect: Option<Duration>,
     key_lost: bool,
     backwards: bool,
+    victim_refused_in: Option<Duration>,
     waiter_refused: usize,
     kept: usize,
     keepers_lost: Vec<LossReason>,
@@ -132,7 +64,13 @@ struct Trial {
     promoted_in: Duration,
 }
 
-async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
+async fn one_kill(
+    ctx: &Ctx,
+    target: Target,
+    prefix: &str,
+    ack: Option<(u8, Duration)>,
+    i: usize,
+) -> Trial {
     let tol = ctx.timing().tolerance;
     let opts = LockOptions::new(TTL);
     let interval = opts.renew_interval();
@@ -161,7 +99,7 @@ async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
         .collect();
     let mut keepers = Vec::new();
     for name in &keep_names {
-        let rep = through(ctx, &set, prefix).await;
+        let rep = through(ctx, &set, prefix, ack).await;
         let holder = Holder::start(&rep, name, &opts, Arc::default()).await;
         keepers.push((rep, holder));
     }
@@ -205,11 +143,46 @@ async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
     let victim_name = ctx.name(&format!("lost-{i}-victim"));
     let victim_key = format!("{prefix}{}", victim_name.as_str());
     let resource = Arc::new(Resource::default());
-    let victim_rep = through(ctx, &set, prefix).await;
-    let mut victim = Holder::start(&victim_rep, &victim_name, &opts, Arc::clone(&resource)).await;
-    let victim_token = victim.token;
-    let victim_at = Instant::now();
-    let waiter_rep = through(ctx, &set, prefix).await;
+    let victim_rep = through(ctx, &set, prefix, ack).await;
+    let mut earlier: Vec<u64> = keepers.iter().map(|(_, h)| h.token).collect();
+    let mut victim = None;
+    // The victim's owner token as the old primary stores it.
+    let mut victim_value: Option<String> = None;
+    if ack.is_some() {
+        // No replica can acknowledge: refused, and released again.
+        let asked = Instant::now();
+        let refusal = victim_rep.locker.try_lock(&victim_name, &opts).await;
+        let took = asked.elapsed();
+        match refusal {
+            Err(lock_core::Error::Unavailable { source, .. }) => assert!(
+                source.message().contains("0 of the 1 replicas"),
+                "the victim was refused for another reason: {source}"
+            ),
+            other => panic!("the unacknowledged acquire was not refused: {other:?}"),
+        }
+        let bound = ACK.1 + OP_TIMEOUT + tol;
+        assert!(
+            took <= bound,
+            "the victim's refusal took {took:?} (bound {bound:?})"
+        );
+        t.victim_refused_in = Some(took);
+        let left: i64 = redis::cmd("EXISTS")
+            .arg(&victim_key)
+            .query_async(&mut p)
+            .await
+            .expect("EXISTS");
+        assert_eq!(left, 0, "the refused lock was not released again");
+    } else {
+        let v = Holder::start(&victim_rep, &victim_name, &opts, Arc::clone(&resource)).await;
+        victim_value = redis::cmd("GET")
+            .arg(&victim_key)
+            .query_async(&mut p)
+            .await
+            .expect("GET the victim's key");
+        earlier.push(v.token);
+        victim = Some((v, Instant::now()));
+    }
+    let waiter_rep = through(ctx, &set, prefix, ack).await;
     let waited = tokio::spawn(waiter(
         waiter_rep,
         victim_name.clone(),
@@ -237,39 +210,46 @@ async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
     let switched_at = Instant::now();
     t.switch = (old, new);
     t.promoted_in = switched_at - killed_at;
-    let exists: i64 = redis::cmd("EXISTS")
+    // The waiter may already hold the name on the promoted primary; what
+    // matters is that the victim's lock is not there.
+    let on_new: Option<String> = redis::cmd("GET")
         .arg(&victim_key)
         .query_async(&mut direct(new).await)
         .await
-        .expect("EXISTS");
-    t.key_lost = exists == 0;
+        .expect("GET on the promoted primary");
+    t.key_lost = on_new.is_none() || on_new != victim_value;
     assert!(
         t.key_lost,
         "the promoted replica has the victim's key: the fault was not injected"
     );
 
-    let victim_deadline = victim_at + TTL;
-    let (lost_at, reason) = victim
-        .lost_by(victim_deadline + tol)
-        .await
-        .expect("the victim's lease ends by its local deadline");
-    t.victim = Some(reason);
-    t.abort = Some(lost_at - killed_at);
-    t.detection = Some(lost_at.saturating_duration_since(switched_at));
-    let (_guard, n) = victim.writes(TTL).await;
-    t.writes += n;
-    // Where the promoted primary answered well before the victim's deadline,
-    // the loss must have come from a renewal there, not from the deadline.
-    if t.key_lost && switched_at + interval + target.op_timeout + tol < victim_deadline {
-        assert!(
-            matches!(reason, LossReason::Expired | LossReason::Stolen),
-            "the victim's key vanished but it lost its lease as {reason:?}"
-        );
-        assert!(
-            lost_at <= switched_at + interval + target.op_timeout + tol,
-            "the victim learned of the loss {:?} after the promotion",
-            lost_at - switched_at
-        );
+    let mut victim_lost = None;
+    if let Some((mut victim, victim_at)) = victim {
+        let victim_token = victim.token;
+        let victim_deadline = victim_at + TTL;
+        let (lost_at, reason) = victim
+            .lost_by(victim_deadline + tol)
+            .await
+            .expect("the victim's lease ends by its local deadline");
+        t.victim = Some(reason);
+        t.abort = Some(lost_at - killed_at);
+        t.detection = Some(lost_at.saturating_duration_since(switched_at));
+        let (_guard, n) = victim.writes(TTL).await;
+        t.writes += n;
+        // Where the promoted primary answered well before the victim's deadline,
+        // the loss must have come from a renewal there, not from the deadline.
+        if t.key_lost && switched_at + interval + target.op_timeout + tol < victim_deadline {
+            assert!(
+                matches!(reason, LossReason::Expired | LossReason::Stolen),
+                "the victim's key vanished but it lost its lease as {reason:?}"
+            );
+            assert!(
+                lost_at <= switched_at + interval + target.op_timeout + tol,
+                "the victim learned of the loss {:?} after the promotion",
+                lost_at - switched_at
+            );
+        }
+        victim_lost = Some((lost_at, victim_token));
     }
 
     let w = tokio::time::timeout(FAILOVER_WITHIN + TTL * 2, waited)
@@ -279,17 +259,28 @@ async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
     t.writes += w.accepted + w.refused;
     t.waiter_refused = w.refused;
     t.reconnect = Some(w.granted - killed_at);
-    t.backwards = w.token <= victim_token;
-    t.overlap = (lost_at > w.granted).then(|| lost_at.min(w.end) - w.granted);
-    // The victim's writes the Redis-fenced resource accepted after the
-    // waiter's first write: stale writes a failover-safe token would refuse.
-    t.stale = resource
-        .accepted()
-        .iter()
-        .filter(|(at, token)| *token == victim_token && *at >= w.first_write)
-        .count();
+    t.backwards = earlier.iter().any(|e| w.token <= *e);
+    if let Some((lost_at, victim_token)) = victim_lost {
+        t.overlap = (lost_at > w.granted).then(|| lost_at.min(w.end) - w.granted);
+        // The victim's writes the Redis-fenced resource accepted after the
+        // waiter's first write: stale writes a failover-safe token would refuse.
+        t.stale = resource
+            .accepted()
+            .iter()
+            .filter(|(at, token)| *token == victim_token && *at >= w.first_write)
+            .count();
+    }
     t.late += resource.log.after_deadline();
 
+    // The promoted primary refuses writes (min-replicas-to-write) whenever
+    // its one replica is not linked, which the sentinels' reconfiguration
+    // can cause again after the waiter's grant: the keepers release once it
+    // is linked, so a refused release is not counted as a leak.
+    let s = Arc::clone(&set);
+    tokio::task::spawn_blocking(move || s.wait_settled(new, FAILOVER_WITHIN))
+        .await
+        .expect("task")
+        .expect("the thawed replica links to the promoted primary");
     let hold_until = switched_at + interval + target.op_timeout + tol;
     for (_rep, mut holder) in keepers {
         match holder.lost_by(hold_until).await {
@@ -311,7 +302,7 @@ async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
             }
         }
     }
-    let checker = through(ctx, &set, prefix).await;
+    let checker = through(ctx, &set, prefix, ack).await;
     for name in keep_names.iter().chain([&victim_name]) {
         t.leaked += leak_probe(&checker.locker, name, &opts).await;
     }
@@ -321,16 +312,28 @@ async fn one_kill(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Trial {
 }
 
 /// The primary killed after a lock that reached no replica; one fresh
-/// deployment per iteration. Keys under `prefix`.
-pub(super) async fn sentinel_primary_lost(ctx: Ctx, target: Target, prefix: String) {
+/// deployment per iteration. Keys under `prefix`. With `ack` (see [`ACK`])
+/// every client asks for replica acknowledgement
+/// (`chaos_sentinel_primary_lost_acked`).
+pub(super) async fn sentinel_primary_lost(
+    ctx: Ctx,
+    target: Target,
+    prefix: String,
+    ack: Option<(u8, Duration)>,
+) {
+    let case = if ack.is_some() {
+        "chaos_sentinel_primary_lost_acked"
+    } else {
+        "chaos_sentinel_primary_lost"
+    };
     let mut row = Row {
         backend: ctx.factory().name().to_owned(),
-        case: "chaos_sentinel_primary_lost".to_owned(),
+        case: case.to_owned(),
         ..Row::default()
     };
     let mut trials = Vec::new();
     for i in 0..target.iterations {
-        let t = one_kill(&ctx, target, &prefix, i).await;
+        let t = one_kill(&ctx, target, &prefix, ack, i).await;
         row.faults += 1;
         row.writes += t.writes;
         row.after_deadline += t.late;
@@ -347,13 +350,14 @@ pub(super) async fn sentinel_primary_lost(ctx: Ctx, target: Target, prefix: Stri
         .iter()
         .map(|t| {
             format!(
-                "primary {}->{} promoted in {:?}; victim key lost {}, victim {:?}, overlap {:?}; \
+                "primary {}->{} promoted in {:?}; victim key lost {}, victim {:?}, victim's acquire refused in {:?}, overlap {:?}; \
                  Redis fencing token went back {}; waiter writes refused {}; keepers kept {} lost {:?}",
                 t.switch.0,
                 t.switch.1,
                 t.promoted_in,
                 t.key_lost,
                 t.victim,
+                t.victim_refused_in,
                 t.overlap,
                 t.backwards,
                 t.waiter_refused,
@@ -363,10 +367,16 @@ pub(super) async fn sentinel_primary_lost(ctx: Ctx, target: Target, prefix: Stri
         })
         .collect();
     let summary = format!("{row:?}; {}", lines.join("; "));
-    eprintln!("{} chaos_sentinel_primary_lost: {summary}", row.backend);
+    eprintln!("{} {case}: {summary}", row.backend);
     figures::record(row.clone());
     assert!(
         row.after_deadline == 0 && row.leaked == 0,
         "writes after the deadline or leaked locks: {summary}"
     );
+    if ack.is_some() {
+        assert!(
+            row.stale_accepts == 0 && row.overlaps == 0 && trials.iter().all(|t| !t.backwards),
+            "stale accepts, overlaps or a waiter token not above every earlier one with acknowledgement: {summary}"
+        );
+    }
 }

@@ -13,6 +13,7 @@ mod cluster_factory;
 mod faults;
 mod saboteur;
 pub mod sentinel;
+mod sentinel_ack;
 mod sentinel_factory;
 mod sentinel_frozen;
 mod sentinel_refused;
@@ -30,6 +31,7 @@ use lock_redis::{RedisBackend, RedisBuilder};
 pub use access::acl_rules;
 pub use cluster_factory::{cluster_factory, ClusterFactory};
 pub use saboteur::RedisSaboteur;
+pub use sentinel_ack::{replica_ack, replica_ack_cost};
 pub use sentinel_factory::{sentinel_factory, SentinelFactory};
 pub use sentinel_frozen::frozen_sentinel_does_not_stall;
 pub use sentinel_refused::replica_refused;
@@ -247,6 +249,11 @@ impl RedisRun {
                 "redis_sentinel::frozen_sentinel_does_not_stall",
                 frozen_sentinel_does_not_stall,
             ));
+            suite.push(sentinel_trial("redis_sentinel::replica_ack", replica_ack));
+            suite.push(
+                sentinel_trial("redis_sentinel::replica_ack_cost", replica_ack_cost)
+                    .with_ignored_flag(true),
+            );
         }
         run
     }

@@ -20,6 +20,7 @@ use crate::{BackendFactory, BoxError, Saboteur, Timing};
 pub struct SentinelFactory {
     prefix: String,
     set: OnceLock<Result<Arc<SentinelSet>, String>>,
+    replica_ack: Option<(u8, Duration)>,
 }
 
 /// The Sentinel factory for this run (keys under `prefix`), or missing when
@@ -37,7 +38,20 @@ impl SentinelFactory {
         Self {
             prefix: prefix.to_owned(),
             set: OnceLock::new(),
+            replica_ack: None,
         }
+    }
+
+    /// Makes every backend it builds wait for `replicas` acknowledgements
+    /// within `timeout` (`RedisBuilder::with_replica_ack`).
+    pub fn with_replica_ack(mut self, replicas: u8, timeout: Duration) -> Self {
+        self.replica_ack = Some((replicas, timeout));
+        self
+    }
+
+    /// The acknowledgement its backends ask for, if any.
+    pub fn replica_ack(&self) -> Option<(u8, Duration)> {
+        self.replica_ack
     }
 
     /// The deployment, started on first call.
@@ -69,10 +83,11 @@ impl SentinelFactory {
     /// Cancel safe: a dropped call leaves no connection behind.
     pub async fn connect(&self) -> Result<RedisBackend, BoxError> {
         let url = self.set()?.url();
-        Ok(config_for(&url)?
-            .with_key_prefix(&self.prefix)
-            .connect()
-            .await?)
+        let mut config = config_for(&url)?.with_key_prefix(&self.prefix);
+        if let Some((n, t)) = self.replica_ack {
+            config = config.with_replica_ack(n, t);
+        }
+        Ok(config.connect().await?)
     }
 }
 
