@@ -145,7 +145,19 @@ async fn failed_unlock_ends_the_session_after_its_leases(
     let q = backend_as(&f, "postgres").await?;
     let lp = locker(p.clone())?;
     let opts = LockOptions::new(TTL);
-    let (na, nb) = (name(&f, "failed-unlock-a"), name(&f, "failed-unlock-b"));
+    let na = name(&f, "failed-unlock-a");
+    // B on A's lock session: ending that session must take B with it.
+    let pid = p.lock_session_pid(&na).await?;
+    let mut nb = name(&f, "failed-unlock-b");
+    for _ in 0..256 {
+        if p.lock_session_pid(&nb).await? == pid {
+            break;
+        }
+        nb = name(&f, "failed-unlock-b");
+    }
+    if p.lock_session_pid(&nb).await? != pid {
+        return Err("setup: no second name found on A's lock session".into());
+    }
     let a = lp.try_lock(&na, &opts).await?;
     let b = lp.try_lock(&nb, &opts).await?;
     let handles = [(na.clone(), a.handle()), (nb.clone(), b.handle())];
