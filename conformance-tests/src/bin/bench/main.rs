@@ -5,7 +5,8 @@
 //! `cargo run --release -p conformance-tests --bin bench` (add `-- --short`
 //! for a seconds-long smoke run, `-- --only memory` for one backend,
 //! `-- --acquire-only` for the acquire+release rows alone, `-- --pg-sessions
-//! 1,2,4,8,16` for the lock session counts of the Postgres 10,000-lease rows).
+//! 1,2,4,8,16` for the lock session counts of the Postgres 10,000-lease rows,
+//! `-- --only postgres-sessions` for the Postgres-only rows alone).
 //! Backends whose server cannot be had are listed as SKIPPED; one whose
 //! measurement fails is listed as FAILED and makes the exit status non-zero.
 //! Servers come from the same places as in the conformance suite.
@@ -225,7 +226,11 @@ fn main() -> Result<(), BoxError> {
             }
         }
     }
-    if only.as_deref().is_none_or(|o| "postgres".starts_with(o)) {
+    // `--only postgres-sessions` runs these rows alone.
+    if only
+        .as_deref()
+        .is_none_or(|o| "postgres".starts_with(o) || o == "postgres-sessions")
+    {
         // A private server (started here, outside the runtime): see pg.rs.
         let base = postgres::private_factory(&run_id).and_then(|b| b.url().map(|_| b));
         let measured = base.and_then(|base| {
