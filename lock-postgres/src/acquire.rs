@@ -46,7 +46,7 @@ impl PostgresBackend {
             )));
         }
         let key = cfg.key_for(name);
-        let session = self.session().await?;
+        let session = self.session_for(key).await?;
         {
             let mut held = self.held();
             if let Some(h) = held.get(&key) {

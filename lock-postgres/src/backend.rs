@@ -18,14 +18,16 @@ use crate::error::protocol;
 use crate::lifeline::{Lifeline, OnEnd};
 use crate::notify::ReleaseListener;
 use crate::session::LockSession;
+use crate::sessions::SessionSet;
 use crate::{AdvisoryKey, PostgresConfig};
 
 /// The shortest TTL accepted: renewal needs a round trip every `ttl / 3`.
 const MIN_TTL: Duration = Duration::from_millis(100);
 
-/// A Postgres lock backend: session-scoped advisory locks on one dedicated session.
+/// A Postgres lock backend: session-scoped advisory locks, spread over a
+/// few dedicated lock sessions by the hash of each key.
 ///
-/// Clones share the session and the table of held locks, so two
+/// Clones share the sessions and the table of held locks, so two
 /// [`Locker`](lock_core::Locker)s over clones still exclude each other (the
 /// server alone would let one session take its own lock twice). See the
 /// crate docs for the session model.
@@ -37,7 +39,8 @@ pub struct PostgresBackend {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) config: PostgresConfig,
-    session: tokio::sync::Mutex<Option<Arc<LockSession>>>,
+    /// The lock sessions, each key on the one its hash picks.
+    sessions: SessionSet,
     pub(crate) held: Mutex<HashMap<AdvisoryKey, Holding>>,
     pub(crate) listener: ReleaseListener,
     /// Set once the fencing sequence is known to exist: acquisitions then
@@ -111,8 +114,8 @@ impl PostgresBackend {
     pub fn new(config: PostgresConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
+                sessions: SessionSet::new(config.lock_sessions),
                 config,
-                session: tokio::sync::Mutex::new(None),
                 held: Mutex::new(HashMap::new()),
                 listener: ReleaseListener::default(),
                 fence_ready: AtomicBool::new(false),
@@ -123,7 +126,8 @@ impl PostgresBackend {
         }
     }
 
-    /// A backend whose lock session is connected now, so that a wrong URL,
+    /// A backend whose first lock session is connected now (the others
+    /// connect on first use), so that a wrong URL,
     /// wrong credentials or an unreachable server show up here (as
     /// [`PostgresBuilder::connect`](crate::PostgresBuilder::connect)).
     ///
@@ -147,8 +151,11 @@ impl PostgresBackend {
         &self.inner.config
     }
 
-    /// The server pid of the current lock session, connecting it if needed
-    /// (what `pg_locks.pid` and `pg_stat_activity.pid` show).
+    /// The server pid of the first lock session, connecting it if needed
+    /// (what `pg_locks.pid` and `pg_stat_activity.pid` show). It also runs
+    /// the tick store's statements. With one lock session
+    /// ([`PostgresBuilder::with_lock_sessions`](crate::PostgresBuilder::with_lock_sessions))
+    /// it holds every lock; otherwise see [`PostgresBackend::lock_session_pid`].
     ///
     /// # Errors
     ///
@@ -159,6 +166,21 @@ impl PostgresBackend {
     /// Cancel safe.
     pub async fn session_pid(&self) -> Result<i32, BackendError> {
         Ok(self.session().await?.pid())
+    }
+
+    /// The server pid of the lock session that takes (or would take) the
+    /// lock `name`, connecting it if needed.
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresBackend::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn lock_session_pid(&self, name: &LockName) -> Result<i32, BackendError> {
+        let key = self.inner.config.key_for(name);
+        Ok(self.session_for(key).await?.pid())
     }
 
     pub(crate) fn held(&self) -> MutexGuard<'_, HashMap<AdvisoryKey, Holding>> {
@@ -176,19 +198,25 @@ impl PostgresBackend {
         })
     }
 
-    /// The live session, connecting a new one if there is none or it died.
+    /// The first live session (ticks, probes of keys no longer held),
+    /// connecting a new one if there is none or it died.
     pub(crate) async fn session(&self) -> Result<Arc<LockSession>, BackendError> {
-        let mut slot = self.inner.session.lock().await;
-        if let Some(s) = slot.as_ref() {
-            if s.is_alive() {
-                return Ok(Arc::clone(s));
-            }
-        }
-        *slot = None;
-        let fresh =
-            Arc::new(LockSession::connect(&self.inner.config, self.on_session_end()).await?);
-        *slot = Some(Arc::clone(&fresh));
-        Ok(fresh)
+        self.session_at(0).await
+    }
+
+    /// The live session that holds `key`, connecting it if needed.
+    pub(crate) async fn session_for(
+        &self,
+        key: AdvisoryKey,
+    ) -> Result<Arc<LockSession>, BackendError> {
+        self.session_at(self.inner.sessions.index_for(key)).await
+    }
+
+    async fn session_at(&self, i: usize) -> Result<Arc<LockSession>, BackendError> {
+        self.inner
+            .sessions
+            .get(i, &self.inner.config, || self.on_session_end())
+            .await
     }
 
     /// Forgets `key` if `owner` is its holder here; returns the holding.

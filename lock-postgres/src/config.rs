@@ -11,6 +11,7 @@ use lock_core::redact::redact_url;
 use lock_core::{BackendError, LockName};
 
 use crate::error::config;
+use crate::sessions::{check_count, parse_count, DEFAULT_LOCK_SESSIONS};
 use crate::{AdvisoryKey, PostgresBackend};
 
 /// The environment variable [`PostgresBuilder::from_env`] reads.
@@ -67,6 +68,7 @@ pub struct PostgresConfig {
     pub(crate) max_ttl: Duration,
     pub(crate) fencing: bool,
     pub(crate) release_notify: bool,
+    pub(crate) lock_sessions: usize,
     pub(crate) schema: String,
     pub(crate) fence_sequence: String,
     pub(crate) tick_table: String,
@@ -95,6 +97,7 @@ impl fmt::Debug for PostgresConfig {
             .field("max_ttl", &self.max_ttl)
             .field("fencing", &self.fencing)
             .field("release_notify", &self.release_notify)
+            .field("lock_sessions", &self.lock_sessions)
             .field("fence_sequence", &self.qualified(&self.fence_sequence))
             .field("explicit_keys", &self.keys.len())
             .finish()
@@ -129,6 +132,11 @@ impl PostgresConfig {
     /// Whether acquisitions draw fencing tokens.
     pub fn fencing(&self) -> bool {
         self.fencing
+    }
+
+    /// How many lock sessions the backend spreads its locks over.
+    pub fn lock_sessions(&self) -> usize {
+        self.lock_sessions
     }
 
     /// The one DDL statement fencing runs on first use.
@@ -220,7 +228,8 @@ fn valid_ident(what: &str, ident: &str) -> Result<(), BackendError> {
 impl PostgresBuilder {
     /// A builder for `localhost:5432`, user `postgres`, with the defaults:
     /// namespace `lock`, connect timeout 5 s, statement timeout 2 s, max TTL
-    /// 30 s, fencing on with sequence `public.lock_fencing`, no TLS.
+    /// 30 s, 4 lock sessions, fencing on with sequence `public.lock_fencing`,
+    /// no TLS.
     pub fn new() -> Self {
         let mut pg = tokio_postgres::Config::new();
         pg.host("localhost")
@@ -238,6 +247,7 @@ impl PostgresBuilder {
                 max_ttl: Duration::from_secs(30),
                 fencing: true,
                 release_notify: true,
+                lock_sessions: DEFAULT_LOCK_SESSIONS,
                 schema: "public".to_owned(),
                 fence_sequence: "lock_fencing".to_owned(),
                 tick_table: "lock_ticks".to_owned(),
@@ -248,7 +258,8 @@ impl PostgresBuilder {
 
     /// Parses a `postgres://` or `postgresql://` URL, including the libpq
     /// parameters `sslmode` (`disable`, `prefer`, `require`, `verify-ca`,
-    /// `verify-full`), `sslrootcert` and `application_name`.
+    /// `verify-full`), `sslrootcert` and `application_name`, and this
+    /// crate's `lock_sessions` ([`PostgresBuilder::with_lock_sessions`]).
     ///
     /// The user name and password end at the first `@`, so they may hold
     /// `/ ? # :` unencoded but must percent-encode `@` as `%40`.
@@ -305,6 +316,7 @@ impl PostgresBuilder {
                 "sslrootcert" => {
                     builder.inner.root_cert = Some(RootCert::File(PathBuf::from(value)));
                 }
+                "lock_sessions" => builder.inner.lock_sessions = parse_count(value, quotable)?,
                 _ => passed.push(pair),
             }
         }
@@ -397,6 +409,24 @@ impl PostgresBuilder {
         self
     }
 
+    /// As [`PostgresBuilder::with_fencing`]: with `false`, acquires draw no
+    /// token and never touch the sequence (no `nextval`, no DDL), so an
+    /// acquire is the lock statement alone.
+    pub fn with_fencing_tokens(self, on: bool) -> Self {
+        self.with_fencing(on)
+    }
+
+    /// How many lock sessions (server connections) the backend spreads its
+    /// locks over, each key on the one its hash picks (default 4; URL
+    /// parameter `lock_sessions`). Each statement on a session costs more
+    /// the more locks it holds, so thousands of leases want several; the end
+    /// of one session loses only the leases on it. Checked by
+    /// [`PostgresBuilder::config`]: 1 to 64.
+    pub fn with_lock_sessions(mut self, sessions: usize) -> Self {
+        self.inner.lock_sessions = sessions;
+        self
+    }
+
     /// Announces releases with `NOTIFY` and lets waiters `LISTEN` on an extra
     /// connection (default on); off, waiters poll.
     pub fn with_release_notify(mut self, on: bool) -> Self {
@@ -484,7 +514,8 @@ impl PostgresBuilder {
     ///
     /// # Errors
     ///
-    /// A `Config` error for a zero timeout or max TTL, a namespace with a NUL
+    /// A `Config` error for a zero timeout or max TTL, a lock session count
+    /// outside 1 to 64, a namespace with a NUL
     /// byte, a schema or object name that is not a plain identifier, or a
     /// root certificate with TLS disabled.
     pub fn config(self) -> Result<PostgresConfig, BackendError> {
@@ -495,6 +526,7 @@ impl PostgresBuilder {
         if c.max_ttl.is_zero() {
             return Err(config("max_ttl must be above zero"));
         }
+        check_count(c.lock_sessions)?;
         if c.namespace.contains('\0') || c.namespace.len() > 200 {
             return Err(config(
                 "the namespace must not contain NUL and is at most 200 bytes",

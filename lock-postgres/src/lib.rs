@@ -4,10 +4,15 @@
 //! # The session model
 //!
 //! A Postgres advisory lock has no TTL on the server: it lives as long as the
-//! database session that took it. A [`PostgresBackend`] owns ONE dedicated
-//! lock session (one connection kept open, never handed to a pool) on which
-//! it takes every lock with `pg_try_advisory_lock(key1 int4, key2 int4)`, so
-//! one session holds many locks. Clones of a backend share that session.
+//! database session that took it. A [`PostgresBackend`] owns a few dedicated
+//! lock sessions (connections kept open, never handed to a pool; 4 by
+//! default, [`PostgresBuilder::with_lock_sessions`] or the URL parameter
+//! `lock_sessions`, 1 to 64) and takes each lock with
+//! `pg_try_advisory_lock(key1 int4, key2 int4)` on the one session the hash
+//! of its key picks, so each session holds many locks. Several sessions
+//! because every statement on a session costs more the more locks it holds
+//! (measured: 10,000 acquires took 12.3 s on one session, 0.83 s on 4).
+//! Sessions connect on first use. Clones of a backend share them.
 //! Because advisory locks are re-entrant within a session, the backend keeps
 //! its own table of which owner token holds which key, and answers "held" to
 //! a second acquire of a key its session already holds: two
@@ -15,19 +20,22 @@
 //!
 //! # What "renew" means
 //!
-//! Nothing expires on the server, so a renewal proves, on the same session,
-//! that the session is alive and that `pg_locks` still shows the lock granted
-//! to `pg_backend_pid()` (`locktype = 'advisory'`, `classid`/`objid` = the
-//! key, `objsubid = 2`). Many leases are checked in one statement
-//! (`renew_many`). The TTL is the client's failure-detection bound: a lease
-//! stays valid locally for one TTL after the last proof was requested.
+//! Nothing expires on the server, so a renewal proves that the session
+//! holding the lease is alive and is still the same server process: one
+//! `SELECT pg_backend_pid()` per session, however many leases it holds
+//! (`renew_many`; the sessions answer concurrently). A live session still
+//! holds every lock it took: only the session itself can unlock them, which
+//! this crate does only in a release. The TTL is the client's
+//! failure-detection bound: a lease stays valid locally for one TTL after
+//! the last proof was requested.
 //!
 //! # When the session ends
 //!
-//! When the session ends (`pg_terminate_backend`, `idle_session_timeout`, a
+//! When a lock session ends (`pg_terminate_backend`, `idle_session_timeout`, a
 //! shutdown, a broken connection), the server frees every lock on it at
-//! once. The backend tells lock-core at that moment, through its
-//! [`LossFeed`](lock_core::backend::LossFeed): every lease on the session is marked
+//! once; the other sessions' locks are untouched. The backend tells
+//! lock-core at that moment, through its
+//! [`LossFeed`](lock_core::backend::LossFeed): every lease on that session is marked
 //! lost (`expired`) in every [`Locker`](lock_core::Locker), as soon as the
 //! task driving the connection sees it close or a statement fails with a
 //! connection or shutdown error. A terminating server sends its error
@@ -36,8 +44,8 @@
 //!
 //! # Releases that fail
 //!
-//! One session holds every lock of the backend, so ending it to clean up
-//! after one failed unlock would take all the others with it. A release
+//! A session holds many locks of the backend, so ending it to clean up
+//! after one failed unlock would take all the others on it with it. A release
 //! whose unlock does not answer within the statement timeout (a slow but
 //! healthy server) or fails returns that error, and the session is kept:
 //! the key stays reserved for its owner while the unlock goes on in the
@@ -140,7 +148,9 @@
 //! # Fencing
 //!
 //! With fencing on (the default), each acquire draws `nextval` of a sequence
-//! on the lock session; the sequence is created on first use by exactly one
+//! in the lock statement's round trip; with
+//! [`PostgresBuilder::with_fencing_tokens`]`(false)` no acquire touches the
+//! sequence and leases carry no token; the sequence is created on first use by exactly one
 //! DDL statement, by default:
 //!
 //! ```sql
@@ -206,6 +216,7 @@ mod notify;
 mod release;
 mod renew;
 mod session;
+mod sessions;
 #[cfg(feature = "test-util")]
 mod test_util;
 mod ticks;

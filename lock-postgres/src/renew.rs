@@ -1,5 +1,12 @@
-//! Renewing: proving on the lock session that it is alive and still holds
-//! each lock, many locks in one statement.
+//! Renewing: proving that each lock session holding a lease is alive, one
+//! statement per session however many leases it holds.
+//!
+//! A live session still holds every lock it took: only the session itself
+//! can unlock them (this crate does, through a release, which forgets the
+//! holding only once the unlock ran), and the server frees them all when
+//! the session ends. So a session that answers with its own
+//! `pg_backend_pid()` proves every lease recorded on it, and `pg_locks` is
+//! read only for leases already lost, to tell `stolen` from `expired`.
 
 use std::sync::Arc;
 
@@ -7,6 +14,7 @@ use lock_core::{
     backend::{LeaseStatus, RenewRequest},
     BackendError, BackendErrorKind,
 };
+use tokio::task::JoinSet;
 use tokio_postgres::types::Type;
 use tracing::warn;
 
@@ -26,6 +34,9 @@ const PROBE: &str = "SELECT pg_backend_pid(), k.i::int4, \
      FROM unnest($1::int8[], $2::int8[]) WITH ORDINALITY AS k(c, o, i), \
        (SELECT oid FROM pg_database WHERE datname = current_database()) d \
      ORDER BY k.i";
+
+/// The liveness proof: one row, the session's server pid.
+const ALIVE: &str = "SELECT pg_backend_pid()";
 
 /// What a probe found for one key.
 #[derive(Debug, Clone, Copy)]
@@ -130,21 +141,25 @@ impl PostgresBackend {
             }
         }
         let mut out = vec![LeaseStatus::Expired; requests.len()];
+        // The sessions answer concurrently, each on its own connection.
+        let mut checks = JoinSet::new();
         for (session, idx) in by_session {
-            let batch: Vec<AdvisoryKey> = idx.iter().map(|i| keys[*i]).collect();
-            match self.probe(&session, &batch).await {
-                Ok(probes) => {
-                    for (i, p) in idx.into_iter().zip(probes) {
-                        if p.mine {
-                            out[i] = LeaseStatus::Held;
-                        } else {
-                            self.take_holding(keys[i], &requests[i].owner);
-                            out[i] = if p.other {
-                                LeaseStatus::Stolen
-                            } else {
-                                LeaseStatus::Expired
-                            };
-                        }
+            checks.spawn(async move {
+                let answer = alive(&session).await;
+                (session, idx, answer)
+            });
+        }
+        while let Some(joined) = checks.join_next().await {
+            let (session, idx, answer) = joined.map_err(|e| {
+                BackendError::new(
+                    BackendErrorKind::Other,
+                    format!("a lock session's liveness check ended abnormally ({e})"),
+                )
+            })?;
+            match answer {
+                Ok(()) => {
+                    for i in idx {
+                        out[i] = LeaseStatus::Held;
                     }
                 }
                 // A pooler error also ends the session, but must reach the caller.
@@ -165,4 +180,15 @@ impl PostgresBackend {
         }
         Ok(out)
     }
+}
+
+/// Proves that `session` is alive and still the same server process.
+async fn alive(session: &LockSession) -> Result<(), BackendError> {
+    let rows = session
+        .query_prepared("checking the lock session", ALIVE, &[])
+        .await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
+    session.check_pid(row)
 }

@@ -495,7 +495,7 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             .expect("pg_locks shows the holder's session");
         assert_eq!(
             Some(pid),
-            backend.session_pid().await.ok(),
+            backend.lock_session_pid(&name).await.ok(),
             "pg_locks names the holder's own session"
         );
         let fault_at = Instant::now();
@@ -605,7 +605,10 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
         sleep(ttl / 2).await;
         assert!(holder.handle.is_held(), "healthy before the fault");
-        let pid = backend.session_pid().await.expect("the session's pid");
+        let pid = backend
+            .lock_session_pid(&name)
+            .await
+            .expect("the session's pid");
         assert_eq!(setup.holder_of(key).await, Some(pid), "pg_locks");
         let leg = tokio::task::block_in_place(|| client_port(setup.port, pid))
             .expect("the proxy's port towards the server");

@@ -269,7 +269,7 @@ async fn failover(
                 lost_at - first_grant
             );
             let pid = succ_backend
-                .session_pid()
+                .lock_session_pid(&name)
                 .await
                 .expect("the successor's pid");
             let on_promoted = with_pair(&pair, move |p| {

@@ -60,10 +60,21 @@ pub(super) async fn frozen_session_fails_closed(f: Arc<PostgresFactory>) -> Resu
     let opts = LockOptions::new(TTL);
     let started = Instant::now();
     let (lease, run) = hold(&la, &n).await?;
-    let frozen = Frozen::stop(a.session_pid().await?)?;
+    // Another name on the same lock session: its call must time out too.
+    let pid = a.lock_session_pid(&n).await?;
+    let mut other = name(&f, "frozen-other");
+    for i in 0..256 {
+        if a.lock_session_pid(&other).await? == pid {
+            break;
+        }
+        other = name(&f, &format!("frozen-other-{i}"));
+    }
+    if a.lock_session_pid(&other).await? != pid {
+        return Err("setup: no name found on the frozen session".into());
+    }
+    let frozen = Frozen::stop(pid)?;
 
     let statement_timeout = a.config().statement_timeout();
-    let other = name(&f, "frozen-other");
     let asked = Instant::now();
     let r = timeout(
         statement_timeout * 3,
@@ -162,7 +173,12 @@ pub(super) async fn transaction_pooler_is_refused(f: Arc<PostgresFactory>) -> Re
     let via = format!("postgres://postgres@127.0.0.1:{}/postgres", bouncer.port());
     let direct = tokio::task::block_in_place(|| f.url())?;
     let inspector = plain_session(&direct, "lock-ct-inspector").await?;
-    let config = f.builder_for(&via)?.with_fencing(false).config()?;
+    // One lock session: the pinning below assumes one client connection.
+    let config = f
+        .builder_for(&via)?
+        .with_fencing(false)
+        .with_lock_sessions(1)
+        .config()?;
 
     // The backend's setup ran on the only server connection, X. A client in
     // an open transaction now pins X, so our next statement runs on Y.

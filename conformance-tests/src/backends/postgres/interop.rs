@@ -157,7 +157,7 @@ pub(super) async fn golden_keys_on_the_server(f: Arc<PostgresFactory>) -> Result
         return Err("the golden name was held".into());
     }
     let inspector = plain_session(&url, f.application_name()).await?;
-    let pid = backend.session_pid().await?;
+    let pid = backend.lock_session_pid(&n).await?;
     let rows = inspector
         .query(
             "SELECT classid::int8, objid::int8, objsubid::int4 FROM pg_locks \

@@ -9,6 +9,7 @@ mod partition;
 mod saboteur;
 pub mod server;
 mod session_end;
+mod sessions;
 mod specific;
 pub mod standby;
 mod standby_refused;

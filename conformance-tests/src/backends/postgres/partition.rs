@@ -105,7 +105,7 @@ pub(super) async fn partitioned_holder_aborts_first(
     let la = locker(a.clone())?;
     let n = name(&f, "partitioned");
     let (lease, run) = hold(&la, &n).await?;
-    let port = client_port(server_port, a.session_pid().await?)?;
+    let port = client_port(server_port, a.lock_session_pid(&n).await?)?;
     let hole = Blackhole::cut(port, server_port)?;
     let cut_at = Instant::now();
 

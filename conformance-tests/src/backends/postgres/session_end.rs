@@ -1,5 +1,5 @@
-//! Every lease of a process lives on one lock session, and when that
-//! session ends the server frees all of them at once. These trials check
+//! Every lease of a process lives on one of a few lock sessions, and when
+//! that session ends the server frees all of its locks at once. These trials check
 //! that no lease on it still says "held" by the time another replica can
 //! take its name: after a release that failed, and after the connection died.
 
@@ -95,7 +95,7 @@ async fn slow_release_keeps_the_session(f: Arc<PostgresFactory>) -> Result<(), B
     let (na, nb) = (name(&f, "slow-release-a"), name(&f, "slow-release-b"));
     let a = lp.try_lock(&na, &opts).await?;
     let b = lp.try_lock(&nb, &opts).await?;
-    let pid = p.session_pid().await?;
+    let pid = p.lock_session_pid(&na).await?;
     p.stall_next_release(&na);
     if a.release().await.is_ok() {
         return Err("a release that stopped waiting reported success".into());
@@ -108,7 +108,7 @@ async fn slow_release_keeps_the_session(f: Arc<PostgresFactory>) -> Result<(), B
     b.handle()
         .assert_held()
         .map_err(|e| format!("B was lost over A's slow release: {e}"))?;
-    if p.session_pid().await? != pid {
+    if p.lock_session_pid(&na).await? != pid {
         return Err("the lock session was replaced over a slow release".into());
     }
     if !freed_by(&q, &na, Instant::now() + SETTLE).await? {
@@ -145,7 +145,19 @@ async fn failed_unlock_ends_the_session_after_its_leases(
     let q = backend_as(&f, "postgres").await?;
     let lp = locker(p.clone())?;
     let opts = LockOptions::new(TTL);
-    let (na, nb) = (name(&f, "failed-unlock-a"), name(&f, "failed-unlock-b"));
+    let na = name(&f, "failed-unlock-a");
+    // B on A's lock session: ending that session must take B with it.
+    let pid = p.lock_session_pid(&na).await?;
+    let mut nb = name(&f, "failed-unlock-b");
+    for _ in 0..256 {
+        if p.lock_session_pid(&nb).await? == pid {
+            break;
+        }
+        nb = name(&f, "failed-unlock-b");
+    }
+    if p.lock_session_pid(&nb).await? != pid {
+        return Err("setup: no second name found on A's lock session".into());
+    }
     let a = lp.try_lock(&na, &opts).await?;
     let b = lp.try_lock(&nb, &opts).await?;
     let handles = [(na.clone(), a.handle()), (nb.clone(), b.handle())];
@@ -205,17 +217,28 @@ async fn session_end_marks_every_lease_lost_first(f: Arc<PostgresFactory>) -> Re
             handles.push((n, g.handle()));
             guards.push(g);
         }
-        let pid = p.session_pid().await?;
+        // Every lock session that holds one of them ends.
+        let mut pids = Vec::new();
+        for (n, _) in &handles {
+            let pid = p.lock_session_pid(n).await?;
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
         if kind == "proxy reset" {
             proxy.reset_all();
         } else {
-            killer
-                .execute("SELECT pg_terminate_backend($1)", &[&pid])
-                .await?;
+            for pid in &pids {
+                killer
+                    .execute("SELECT pg_terminate_backend($1)", &[pid])
+                    .await?;
+            }
         }
-        wait_gone(&killer, pid, Duration::from_secs(5))
-            .await
-            .map_err(|e| format!("{kind}: {e}"))?;
+        for pid in pids {
+            wait_gone(&killer, pid, Duration::from_secs(5))
+                .await
+                .map_err(|e| format!("{kind}: {e}"))?;
+        }
         let taken = take_over(&q, &handles, Instant::now() + Duration::from_secs(5))
             .await
             .map_err(|e| format!("{kind}: {e}"))?;
@@ -274,7 +297,7 @@ async fn terminate_backend_aborts_the_job(f: Arc<PostgresFactory>) -> Result<(),
         let (lease, run) = hold(&la, &n).await?;
         // Spread the kills over the renewal cycle.
         sleep(Duration::from_millis(100 + u64::from(round) * 61)).await;
-        let pid = a.session_pid().await?;
+        let pid = a.lock_session_pid(&n).await?;
         let killed_at = Instant::now();
         terminate(&killer, pid).await?;
         let successor = lb.try_lock(&n, &LockOptions::new(TTL)).await?;

@@ -71,6 +71,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
         Box::pin(release_wakes_a_subscriber(f))
     });
     session_end::register(suite, f);
+    add(suite, f, "one_session_end_loses_only_its_leases", |f| {
+        Box::pin(super::sessions::one_session_end_loses_only_its_leases(f))
+    });
     add(suite, f, "standby_is_refused", |f| {
         Box::pin(super::standby_refused::standby_is_refused(f))
     });

@@ -71,7 +71,7 @@ async fn check(pair: &PgPair) -> Result<(), BoxError> {
     if !matches!(attempt, AcquireAttempt::Acquired(_)) {
         return Err("the free lock was refused through the multi-host URL".into());
     }
-    let pid = backend.session_pid().await?;
+    let pid = backend.lock_session_pid(&name).await?;
     let on_primary = tokio::task::block_in_place(|| {
         primary.psql(&format!(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = {pid}"

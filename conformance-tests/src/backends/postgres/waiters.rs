@@ -83,7 +83,7 @@ pub(super) async fn release_waiters_stay_bounded(f: Arc<PostgresFactory>) -> Res
     }
     let url = tokio::task::block_in_place(|| f.url())?;
     let killer = plain_session(&url, f.application_name()).await?;
-    terminate(&killer, holder.session_pid().await?).await?;
+    terminate(&killer, holder.lock_session_pid(&held).await?).await?;
     let guard = timeout(TTL * 5, pending)
         .await
         .map_err(|_| "the waiter did not finish")??

@@ -51,6 +51,11 @@ impl FloorSource {
     }
 }
 
+/// The Postgres floor on `url` (for the Postgres-only rows).
+pub(crate) async fn postgres_floor(url: &str) -> Result<Arc<dyn Floor>, BoxError> {
+    Ok(Arc::new(postgres::PgFloor::connect(url).await?))
+}
+
 /// Another library doing the same cycle on `factory`'s server, if there is
 /// one to compare with (Redis: `rslock`).
 pub(crate) fn peer_for(

@@ -4,7 +4,9 @@
 //!
 //! `cargo run --release -p conformance-tests --bin bench` (add `-- --short`
 //! for a seconds-long smoke run, `-- --only memory` for one backend,
-//! `-- --acquire-only` for the acquire+release rows alone).
+//! `-- --acquire-only` for the acquire+release rows alone, `-- --pg-sessions
+//! 1,2,4,8,16` for the lock session counts of the Postgres 10,000-lease rows,
+//! `-- --only postgres-sessions` for the Postgres-only rows alone).
 //! Backends whose server cannot be had are listed as SKIPPED; one whose
 //! measurement fails is listed as FAILED and makes the exit status non-zero.
 //! Servers come from the same places as in the conformance suite.
@@ -12,6 +14,7 @@
 mod failover;
 mod floors;
 mod measures;
+mod pg;
 mod report;
 mod stats;
 
@@ -192,6 +195,10 @@ fn main() -> Result<(), BoxError> {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let pg_sessions = match args.iter().position(|a| a == "--pg-sessions") {
+        Some(i) => pg::parse_sessions(args.get(i + 1).map_or("", String::as_str))?,
+        None => pg::default_sessions(mode),
+    };
     let run_id = format!("{:08x}", getrandom::u32().map_err(|e| e.to_string())?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -216,6 +223,25 @@ fn main() -> Result<(), BoxError> {
             Availability::Missing(why) => {
                 eprintln!("!!! {backend}: SKIPPED, no server ({why})");
                 rows.push(Row::new(backend, "SKIPPED", format!("no server: {why}")));
+            }
+        }
+    }
+    // `--only postgres-sessions` runs these rows alone.
+    if only
+        .as_deref()
+        .is_none_or(|o| "postgres".starts_with(o) || o == "postgres-sessions")
+    {
+        // A private server (started here, outside the runtime): see pg.rs.
+        let base = postgres::private_factory(&run_id).and_then(|b| b.url().map(|_| b));
+        let measured = base.and_then(|base| {
+            runtime.block_on(pg::rows(base, &pg_sessions, mode, acquire_only, &run_id))
+        });
+        match measured {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                failed = true;
+                eprintln!("postgres sessions: FAILED: {e}");
+                rows.push(Row::new("postgres sessions", "FAILED", e.to_string()));
             }
         }
     }
