@@ -498,14 +498,27 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             backend.lock_session_pid(&name).await.ok(),
             "pg_locks names the holder's own session"
         );
+        // Another call on the frozen session gives up in time: a name the
+        // backend puts on that session (names are spread over its lock
+        // sessions by hash), found before the freeze.
+        let mut probe_name = ctx.name(&format!("stall-probe-{i}"));
+        for k in 0..256 {
+            if backend.lock_session_pid(&probe_name).await.ok() == Some(pid) {
+                break;
+            }
+            probe_name = ctx.name(&format!("stall-probe-{i}-{k}"));
+        }
+        assert_eq!(
+            backend.lock_session_pid(&probe_name).await.ok(),
+            Some(pid),
+            "setup: a probe name on the holder's lock session"
+        );
         let fault_at = Instant::now();
         let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
         let frozen = Frozen::stop(pid).expect("SIGSTOP the holder's server process");
         row.faults += 1;
         let thaw_at = fault_at + ttl * 3 / 2;
         let waiter = successor_waits(&successor, &name, &opts, ttl * 4, &resource);
-        // Another call on the frozen session gives up in time.
-        let probe_name = ctx.name(&format!("stall-probe-{i}"));
         let call_at = Instant::now();
         let probe = holder_rep.locker.try_lock(&probe_name, &opts).await;
         let blocked = call_at.elapsed();
