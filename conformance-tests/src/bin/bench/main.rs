@@ -251,7 +251,12 @@ fn main() -> Result<(), BoxError> {
     let path = std::path::Path::new(&target).join("bench.json");
     std::fs::write(&path, report::to_json(&rows))?;
     eprintln!("written to {}", path.display());
-    if failed {
+    // Repeated after the table so that the end of a long log says what failed.
+    let failures: Vec<&Row> = rows.iter().filter(|r| r.measure == "FAILED").collect();
+    for r in &failures {
+        eprintln!("FAILED: {}: {}", r.backend, r.setting);
+    }
+    if failed || !failures.is_empty() {
         return Err("a backend's measurement failed".into());
     }
     Ok(())
