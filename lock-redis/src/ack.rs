@@ -22,7 +22,7 @@ use redis::{FromRedisValue, RedisError};
 use crate::backend::{status, Shared};
 use crate::connection::Connection;
 use crate::error::{config, protocol};
-use crate::scripts::{Lua, ACQUIRE, RELEASE, RENEW, RENEW_MANY};
+use crate::scripts::{Lua, ACQUIRE, ACQUIRE_UNFENCED, RELEASE, RENEW, RENEW_MANY};
 
 /// The URL parameter naming how many replicas must acknowledge.
 const PARAM_REPLICAS: &str = "replica_ack";
@@ -161,16 +161,21 @@ pub(crate) async fn acquire(
 ) -> Result<AcquireAttempt, BackendError> {
     let conn = &shared.conn;
     let (key, token) = (shared.keys.lock(name), owner.to_hex());
-    let keys = [key.clone(), shared.keys.fence_for(name)];
     let args = [token.clone(), ms.to_string()];
-    let (got, acked): (i64, u64) =
-        eval_and_wait(conn, ack, "acquire", &ACQUIRE, &keys, &args).await?;
+    let (got, acked): (i64, u64) = if shared.fencing {
+        let keys = [key.clone(), shared.keys.fence_for(name)];
+        eval_and_wait(conn, ack, "acquire", &ACQUIRE, &keys, &args).await?
+    } else {
+        let keys = [key.clone()];
+        eval_and_wait(conn, ack, "acquire", &ACQUIRE_UNFENCED, &keys, &args).await?
+    };
     match u64::try_from(got) {
         Ok(0) => Ok(AcquireAttempt::HeldElsewhere),
         Ok(_) if acked < u64::from(ack.replicas) => {
             let channel = shared.keys.channel(name);
             Err(refuse_acquire(conn, ack, acked, key, channel, token).await)
         }
+        Ok(_) if !shared.fencing => Ok(AcquireAttempt::Acquired(Lease::new(None))),
         Ok(fence) => Ok(AcquireAttempt::Acquired(Lease::new(Some(fence)))),
         Err(_) => Err(protocol("acquire", conn.target(), got)),
     }

@@ -21,6 +21,7 @@ use crate::connection::{Connection, Source};
 use crate::error::{config, protocol};
 use crate::notify::ReleaseNotifier;
 use crate::scripts::{KeySpace, ACQUIRE, RELEASE, RENEW, RENEW_MANY};
+use crate::unfenced::{self, SetGetRefused};
 use crate::RedisBuilder;
 
 /// Locks in one Redis primary (fixed, or found through Sentinel) or in a
@@ -58,6 +59,9 @@ pub(crate) struct Shared {
     pub(crate) keys: KeySpace,
     warned_no_pubsub: AtomicBool,
     replica_ack: Option<ReplicaAck>,
+    /// Whether acquires draw fencing tokens.
+    pub(crate) fencing: bool,
+    set_get_refused: SetGetRefused,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -66,6 +70,7 @@ impl fmt::Debug for RedisBackend {
             .field("server", &self.shared.conn.target())
             .field("keys", &self.shared.keys)
             .field("replica_ack", &self.shared.replica_ack)
+            .field("fencing", &self.shared.fencing)
             .finish()
     }
 }
@@ -104,6 +109,8 @@ impl RedisBackend {
                 },
                 warned_no_pubsub: AtomicBool::new(false),
                 replica_ack,
+                fencing: config.fencing_tokens(),
+                set_get_refused: SetGetRefused::default(),
             }),
         }
     }
@@ -167,8 +174,8 @@ impl RedisBackend {
 
     /// Whether a failover can never hand out a fencing token that is not
     /// above every token handed out before it, in a deployment whose primary
-    /// has `replicas_in_deployment` replicas: true when acknowledgement is on
-    /// and asks for every one of them (and there is at least one), since
+    /// has `replicas_in_deployment` replicas: true when fencing tokens are on
+    /// (false without tokens), acknowledgement is on and asks for every one of them (and there is at least one), since
     /// then the counter's increment is on every replica, so on any promoted
     /// one, before its token is handed out.
     ///
@@ -180,9 +187,10 @@ impl RedisBackend {
     /// replication offset after the priority), but that is likely, not
     /// certain, and this returns false.
     pub fn tokens_survive_failover(&self, replicas_in_deployment: usize) -> bool {
-        self.shared.replica_ack.is_some_and(|a| {
-            replicas_in_deployment > 0 && usize::from(a.replicas()) >= replicas_in_deployment
-        })
+        self.shared.fencing
+            && self.shared.replica_ack.is_some_and(|a| {
+                replicas_in_deployment > 0 && usize::from(a.replicas()) >= replicas_in_deployment
+            })
     }
 }
 
@@ -210,7 +218,7 @@ pub(crate) fn status(code: i64, op: &str, target: &str) -> Result<LeaseStatus, B
 impl LockBackend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Expiry::Ttl)
-            .with_fencing(true)
+            .with_fencing(self.shared.fencing)
             .with_batch_renew(true)
             // A cluster broadcasts PUBLISH to every node; its waiters poll.
             .with_release_notify(!self.shared.keys.is_cluster())
@@ -225,6 +233,10 @@ impl LockBackend for RedisBackend {
         let ms = ttl_ms(ttl)?;
         if let Some(a) = &self.shared.replica_ack {
             return ack::acquire(&self.shared, a, name, owner, ms).await;
+        }
+        if !self.shared.fencing {
+            let refused = &self.shared.set_get_refused;
+            return unfenced::acquire(&self.shared, refused, name, owner, ms).await;
         }
         let (key, fence, token) = (
             self.shared.keys.lock(name),

@@ -268,6 +268,7 @@ mod notify;
 mod scripts;
 mod sentinel;
 mod ticks;
+mod unfenced;
 
 pub use ack::ReplicaAck;
 pub use backend::RedisBackend;

@@ -80,6 +80,20 @@ return fence
     )
 });
 
+/// [`ACQUIRE`] without a fencing token, for servers that refuse
+/// `SET NX GET` (before Redis 7.0) and for acknowledged acquires (whose
+/// pipeline sends one `EVAL`). Returns 1 acquired, 0 held.
+pub(crate) static ACQUIRE_UNFENCED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local v = redis.call('get', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+",
+    )
+});
+
 /// Extends the lease if the token matches. Returns 1 held (extended),
 /// 0 expired (no key), 2 stolen (another token); never creates a key.
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {

@@ -37,3 +37,31 @@ pub(super) async fn fencing_tokens_increase(ctx: Ctx) {
         );
     }
 }
+
+/// A lease carries a fencing token exactly when the backend declares them,
+/// and a backend that declares them also declares them on the lease (the
+/// capability is what users branch on).
+pub(super) async fn fencing_declared_matches_tokens(ctx: Ctx) {
+    let replica = ctx.replica().await;
+    let declared = replica.backend.capabilities().fencing;
+    assert_eq!(
+        declared,
+        ctx.factory().capabilities().fencing,
+        "the factory's capabilities disagree with its replicas'"
+    );
+    let name = ctx.name("declared");
+    for _ in 0..2 {
+        let guard = replica
+            .locker
+            .lock(&name, &ctx.opts())
+            .await
+            .expect("acquire");
+        assert_eq!(
+            guard.fencing_token().is_some(),
+            declared,
+            "fencing declared {declared}, token {:?}",
+            guard.fencing_token()
+        );
+        guard.release().await.expect("release");
+    }
+}

@@ -96,6 +96,7 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(fencing::fencing_tokens_increase, Requires::Fencing),
+    case!(fencing::fencing_declared_matches_tokens, Requires::Nothing),
     case!(
         blocking::blocking_acquire_wakes_on_release,
         Requires::Nothing

@@ -11,6 +11,7 @@ pub mod cluster;
 mod cluster_cases;
 mod cluster_factory;
 mod faults;
+mod resent;
 mod saboteur;
 pub mod sentinel;
 mod sentinel_ack;
@@ -62,6 +63,8 @@ pub struct RedisFactory {
     url: String,
     prefix: String,
     server: Server,
+    /// Whether replicas draw fencing tokens (`with_fencing_tokens`).
+    fencing: bool,
 }
 
 impl std::fmt::Debug for RedisFactory {
@@ -69,6 +72,7 @@ impl std::fmt::Debug for RedisFactory {
         f.debug_struct("RedisFactory")
             .field("name", &self.name)
             .field("prefix", &self.prefix)
+            .field("fencing", &self.fencing)
             .finish()
     }
 }
@@ -94,7 +98,27 @@ impl RedisFactory {
 
     /// The configuration replicas use.
     pub fn config(&self) -> Result<RedisBuilder, BoxError> {
-        Ok(config_for(&self.url)?.with_key_prefix(&self.prefix))
+        Ok(config_for(&self.url)?
+            .with_key_prefix(&self.prefix)
+            .with_fencing_tokens(self.fencing))
+    }
+
+    /// The same server with fencing tokens off, as `<name>_nofence`, its keys
+    /// under a prefix of their own. It borrows the server: keep `self` alive
+    /// while it is used. Cases that stop or cut off the server do not run on
+    /// it (they test the connection, which is the same).
+    pub fn without_fencing(&self) -> Self {
+        Self {
+            name: if self.name == "redis" {
+                "redis_nofence"
+            } else {
+                "redis_env_nofence"
+            },
+            url: self.url.clone(),
+            prefix: format!("{}nofence:", self.prefix),
+            server: Server::External,
+            fencing: false,
+        }
     }
 
     /// A backend of the test profile on `url`.
@@ -121,7 +145,8 @@ impl BackendFactory for RedisFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        RedisBuilder::new().build().map_or_else(
+        let config = RedisBuilder::new().with_fencing_tokens(self.fencing);
+        config.build().map_or_else(
             |_| Capabilities::new(lock_core::backend::Expiry::Ttl),
             |b| b.capabilities(),
         )
@@ -160,6 +185,7 @@ impl BackendFactory for RedisFactory {
     ) -> Result<Option<Arc<dyn LockBackend>>, BoxError> {
         let backend = config_for(&format!("redis://{addr}"))?
             .with_key_prefix(&self.prefix)
+            .with_fencing_tokens(self.fencing)
             .connect()
             .await?;
         Ok(Some(Arc::new(backend)))
@@ -178,6 +204,26 @@ impl BackendFactory for RedisFactory {
         Some(Arc::new(backend))
     }
 }
+
+/// The cases `redis_nofence::` runs: those whose outcome depends on how a
+/// lock is taken, which is all fencing tokens change.
+const UNFENCED_CASES: &[&str] = &[
+    "mutual_exclusion",
+    "theft_is_detected",
+    "expiry_is_detected",
+    "stale_holder_cannot_touch_successor",
+    "release_after_loss_reports_lost",
+    "released_lease_ends_every_clone",
+    "fencing_tokens_increase",
+    "fencing_declared_matches_tokens",
+    "blocking_acquire_times_out",
+    "blocking_acquire_wakes_on_release",
+    "cancelled_acquire_leaves_nothing",
+    "bad_input_is_rejected",
+    "extreme_durations_never_panic_or_leak",
+    "scheduler_per_tick_exactly_once",
+    "scheduler_leader_exactly_once",
+];
 
 /// The Redis servers of one test run, and what the suite needs from them.
 #[derive(Debug, Default)]
@@ -206,6 +252,9 @@ impl RedisRun {
                     Availability::Ready(factory.clone() as Arc<dyn BackendFactory>),
                 );
                 specific::register(suite, &factory);
+                let unfenced = Arc::new(factory.without_fencing());
+                run.factories.push(Arc::clone(&unfenced));
+                suite.add_named(unfenced, UNFENCED_CASES);
             }
             Err(why) => suite.add_server_backend("redis", Availability::Missing(why.to_string())),
         }
@@ -353,6 +402,7 @@ fn from_env(prefix: &str) -> Option<RedisFactory> {
         url,
         prefix: prefix.to_owned(),
         server: Server::External,
+        fencing: true,
     })
 }
 
@@ -372,6 +422,7 @@ fn private(prefix: &str) -> Result<RedisFactory, BoxError> {
         url: format!("redis://127.0.0.1:{port}"),
         prefix: prefix.to_owned(),
         server,
+        fencing: true,
     })
 }
 

@@ -16,7 +16,7 @@ use prometheus::Registry;
 use redis::aio::MultiplexedConnection;
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{access, faults, RedisFactory, TTL};
+use super::{access, faults, resent, RedisFactory, TTL};
 use crate::{BoxError, Suite};
 
 /// Slack on upper time bounds, as in the conformance profile.
@@ -34,7 +34,11 @@ macro_rules! body {
 /// Adds every Redis-specific trial, run against `factory`'s private server
 /// (or servers of their own, for the tests that pause or restart one).
 pub(super) fn register(suite: &mut Suite, factory: &Arc<RedisFactory>) {
-    let tests: [(&str, Body); 11] = [
+    let tests: [(&str, Body); 12] = [
+        (
+            "resent_acquire_is_granted_again",
+            body!(resent::resent_acquire_is_granted_again),
+        ),
         ("theft_by_plain_set", body!(theft_by_plain_set)),
         (
             "expiry_by_del_and_pexpire",

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use conformance_tests::backends::redis::RedisFactory;
 use conformance_tests::{BackendFactory, BoxError};
 use lock_core::{LockBackend, LockName, OwnerToken};
 
@@ -27,8 +28,14 @@ pub(crate) trait Floor: Send + Sync {
 pub(crate) enum FloorSource {
     /// No separate client (memory): the backend's single attempts.
     Trait,
-    /// `redis` crate on this URL, keys under this prefix.
-    Redis { url: String, prefix: String },
+    /// `redis` crate on this URL, keys under this prefix; `unfenced` is the
+    /// library on the same server without fencing tokens, which is what
+    /// the peer (rslock, which has none) is compared with.
+    Redis {
+        url: String,
+        prefix: String,
+        unfenced: Arc<RedisFactory>,
+    },
     /// `tokio-postgres` on this URL.
     Postgres { url: String },
     /// `etcd-client` on these endpoints.
@@ -63,7 +70,7 @@ pub(crate) fn peer_for(
     source: &FloorSource,
 ) -> Option<Arc<dyn Floor>> {
     match source {
-        FloorSource::Redis { url, prefix } => Some(Arc::new(rslock::RslockPeer::new(
+        FloorSource::Redis { url, prefix, .. } => Some(Arc::new(rslock::RslockPeer::new(
             url,
             prefix,
             factory.timing().ttl,
@@ -104,7 +111,7 @@ pub(crate) async fn floor_for(
             backend: factory.replica().await?,
             ttl,
         }),
-        FloorSource::Redis { url, prefix } => {
+        FloorSource::Redis { url, prefix, .. } => {
             Arc::new(redis::RedisFloor::connect(url, prefix, ttl).await?)
         }
         FloorSource::Postgres { url } => Arc::new(postgres::PgFloor::connect(url).await?),

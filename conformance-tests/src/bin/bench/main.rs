@@ -103,6 +103,7 @@ fn targets(run_id: &str, only: Option<&str>) -> Vec<Target> {
                 let source = FloorSource::Redis {
                     url: f.url().to_owned(),
                     prefix: f.prefix().to_owned(),
+                    unfenced: Arc::new(f.without_fencing()),
                 };
                 Availability::Ready((f as Arc<dyn BackendFactory>, source))
             }
@@ -159,11 +160,25 @@ async fn bench_backend(
             measures::uncontended(&ctx, &floor, "floor", concurrency, mode).await?,
         ));
     }
-    if let Some(peer) = floors::peer_for(&factory, &source) {
+    if let FloorSource::Redis { unfenced, .. } = &source {
+        // Like for like with rslock, which draws no fencing token; the
+        // fenced rows above pay for the counter.
+        let unfenced = Ctx::new(
+            Arc::clone(unfenced) as Arc<dyn BackendFactory>,
+            run_id,
+            "bench",
+        );
         for concurrency in [1, 16] {
             rows.push(done(
-                measures::uncontended(&ctx, &peer, "rslock", concurrency, mode).await?,
+                measures::uncontended(&unfenced, &floor, "floor", concurrency, mode).await?,
             ));
+        }
+        if let Some(peer) = floors::peer_for(&factory, &source) {
+            for concurrency in [1, 16] {
+                rows.push(done(
+                    measures::uncontended(&unfenced, &peer, "rslock", concurrency, mode).await?,
+                ));
+            }
         }
     }
     if acquire_only {

@@ -1,0 +1,97 @@
+//! Acquiring without a fencing token (`with_fencing_tokens(false)`): one
+//! `SET key token NX PX ttl GET`, the cheapest compare-and-set Redis has.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lock_core::backend::{AcquireAttempt, Lease};
+use lock_core::{BackendError, LockName, OwnerToken};
+use redis::RedisError;
+
+use crate::backend::Shared;
+use crate::error::protocol;
+use crate::scripts::ACQUIRE_UNFENCED;
+
+/// Whether the server refused `SET NX GET` once (before Redis 7.0), so that
+/// acquires go straight to the script.
+#[derive(Debug, Default)]
+pub(crate) struct SetGetRefused(AtomicBool);
+
+/// Takes `name` for `ms` milliseconds unless another owner holds it.
+///
+/// A key that already holds `owner` is this very attempt re-sent after a
+/// lost reply (owner tokens are never reused), so it counts as acquired: the
+/// server's TTL then runs from the first write, which came after this call
+/// started, as the lease's local deadline assumes.
+///
+/// # Cancel safety
+///
+/// Not cancel safe: the lock may have been taken with nobody to release it
+/// before its TTL ends, as with every acquire.
+pub(crate) async fn acquire(
+    shared: &Shared,
+    refused: &SetGetRefused,
+    name: &LockName,
+    owner: &OwnerToken,
+    ms: u64,
+) -> Result<AcquireAttempt, BackendError> {
+    let (key, token) = (shared.keys.lock(name), owner.to_hex());
+    let conn = &shared.conn;
+    let skip_set_get = refused.0.load(Ordering::Relaxed);
+    let got: i64 = conn
+        .run("acquire", |mut c| async move {
+            if !skip_set_get {
+                let previous: Result<Option<String>, RedisError> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ms)
+                    .arg("GET")
+                    .query_async(&mut c)
+                    .await;
+                match previous {
+                    Ok(None) => return Ok(1),
+                    Ok(Some(v)) => return Ok(i64::from(v == token)),
+                    Err(e) if is_syntax_error(&e) => refused.0.store(true, Ordering::Relaxed),
+                    Err(e) => return Err(e),
+                }
+            }
+            ACQUIRE_UNFENCED
+                .run(&mut c, &[key], &[token, ms.to_string()])
+                .await
+        })
+        .await?;
+    match got {
+        0 => Ok(AcquireAttempt::HeldElsewhere),
+        1 => Ok(AcquireAttempt::Acquired(Lease::new(None))),
+        other => Err(protocol("acquire", conn.target(), other)),
+    }
+}
+
+/// `ERR syntax error`: how servers before 7.0 answer `SET` with both `NX`
+/// and `GET`.
+fn is_syntax_error(e: &RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("syntax"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error a server sends as `reply` (a RESP error line).
+    fn server_error(reply: &str) -> RedisError {
+        match redis::parse_redis_value(reply.as_bytes()) {
+            Ok(redis::Value::ServerError(e)) => RedisError::from(e),
+            other => panic!("{reply:?} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_syntax_error_sends_acquires_to_the_script() {
+        assert!(is_syntax_error(&server_error("-ERR syntax error\r\n")));
+        assert!(!is_syntax_error(&server_error(
+            "-ERR max memory reached\r\n"
+        )));
+        assert!(!is_syntax_error(&server_error("-WRONGTYPE syntax\r\n")));
+    }
+}
