@@ -8,7 +8,8 @@ use crate::error::config;
 /// The port cluster nodes listen on unless the URL says otherwise.
 const DEFAULT_PORT: u16 = 6379;
 
-/// What a `redis+cluster://` URL holds.
+/// What a `redis+cluster://` URL holds (and a `redis+sentinel://` URL's
+/// sentinels and credentials).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClusterUrl {
     pub(crate) nodes: Vec<(String, u16)>,
@@ -48,14 +49,28 @@ pub(crate) fn parse_cluster(rest: &str, shown_url: &str) -> Result<ClusterUrl, B
             "a cluster has only database 0; expected nothing or /0 after the nodes",
         ));
     }
+    parse_authority(authority, DEFAULT_PORT, "node", &bad)
+}
+
+/// Parses `[user[:password]@]host1[:port1][,host2[:port2]...]`, the part of
+/// a Sentinel or Cluster URL before its path, each port `default_port`
+/// unless given. `what` names a host in messages; `bad` words the error.
+pub(crate) fn parse_authority(
+    authority: &str,
+    default_port: u16,
+    what: &str,
+    bad: &dyn Fn(&str) -> BackendError,
+) -> Result<ClusterUrl, BackendError> {
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
     let mut nodes = Vec::new();
     for host in hosts.split(',') {
-        nodes.push(parse_host(host).ok_or_else(|| {
-            bad("each node must be host or host:port (IPv6 in brackets), separated by commas")
+        nodes.push(parse_host(host, default_port).ok_or_else(|| {
+            bad(&format!(
+                "each {what} must be host or host:port (IPv6 in brackets), separated by commas"
+            ))
         })?);
     }
     // The redis client's own parser decodes the percent-encoded credentials,
@@ -80,7 +95,8 @@ pub(crate) fn parse_cluster(rest: &str, shown_url: &str) -> Result<ClusterUrl, B
     })
 }
 
-fn parse_host(host: &str) -> Option<(String, u16)> {
+/// `host`, `host:port`, `[v6]` or `[v6]:port`; `None` when malformed.
+fn parse_host(host: &str, default_port: u16) -> Option<(String, u16)> {
     let (name, port) = if let Some(v6) = host.strip_prefix('[') {
         let (name, after) = v6.split_once(']')?;
         let port = match after {
@@ -98,7 +114,7 @@ fn parse_host(host: &str) -> Option<(String, u16)> {
         return None;
     }
     let port = match port {
-        None => DEFAULT_PORT,
+        None => default_port,
         Some(p) => p.parse().ok().filter(|p| *p != 0)?,
     };
     Some((name.to_owned(), port))

@@ -10,6 +10,7 @@ use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 use tracing::debug;
 
 use crate::error::{config, from_redis, timed_out};
+use crate::nodes::parse_authority;
 
 /// The port sentinels listen on unless the URL says otherwise.
 const DEFAULT_SENTINEL_PORT: u16 = 26379;
@@ -24,18 +25,7 @@ pub(crate) struct SentinelSpec {
 impl SentinelSpec {
     /// `h1:p1,h2:p2/<master>`: the sentinels and the name, no credentials.
     pub(crate) fn shown(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|(h, p)| {
-                if h.contains(':') {
-                    format!("[{h}]:{p}")
-                } else {
-                    format!("{h}:{p}")
-                }
-            })
-            .collect();
-        format!("{}/{}", hosts.join(","), self.master)
+        format!("{}/{}", crate::nodes::shown(&self.nodes), self.master)
     }
 }
 
@@ -58,16 +48,7 @@ pub(crate) fn parse(rest: &str, shown: &str) -> Result<Parsed, BackendError> {
     let (authority, path) = rest
         .split_once('/')
         .ok_or_else(|| bad("expected /<master-name> after the sentinels"))?;
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    let mut nodes = Vec::new();
-    for host in hosts.split(',') {
-        nodes.push(parse_host(host).ok_or_else(|| {
-            bad("each sentinel must be host or host:port (IPv6 in brackets), separated by commas")
-        })?);
-    }
+    let parsed = parse_authority(authority, DEFAULT_SENTINEL_PORT, "sentinel", &bad)?;
     let mut segments = path.split('/');
     let master = segments.next().unwrap_or_default();
     if master.is_empty() {
@@ -84,54 +65,15 @@ pub(crate) fn parse(rest: &str, shown: &str) -> Result<Parsed, BackendError> {
     if segments.next().is_some() {
         return Err(bad("expected /<master-name>[/db] and nothing after"));
     }
-    // The redis client's own parser decodes the percent-encoded credentials,
-    // so they read exactly as in a redis:// URL.
-    let (username, password) = match userinfo {
-        None => (None, None),
-        Some(u) => {
-            let info = format!("redis://{u}@127.0.0.1/")
-                .into_connection_info()
-                .map_err(|_| bad("the user name or password does not parse"))?;
-            let s = info.redis_settings();
-            (
-                s.username().map(str::to_owned),
-                s.password().map(str::to_owned),
-            )
-        }
-    };
     Ok(Parsed {
         spec: SentinelSpec {
-            nodes,
+            nodes: parsed.nodes,
             master: master.to_owned(),
         },
-        username,
-        password,
+        username: parsed.username,
+        password: parsed.password,
         db,
     })
-}
-
-fn parse_host(host: &str) -> Option<(String, u16)> {
-    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
-        let (name, after) = v6.split_once(']')?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':')?),
-        };
-        (name, port)
-    } else {
-        match host.split_once(':') {
-            Some((name, port)) => (name, Some(port)),
-            None => (host, None),
-        }
-    };
-    if name.is_empty() || name.contains(['@', '/', '[', ']']) {
-        return None;
-    }
-    let port = match port {
-        None => DEFAULT_SENTINEL_PORT,
-        Some(p) => p.parse().ok().filter(|p| *p != 0)?,
-    };
-    Some((name.to_owned(), port))
 }
 
 /// Finds the current primary through the sentinels.
