@@ -403,17 +403,13 @@ impl PostgresBuilder {
         self
     }
 
-    /// Turns fencing tokens on (default) or off, for roles that cannot use a sequence.
-    pub fn with_fencing(mut self, on: bool) -> Self {
+    /// Turns fencing tokens on (default) or off: with `false`, acquires draw
+    /// no token and never touch the sequence (no `nextval`, no DDL), so an
+    /// acquire is the lock statement alone; for roles that cannot use a
+    /// sequence, or where nothing checks the tokens.
+    pub fn with_fencing_tokens(mut self, on: bool) -> Self {
         self.inner.fencing = on;
         self
-    }
-
-    /// As [`PostgresBuilder::with_fencing`]: with `false`, acquires draw no
-    /// token and never touch the sequence (no `nextval`, no DDL), so an
-    /// acquire is the lock statement alone.
-    pub fn with_fencing_tokens(self, on: bool) -> Self {
-        self.with_fencing(on)
     }
 
     /// How many lock sessions (server connections) the backend spreads its

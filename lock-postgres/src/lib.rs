@@ -159,7 +159,7 @@
 //!
 //! A role without `CREATE` on the schema gets an `Auth` error naming the
 //! statement; create the sequence once as its owner and grant `USAGE` on it,
-//! or turn fencing off ([`PostgresBuilder::with_fencing`]) for read-only roles.
+//! or turn fencing off ([`PostgresBuilder::with_fencing_tokens`]) for read-only roles.
 //!
 //! # Release notification
 //!

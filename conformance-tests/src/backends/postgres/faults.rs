@@ -176,7 +176,7 @@ pub(super) async fn transaction_pooler_is_refused(f: Arc<PostgresFactory>) -> Re
     // One lock session: the pinning below assumes one client connection.
     let config = f
         .builder_for(&via)?
-        .with_fencing(false)
+        .with_fencing_tokens(false)
         .with_lock_sessions(1)
         .config()?;
 

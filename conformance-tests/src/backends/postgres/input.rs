@@ -150,7 +150,7 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
         "password",
     )?;
     let right = format!("postgres://{ROLE_WITH_PASSWORD}:{PASSWORD}@127.0.0.1:{port}/postgres");
-    let config = f.builder_for(&right)?.with_fencing(false).config()?;
+    let config = f.builder_for(&right)?.with_fencing_tokens(false).config()?;
     if format!("{config:?}").contains(PASSWORD) {
         return Err("Debug shows the password".into());
     }
@@ -229,7 +229,7 @@ pub(super) async fn bad_input_gets_typed_errors(f: Arc<PostgresFactory>) -> Resu
     }
     let read_only = f
         .builder_for(&nocreate)?
-        .with_fencing(false)
+        .with_fencing_tokens(false)
         .connect()
         .await?;
     match read_only.try_acquire(&n, &token, TTL).await? {

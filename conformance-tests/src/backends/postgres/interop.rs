@@ -144,7 +144,7 @@ pub(super) async fn golden_keys_on_the_server(f: Arc<PostgresFactory>) -> Result
     let config = f
         .builder_for(&url)?
         .with_namespace("lock")
-        .with_fencing(false)
+        .with_fencing_tokens(false)
         .config()?;
     let backend = PostgresBackend::connect(config).await?;
     let n = LockName::new("job")?;
