@@ -72,6 +72,13 @@ pub trait BackendFactory: Send + Sync + 'static {
         None
     }
 
+    /// Whether [`BackendFactory::connect_url`] gives a URL, answered without
+    /// starting a server, so that registering the cases of a deployment
+    /// (a Sentinel set, a cluster) that a filtered run skips costs nothing.
+    fn has_connect_url(&self) -> bool {
+        self.connect_url().is_some()
+    }
+
     /// The private server process, when the suite started one (to pause,
     /// kill or restart it).
     fn server_process(&self) -> Option<&crate::harness::ServerProcess> {

@@ -126,7 +126,7 @@ impl Suite {
     ) {
         let caps = factory.capabilities();
         let timing = factory.timing();
-        let has_url = factory.connect_url().is_some();
+        let has_url = factory.has_connect_url();
         for case in chosen {
             let name = format!("{}::{}", factory.name(), case.name);
             let met = case.requires.met_by(&caps, timing.paused_clock, has_url);

@@ -59,6 +59,10 @@ impl BackendFactory for EtcdClusterFactory {
         Some(self.cluster().ok()?.url())
     }
 
+    fn has_connect_url(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "etcd_cluster"
     }

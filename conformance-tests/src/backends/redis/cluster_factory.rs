@@ -85,6 +85,10 @@ impl BackendFactory for ClusterFactory {
         Some(self.set().ok()?.url())
     }
 
+    fn has_connect_url(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "redis_cluster"
     }

@@ -97,6 +97,10 @@ impl BackendFactory for SentinelFactory {
         Some(self.set().ok()?.url())
     }
 
+    fn has_connect_url(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "redis_sentinel"
     }
