@@ -67,8 +67,12 @@ pub(super) async fn extreme_durations_never_panic_or_leak(ctx: Ctx) {
         assert!(waiting.is_err(), "a held lock was granted: {waiting:?}");
         g.release().await.expect("release");
 
-        // A retained hold that long is refused, and the lock released.
-        let g = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
+        // A retained hold that long is refused, and the lock released. The
+        // waiter cancelled above may have had an attempt in flight that took
+        // the lock after the release (Postgres runs a statement whose caller
+        // went away); its cleanup gives it back in the background, so wait.
+        let free = ctx.opts().with_acquire_timeout(bound);
+        let g = a.locker.lock(&name, &free).await.expect("free");
         let r = g.retain_for(huge).await;
         assert!(matches!(r, Err(Error::Config(_))), "retain {huge:?}: {r:?}");
         // A refused `retain_for` has released the lock by the time it returns.
