@@ -352,7 +352,7 @@ impl Locker {
         let mut last_outage: Option<BackendError> = None;
         loop {
             if let (Some(b), true, None) = (&self.inner.backend, notify, &signal) {
-                signal = b.subscribe_release(name).await.ok().flatten();
+                signal = (**b).subscribe_release(name).await.ok().flatten();
             }
             let local_freed = self.inner.claims.freed();
             tokio::pin!(local_freed);
@@ -507,7 +507,10 @@ impl Locker {
         let _expected = self.inner.registry.as_ref().map(|r| r.expect(owner));
         let mut cleanup = ReleaseOnDrop::arm(backend, name, owner, &self.inner.background);
         let sent_at = Instant::now();
-        let attempt = backend.try_acquire(name, &owner, opts.ttl()).await;
+        // Called on the trait object itself (here and at every backend call):
+        // method lookup on the `Arc` would pick the forwarding impl for
+        // `Arc<T>`, which boxes a second future around the backend's own.
+        let attempt = (**backend).try_acquire(name, &owner, opts.ttl()).await;
         let lease = match attempt {
             Ok(AcquireAttempt::Acquired(lease)) => lease,
             Ok(_) => {
@@ -685,7 +688,7 @@ impl Drop for ReleaseOnDrop<'_> {
             let (backend, name) = (Arc::clone(backend), name.clone());
             background.spawn_on(
                 async move {
-                    let _ = backend.release(&name, &owner).await;
+                    let _ = (*backend).release(&name, &owner).await;
                 },
                 &rt,
             );

@@ -460,7 +460,7 @@ impl Heartbeat {
                 let backend = Arc::clone(&self.backend);
                 self.in_flight.spawn(async move {
                     let sent_at = Instant::now();
-                    let r = backend
+                    let r = (*backend)
                         .renew(&lease.name, &lease.owner, lease.ttl)
                         .await
                         .map_err(|e| (e.kind(), e.to_string()));
@@ -566,7 +566,7 @@ pub(crate) fn release_in_background(
 ) {
     let backend = Arc::clone(backend);
     background.spawn(async move {
-        if let Err(e) = backend.release(&lease.name, &lease.owner).await {
+        if let Err(e) = (*backend).release(&lease.name, &lease.owner).await {
             warn!(lock = %lease.name, error = %e, "background release failed; the lease ends at its TTL");
         }
     });
@@ -585,7 +585,7 @@ async fn renew_batch(
         })
         .collect();
     let sent_at = Instant::now();
-    let answer = backend.renew_many(&requests).await;
+    let answer = (*backend).renew_many(&requests).await;
     leases.iter().for_each(|l| l.end_renewal());
     let statuses: Vec<Result<LeaseStatus, (BackendErrorKind, String)>> = match answer {
         Ok(statuses) if statuses.len() == leases.len() => statuses.into_iter().map(Ok).collect(),

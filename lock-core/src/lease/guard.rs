@@ -110,7 +110,7 @@ impl LockGuard {
         let outcome = match (&state.backend, state.check_valid(sent_at)) {
             (None, _) => state.finish(sent_at).map_err(|r| state.lost_error(r)),
             (Some(_), Err(reason)) => Err(state.lost_error(reason)),
-            (Some(backend), Ok(())) => match backend.renew(&state.name, &state.owner, hold).await {
+            (Some(backend), Ok(())) => match (**backend).renew(&state.name, &state.owner, hold).await {
                 Ok(LeaseStatus::Held) => {
                     let keep = hold.saturating_sub(drift_for(hold));
                     let until = deadline_after(sent_at, keep).unwrap_or(sent_at);
@@ -158,11 +158,11 @@ impl LockGuard {
             (Some(backend), Err(reason)) => {
                 if reason != LossReason::Stolen {
                     // Best effort: the key may outlive our local deadline.
-                    let _ = backend.release(&state.name, &state.owner).await;
+                    let _ = (**backend).release(&state.name, &state.owner).await;
                 }
                 Err(state.lost_error(reason))
             }
-            (Some(backend), Ok(())) => match backend.release(&state.name, &state.owner).await {
+            (Some(backend), Ok(())) => match (**backend).release(&state.name, &state.owner).await {
                 Ok(ReleaseOutcome::Released) => Ok(()),
                 Ok(ReleaseOutcome::NotHeld) => {
                     // The server had forgotten the lease while it was valid
@@ -202,7 +202,7 @@ fn spawn_retention_end(state: Arc<LeaseState>, until: Instant) {
             return;
         };
         if backend.capabilities().expiry == Expiry::Session {
-            if let Err(e) = backend.release(&state.name, &state.owner).await {
+            if let Err(e) = (**backend).release(&state.name, &state.owner).await {
                 warn!(lock = %state.name, error = %e, "releasing a retained lock failed; it ends with its session");
             }
         }
