@@ -29,8 +29,8 @@ use schedule::Schedule;
 const MAX_BATCH: usize = 1000;
 
 enum Command {
-    /// Renew and watch a lease, first due at the instant given.
-    Track(Arc<LeaseState>, Instant),
+    /// Renew and watch a lease.
+    Track(Arc<LeaseState>),
     Forget {
         id: u64,
         release: Option<Arc<LeaseState>>,
@@ -51,11 +51,23 @@ pub(crate) struct HeartbeatHandle {
 /// Queued commands, drained by the task before every sweep.
 const MAX_QUEUED: usize = 1024;
 
+/// How far back from the end of the queue a release looks for its lease's
+/// own `Track` command. A short hold finds it among the last few (one per
+/// hold taken since); a longer search would make releasing many leases in
+/// the order they were taken quadratic.
+const WITHDRAW_SEARCH: usize = 64;
+
 struct Shared {
     pending: Mutex<Vec<Command>>,
     /// When the task will next wake by itself, in nanoseconds after
     /// `epoch`; 0 while it is awake (it drains the queue before sleeping).
     wake_at: AtomicU64,
+    /// The shortest time from a grant to its first attention of any lease
+    /// tracked so far, in nanoseconds (`u64::MAX`: none yet): how long the
+    /// task sleeps when it holds nothing ([`Heartbeat::idle_wake`]). Kept
+    /// here, not learnt by the task from the queue, because most short holds
+    /// leave the queue before the task ever sees them.
+    idle_span: AtomicU64,
     epoch: Instant,
 }
 
@@ -86,6 +98,43 @@ impl Shared {
         pending.push(cmd);
         pending.len()
     }
+
+    /// Takes lease `id`'s `Track` command back out of the queue, if the task
+    /// has not drained it yet; returns whether it did. A lease withdrawn so
+    /// is never entered into the task's table, so it needs no `Forget`.
+    fn withdraw(pending: &mut Vec<Command>, id: u64) -> bool {
+        let from = pending.len().saturating_sub(WITHDRAW_SEARCH);
+        let found = pending[from..]
+            .iter()
+            .rposition(|c| matches!(c, Command::Track(lease) if lease.id == id));
+        match found {
+            Some(i) => {
+                // Commands for different leases commute: order is kept only
+                // between one lease's Track and Forget, and this lease has
+                // no other command.
+                pending.swap_remove(from + i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Shortens the idle sleep to `span` if it is the shortest seen.
+    fn learn_span(&self, span: Duration) {
+        let nanos = u64::try_from(span.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1_000_000);
+        if nanos < self.idle_span.load(Ordering::Relaxed) {
+            self.idle_span.fetch_min(nanos, Ordering::Relaxed);
+        }
+    }
+
+    fn idle_span(&self) -> Option<Duration> {
+        match self.idle_span.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
 }
 
 impl HeartbeatHandle {
@@ -96,6 +145,7 @@ impl HeartbeatHandle {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Vec::new()),
             wake_at: AtomicU64::new(0),
+            idle_span: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
         });
         let task = Heartbeat::new(backend, batch, Arc::clone(&shared), background.clone());
@@ -114,7 +164,9 @@ impl HeartbeatHandle {
     /// Starts renewing and watching `lease`. Returns false if the task is gone.
     pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
         let due = lease.first_attention();
-        let queued = self.shared.push(Command::Track(lease, due));
+        self.shared
+            .learn_span(due.saturating_duration_since(lease.acquired_at));
+        let queued = self.shared.push(Command::Track(lease));
         // Read after the push: either the task saw the command before it
         // went to sleep, or this reads the wake it went to sleep with.
         let wake_at = self.shared.wake_at.load(Ordering::SeqCst);
@@ -125,9 +177,18 @@ impl HeartbeatHandle {
     }
 
     /// Stops renewing lease `id`; the caller releases it. The task learns
-    /// it before its next sweep, so the lease is never renewed again.
+    /// it before its next sweep, so the lease is never renewed again. A lease
+    /// the task has not seen yet (a short hold) is taken back out of the
+    /// queue instead, which costs the task nothing.
     pub(crate) fn forget(&self, id: u64) {
-        if self.shared.push(Command::Forget { id, release: None }) >= MAX_QUEUED {
+        let mut pending = self.shared.pending();
+        if Shared::withdraw(&mut pending, id) {
+            return;
+        }
+        pending.push(Command::Forget { id, release: None });
+        let queued = pending.len();
+        drop(pending);
+        if queued >= MAX_QUEUED {
             self.wake();
         }
     }
@@ -136,10 +197,15 @@ impl HeartbeatHandle {
     /// so it is safe from `Drop`, even outside a runtime.
     pub(crate) fn forget_and_release(&self, lease: Arc<LeaseState>) {
         let id = lease.id;
-        self.shared.push(Command::Forget {
+        let mut pending = self.shared.pending();
+        // The release still goes through the task (there may be no runtime
+        // here to spawn it on); only the table insert and removal are saved.
+        let _ = Shared::withdraw(&mut pending, id);
+        pending.push(Command::Forget {
             id,
             release: Some(lease),
         });
+        drop(pending);
         self.wake();
     }
 }
@@ -183,9 +249,6 @@ struct Heartbeat {
     /// The largest batching slack of any lease tracked so far: a sweep looks
     /// at leases due up to this far ahead.
     max_slack: Duration,
-    /// The shortest time from a grant to its first attention seen so far:
-    /// how long the task sleeps when it holds nothing ([`Heartbeat::idle_wake`]).
-    idle_span: Option<Duration>,
     /// Timer wake-ups in a row that found nothing held and nothing queued;
     /// each one doubles the idle sleep.
     idle_rounds: u32,
@@ -211,7 +274,6 @@ impl Heartbeat {
             schedule: Schedule::default(),
             next_generation: 1,
             max_slack: Duration::ZERO,
-            idle_span: None,
             idle_rounds: 0,
             spare: Vec::new(),
             tracked: Vec::new(),
@@ -238,7 +300,7 @@ impl Heartbeat {
         let any = !commands.is_empty();
         let mut tracked = std::mem::take(&mut self.tracked);
         for command in commands.drain(..) {
-            if let Command::Track(lease, _) = &command {
+            if let Command::Track(lease) = &command {
                 tracked.push(lease.id);
             }
             self.apply_command(command);
@@ -266,7 +328,7 @@ impl Heartbeat {
     /// wake a thousand times a second for the rest of its life.
     fn idle_wake(&self) -> Instant {
         let now = Instant::now();
-        now.checked_add(idle_sleep(self.idle_span, self.idle_rounds))
+        now.checked_add(idle_sleep(self.shared.idle_span(), self.idle_rounds))
             .unwrap_or(now)
     }
 
@@ -299,6 +361,11 @@ impl Heartbeat {
                 biased;
                 woken = rx.recv() => {
                     self.shared.wake_at.store(0, Ordering::SeqCst);
+                    // A lease needed attention before this sleep would have
+                    // ended: holds are being taken, so the idle sleep starts
+                    // over from the shortest span (the lease that woke us
+                    // may have been released before this drain sees it).
+                    self.idle_rounds = 0;
                     while rx.try_recv().is_ok() {}
                     // Tracking or forgetting a lease makes nothing due now;
                     // skipping the sweep keeps bulk acquires linear.
@@ -339,17 +406,13 @@ impl Heartbeat {
 
     fn apply_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Track(lease, due) => {
+            Command::Track(lease) => {
                 let next_renew = lease
                     .renew_due_after(lease.acquired_at)
                     .unwrap_or(lease.acquired_at);
                 if self.batch {
                     self.max_slack = self.max_slack.max(lease.interval / 8);
                 }
-                let span = due
-                    .saturating_duration_since(lease.acquired_at)
-                    .max(Duration::from_millis(1));
-                self.idle_span = Some(self.idle_span.map_or(span, |s| s.min(span)));
                 self.entries.insert(
                     lease.id,
                     Entry {
@@ -607,20 +670,4 @@ async fn renew_batch(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idle_sleep_starts_at_the_span_and_doubles_up_to_an_hour() {
-        let ms = Duration::from_millis;
-        assert_eq!(idle_sleep(None, 0), MAX_IDLE_SLEEP);
-        assert_eq!(idle_sleep(Some(ms(1)), 0), ms(1));
-        assert_eq!(idle_sleep(Some(ms(1)), 3), ms(8));
-        // 2^22 ms is past an hour: from there on it sleeps an hour.
-        assert_eq!(idle_sleep(Some(ms(1)), 22), MAX_IDLE_SLEEP);
-        assert_eq!(idle_sleep(Some(ms(1)), u32::MAX), MAX_IDLE_SLEEP);
-        let day = Duration::from_secs(86_400);
-        assert_eq!(idle_sleep(Some(day), 0), day, "a longer span is kept");
-        assert_eq!(idle_sleep(Some(Duration::MAX), 5), Duration::MAX);
-    }
-}
+mod tests;

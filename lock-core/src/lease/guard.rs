@@ -110,27 +110,29 @@ impl LockGuard {
         let outcome = match (&state.backend, state.check_valid(sent_at)) {
             (None, _) => state.finish(sent_at).map_err(|r| state.lost_error(r)),
             (Some(_), Err(reason)) => Err(state.lost_error(reason)),
-            (Some(backend), Ok(())) => match (**backend).renew(&state.name, &state.owner, hold).await {
-                Ok(LeaseStatus::Held) => {
-                    let keep = hold.saturating_sub(drift_for(hold));
-                    let until = deadline_after(sent_at, keep).unwrap_or(sent_at);
-                    if state.retain_until(until) {
-                        spawn_retention_end(Arc::clone(&state), until);
-                        Ok(())
-                    } else {
-                        // A loss arrived while the hold was being set.
-                        let reason = state.loss_reason().unwrap_or(LossReason::Expired);
-                        Err(state.lost_error(reason))
+            (Some(backend), Ok(())) => {
+                match (**backend).renew(&state.name, &state.owner, hold).await {
+                    Ok(LeaseStatus::Held) => {
+                        let keep = hold.saturating_sub(drift_for(hold));
+                        let until = deadline_after(sent_at, keep).unwrap_or(sent_at);
+                        if state.retain_until(until) {
+                            spawn_retention_end(Arc::clone(&state), until);
+                            Ok(())
+                        } else {
+                            // A loss arrived while the hold was being set.
+                            let reason = state.loss_reason().unwrap_or(LossReason::Expired);
+                            Err(state.lost_error(reason))
+                        }
+                    }
+                    Ok(status) => Err(self.handle.lose_on(status)),
+                    Err(e) => {
+                        // The lock lives on the server until its TTL; this
+                        // holder is done with it either way.
+                        let _ = state.finish(Instant::now());
+                        Err(Error::Backend(e))
                     }
                 }
-                Ok(status) => Err(self.handle.lose_on(status)),
-                Err(e) => {
-                    // The lock lives on the server until its TTL; this
-                    // holder is done with it either way.
-                    let _ = state.finish(Instant::now());
-                    Err(Error::Backend(e))
-                }
-            },
+            }
         };
         state.end_hold();
         self.finished = true;

@@ -125,7 +125,10 @@ impl LeaseHandle {
         let Some(backend) = &self.state.backend else {
             return Ok(());
         };
-        match (**backend).check(&self.state.name, &self.state.owner).await? {
+        match (**backend)
+            .check(&self.state.name, &self.state.owner)
+            .await?
+        {
             LeaseStatus::Held => self.assert_held(),
             status => Err(self.lose_on(status)),
         }
