@@ -350,6 +350,9 @@ impl Locker {
         // long wait costs one subscription, not one per attempt.
         let mut signal: Option<crate::ReleaseSignal> = None;
         let mut last_outage: Option<BackendError> = None;
+        // Counted as a local waiter for the whole wait: releases wake local
+        // waiters only while someone is counted.
+        let _waiting = self.inner.claims.waiting();
         loop {
             if let (Some(b), true, None) = (&self.inner.backend, notify, &signal) {
                 signal = (**b).subscribe_release(name).await.ok().flatten();
