@@ -538,7 +538,7 @@ impl Locker {
                 });
             }
         };
-        let usable_until = deadline_after(sent_at, opts.ttl().saturating_sub(opts.drift()));
+        let usable_until = deadline_after(sent_at, opts.timing().validity);
         if usable_until.is_none_or(|until| Instant::now() >= until) {
             // The grant arrived after its own validity ran out (X5): unusable.
             metrics.acquisition(AcquireOutcome::Unavailable);
@@ -559,6 +559,7 @@ impl Locker {
             fencing: lease.fencing_token,
             options: opts,
             sent_at,
+            valid_until: usable_until,
             backend: Some(Arc::clone(backend)),
             metrics,
             registry: self.inner.registry.clone(),
@@ -611,6 +612,7 @@ impl Locker {
             fencing: None,
             options: opts,
             sent_at: Instant::now(),
+            valid_until: None,
             backend: None,
             metrics,
             registry: None,

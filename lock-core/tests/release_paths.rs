@@ -307,3 +307,43 @@ async fn leases_released_in_the_order_taken_are_never_renewed() {
     .await
     .expect("the test ran past its bound");
 }
+
+/// The sum of `distributed_lock_held_seconds` over every label.
+fn held_seconds(registry: &Registry) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "distributed_lock_held_seconds")
+        .flat_map(|f| f.get_metric())
+        .map(|m| m.get_histogram().get_sample_sum())
+        .sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_held_time_runs_from_the_grant_to_the_release() {
+    timeout(BOUND, async {
+        let registry = Registry::new();
+        let locker = Locker::builder()
+            .with_backend(Counting::default())
+            .with_registry(&registry)
+            .build()
+            .expect("a fresh registry takes the metrics");
+        let released = locker
+            .try_lock(&name("held/released"), &opts())
+            .await
+            .expect("uncontended");
+        sleep(Duration::from_millis(2_500)).await;
+        released.release().await.expect("held");
+        assert_eq!(held_seconds(&registry), 2.5);
+
+        let dropped = locker
+            .try_lock(&name("held/dropped"), &opts())
+            .await
+            .expect("uncontended");
+        sleep(Duration::from_millis(1_250)).await;
+        drop(dropped);
+        assert_eq!(held_seconds(&registry), 3.75);
+    })
+    .await
+    .expect("the test ran past its bound");
+}

@@ -164,8 +164,7 @@ impl HeartbeatHandle {
     /// Starts renewing and watching `lease`. Returns false if the task is gone.
     pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
         let due = lease.first_attention();
-        self.shared
-            .learn_span(due.saturating_duration_since(lease.acquired_at));
+        self.shared.learn_span(lease.attention_span);
         let queued = self.shared.push(Command::Track(lease));
         // Read after the push: either the task saw the command before it
         // went to sleep, or this reads the wake it went to sleep with.

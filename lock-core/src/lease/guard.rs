@@ -134,7 +134,7 @@ impl LockGuard {
                 }
             }
         };
-        state.end_hold();
+        state.end_hold(Instant::now());
         self.finished = true;
         outcome
     }
@@ -155,7 +155,8 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.stop_renewing();
         let state = Arc::clone(&self.handle.state);
-        let outcome = match (&state.backend, state.finish(Instant::now())) {
+        let now = Instant::now();
+        let outcome = match (&state.backend, state.finish(now)) {
             (None, done) => done.map_err(|r| state.lost_error(r)),
             (Some(backend), Err(reason)) => {
                 if reason != LossReason::Stolen {
@@ -176,7 +177,7 @@ impl LockGuard {
                 Err(e) => Err(Error::Backend(e)),
             },
         };
-        state.end_hold();
+        state.end_hold(now);
         self.finished = true;
         debug!(lock = %state.name, ok = outcome.is_ok(), "lock released");
         outcome
@@ -219,8 +220,9 @@ impl Drop for LockGuard {
         let state = &self.handle.state;
         // Every handle learns now that the lease is over; a deadline that had
         // already passed is counted as the loss it was.
-        let _ = state.finish(Instant::now());
-        state.end_hold();
+        let now = Instant::now();
+        let _ = state.finish(now);
+        state.end_hold(now);
         if let Some(hb) = &self.heartbeat {
             hb.forget_and_release(Arc::clone(state));
         }
