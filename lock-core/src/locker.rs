@@ -496,12 +496,16 @@ impl Locker {
         if self.inner.background.is_closing() {
             return Err(Error::ShutDown { name: name.clone() });
         }
-        let metrics = self.inner.metrics.label(label_of(name, opts));
         let Some(claim) = self.inner.claims.claim(name) else {
+            let metrics = self.inner.metrics.label(label_of(name, opts));
             if count == CountDenials::Yes {
                 metrics.acquisition(AcquireOutcome::HeldLocally);
             }
             return Err(Error::HeldLocally { name: name.clone() });
+        };
+        let metrics = match opts.metric_label() {
+            Some(label) => self.inner.metrics.label(label),
+            None => claim.name_label(|| self.inner.metrics.label(name.as_str())),
         };
         let Some(backend) = self.inner.backend.as_ref() else {
             return self.unlocked_guard(name, opts, metrics, claim);

@@ -86,3 +86,52 @@ async fn a_waiter_that_gave_up_leaves_later_waits_working() {
     .await
     .expect("the test ran past its bound");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_local_holder_at_a_time_across_threads() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    timeout(BOUND, async {
+        let locker = unlocked();
+        let inside = Arc::new(AtomicUsize::new(0));
+        let granted = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let (locker, inside, granted) = (locker.clone(), inside.clone(), granted.clone());
+                tokio::spawn(async move {
+                    let opts = LockOptions::new(Duration::from_secs(30));
+                    for i in 0..2_000 {
+                        // Two shared names and one of the task's own, so slots
+                        // are reused, contended and swept all at once.
+                        let text = match i % 3 {
+                            0 => "local/shared-a".to_owned(),
+                            1 => "local/shared-b".to_owned(),
+                            _ => format!("local/own-{t}-{i}"),
+                        };
+                        let name = LockName::new(&text).expect("a valid name");
+                        let Ok(guard) = locker.try_lock(&name, &opts).await else {
+                            continue;
+                        };
+                        if i % 3 == 0 {
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                            tokio::task::yield_now().await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        granted.fetch_add(1, Ordering::SeqCst);
+                        guard.release().await.expect("held");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("no holder saw another");
+        }
+        assert!(
+            granted.load(Ordering::SeqCst) >= 8 * 666,
+            "every own name was granted"
+        );
+    })
+    .await
+    .expect("the test ran past its bound");
+}
