@@ -347,3 +347,36 @@ async fn the_held_time_runs_from_the_grant_to_the_release() {
     .await
     .expect("the test ran past its bound");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_due_before_the_heartbeat_would_wake_wakes_it() {
+    timeout(BOUND, async {
+        let backend = Counting::default();
+        let locker = locker(&backend);
+        // The heartbeat settles into sleeping until this lease's first
+        // renewal, ten seconds out.
+        let long = locker
+            .try_lock(
+                &name("wake/long"),
+                &LockOptions::new(Duration::from_secs(30)),
+            )
+            .await
+            .expect("uncontended");
+        sleep(Duration::from_secs(1)).await;
+        // Due every 100 ms: only a wake-up by the tracking call renews it.
+        let short = locker
+            .try_lock(
+                &name("wake/short"),
+                &LockOptions::new(Duration::from_millis(300)),
+            )
+            .await
+            .expect("uncontended");
+        sleep(Duration::from_secs(1)).await;
+        assert!(short.is_held(), "the short lease ran out unrenewed");
+        assert!(backend.renewals() >= 9, "{} renewals", backend.renewals());
+        short.release().await.expect("held");
+        long.release().await.expect("held");
+    })
+    .await
+    .expect("the test ran past its bound");
+}

@@ -58,45 +58,44 @@ const MAX_QUEUED: usize = 1024;
 const WITHDRAW_SEARCH: usize = 64;
 
 struct Shared {
-    pending: Mutex<Vec<Command>>,
-    /// When the task will next wake by itself, in nanoseconds after
-    /// `epoch`; 0 while it is awake (it drains the queue before sleeping).
-    wake_at: AtomicU64,
+    pending: Mutex<Queue>,
     /// The shortest time from a grant to its first attention of any lease
     /// tracked so far, in nanoseconds (`u64::MAX`: none yet): how long the
     /// task sleeps when it holds nothing ([`Heartbeat::idle_wake`]). Kept
     /// here, not learnt by the task from the queue, because most short holds
     /// leave the queue before the task ever sees them.
     idle_span: AtomicU64,
-    epoch: Instant,
+}
+
+/// The commands not yet drained, and when the task next wakes by itself.
+/// Both under one lock, so a lease tracked at any moment either is drained
+/// before the task sleeps or sees the wake-up the task will sleep until.
+#[derive(Default)]
+struct Queue {
+    commands: Vec<Command>,
+    /// `None` while the task is awake (it drains the queue before sleeping).
+    wake_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queue = self.pending();
         f.debug_struct("Shared")
-            .field("queued", &self.pending().len())
-            .field("wake_at", &self.wake_at.load(Ordering::Relaxed))
+            .field("queued", &queue.commands.len())
+            .field("wake_at", &queue.wake_at)
             .finish()
     }
 }
 
 impl Shared {
-    fn nanos(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1)
-    }
-
-    fn pending(&self) -> MutexGuard<'_, Vec<Command>> {
+    fn pending(&self) -> MutexGuard<'_, Queue> {
         // One push or take per critical section: poison carries no half-state.
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `cmd`; returns how many commands are queued now.
-    fn push(&self, cmd: Command) -> usize {
-        let mut pending = self.pending();
-        pending.push(cmd);
-        pending.len()
+    /// Records when the task next wakes by itself (`None`: it is awake).
+    fn set_wake(&self, at: Option<Instant>) {
+        self.pending().wake_at = at;
     }
 
     /// Takes lease `id`'s `Track` command back out of the queue, if the task
@@ -143,10 +142,8 @@ impl HeartbeatHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let batch = backend.capabilities().batch_renew;
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Vec::new()),
-            wake_at: AtomicU64::new(0),
+            pending: Mutex::new(Queue::default()),
             idle_span: AtomicU64::new(u64::MAX),
-            epoch: Instant::now(),
         });
         let task = Heartbeat::new(backend, batch, Arc::clone(&shared), background.clone());
         background.spawn(task.run(rx));
@@ -165,11 +162,14 @@ impl HeartbeatHandle {
     pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
         let due = lease.first_attention();
         self.shared.learn_span(lease.attention_span);
-        let queued = self.shared.push(Command::Track(lease));
-        // Read after the push: either the task saw the command before it
-        // went to sleep, or this reads the wake it went to sleep with.
-        let wake_at = self.shared.wake_at.load(Ordering::SeqCst);
-        if wake_at == 0 || self.shared.nanos(due) < wake_at || queued >= MAX_QUEUED {
+        let mut queue = self.shared.pending();
+        queue.commands.push(Command::Track(lease));
+        // Under the lock that the task sets its wake-up under: either the
+        // task drains this command before it sleeps, or this reads the
+        // instant it sleeps until.
+        let wake = queue.wake_at.is_none_or(|at| due < at) || queue.commands.len() >= MAX_QUEUED;
+        drop(queue);
+        if wake {
             return self.wake();
         }
         !self.is_closed()
@@ -180,13 +180,13 @@ impl HeartbeatHandle {
     /// the task has not seen yet (a short hold) is taken back out of the
     /// queue instead, which costs the task nothing.
     pub(crate) fn forget(&self, id: u64) {
-        let mut pending = self.shared.pending();
-        if Shared::withdraw(&mut pending, id) {
+        let mut queue = self.shared.pending();
+        if Shared::withdraw(&mut queue.commands, id) {
             return;
         }
-        pending.push(Command::Forget { id, release: None });
-        let queued = pending.len();
-        drop(pending);
+        queue.commands.push(Command::Forget { id, release: None });
+        let queued = queue.commands.len();
+        drop(queue);
         if queued >= MAX_QUEUED {
             self.wake();
         }
@@ -196,15 +196,15 @@ impl HeartbeatHandle {
     /// so it is safe from `Drop`, even outside a runtime.
     pub(crate) fn forget_and_release(&self, lease: Arc<LeaseState>) {
         let id = lease.id;
-        let mut pending = self.shared.pending();
+        let mut queue = self.shared.pending();
         // The release still goes through the task (there may be no runtime
         // here to spawn it on); only the table insert and removal are saved.
-        let _ = Shared::withdraw(&mut pending, id);
-        pending.push(Command::Forget {
+        let _ = Shared::withdraw(&mut queue.commands, id);
+        queue.commands.push(Command::Forget {
             id,
             release: Some(lease),
         });
-        drop(pending);
+        drop(queue);
         self.wake();
     }
 }
@@ -295,7 +295,7 @@ impl Heartbeat {
         // The queue and this buffer swap places, so neither is reallocated
         // once both have grown to the usual queue length.
         let mut commands = std::mem::take(&mut self.spare);
-        std::mem::swap(&mut commands, &mut *self.shared.pending());
+        std::mem::swap(&mut commands, &mut self.shared.pending().commands);
         let any = !commands.is_empty();
         let mut tracked = std::mem::take(&mut self.tracked);
         for command in commands.drain(..) {
@@ -348,9 +348,7 @@ impl Heartbeat {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<()>) {
         loop {
             let wake = self.next_wake().unwrap_or_else(|| self.idle_wake());
-            self.shared
-                .wake_at
-                .store(self.shared.nanos(wake), Ordering::SeqCst);
+            self.shared.set_wake(Some(wake));
             // A command queued before the store above may have seen the task
             // awake and not woken it: look once more before sleeping.
             if self.drain() {
@@ -359,7 +357,7 @@ impl Heartbeat {
             tokio::select! {
                 biased;
                 woken = rx.recv() => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shared.set_wake(None);
                     // A lease needed attention before this sleep would have
                     // ended: holds are being taken, so the idle sleep starts
                     // over from the shortest span (the lease that woke us
@@ -375,7 +373,7 @@ impl Heartbeat {
                     continue;
                 }
                 Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shared.set_wake(None);
                     // A lease forgotten (released, retained) while its renewal
                     // was in flight takes no result: apply the queue first.
                     self.drain();
@@ -385,13 +383,13 @@ impl Heartbeat {
                     }
                 }
                 _ = sleep_until(wake) => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
-                    if self.entries.is_empty() && self.shared.pending().is_empty() {
+                    self.shared.set_wake(None);
+                    if self.entries.is_empty() && self.shared.pending().commands.is_empty() {
                         self.idle_rounds = self.idle_rounds.saturating_add(1);
                     }
                 }
                 () = self.background.closing() => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shared.set_wake(None);
                     self.shut_down();
                     break;
                 }

@@ -71,6 +71,7 @@ fn lease(id: u64, backend: &Arc<dyn LockBackend>, background: &Background) -> Ar
 fn queued(hb: &HeartbeatHandle) -> Vec<(bool, u64)> {
     hb.shared
         .pending()
+        .commands
         .iter()
         .map(|c| match c {
             Command::Track(l) => (true, l.id),
