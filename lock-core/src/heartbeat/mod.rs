@@ -44,6 +44,13 @@ enum Command {
 /// a long queue). An uncontended acquire + release then costs no task switch.
 #[derive(Clone, Debug)]
 pub(crate) struct HeartbeatHandle {
+    /// One reference count per clone (every acquire takes one).
+    inner: Arc<HandleInner>,
+}
+
+/// Dropped with the last handle, and with it the sender: the task then ends.
+#[derive(Debug)]
+struct HandleInner {
     tx: mpsc::UnboundedSender<()>,
     shared: Arc<Shared>,
 }
@@ -147,22 +154,24 @@ impl HeartbeatHandle {
         });
         let task = Heartbeat::new(backend, batch, Arc::clone(&shared), background.clone());
         background.spawn(task.run(rx));
-        Self { tx, shared }
+        Self {
+            inner: Arc::new(HandleInner { tx, shared }),
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.inner.tx.is_closed()
     }
 
     fn wake(&self) -> bool {
-        self.tx.send(()).is_ok()
+        self.inner.tx.send(()).is_ok()
     }
 
     /// Starts renewing and watching `lease`. Returns false if the task is gone.
     pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
         let due = lease.first_attention();
-        self.shared.learn_span(lease.attention_span);
-        let mut queue = self.shared.pending();
+        self.inner.shared.learn_span(lease.attention_span);
+        let mut queue = self.inner.shared.pending();
         queue.commands.push(Command::Track(lease));
         // Under the lock that the task sets its wake-up under: either the
         // task drains this command before it sleeps, or this reads the
@@ -180,7 +189,7 @@ impl HeartbeatHandle {
     /// the task has not seen yet (a short hold) is taken back out of the
     /// queue instead, which costs the task nothing.
     pub(crate) fn forget(&self, id: u64) {
-        let mut queue = self.shared.pending();
+        let mut queue = self.inner.shared.pending();
         if Shared::withdraw(&mut queue.commands, id) {
             return;
         }
@@ -196,7 +205,7 @@ impl HeartbeatHandle {
     /// so it is safe from `Drop`, even outside a runtime.
     pub(crate) fn forget_and_release(&self, lease: Arc<LeaseState>) {
         let id = lease.id;
-        let mut queue = self.shared.pending();
+        let mut queue = self.inner.shared.pending();
         // The release still goes through the task (there may be no runtime
         // here to spawn it on); only the table insert and removal are saved.
         let _ = Shared::withdraw(&mut queue.commands, id);

@@ -69,7 +69,8 @@ fn lease(id: u64, backend: &Arc<dyn LockBackend>, background: &Background) -> Ar
 }
 
 fn queued(hb: &HeartbeatHandle) -> Vec<(bool, u64)> {
-    hb.shared
+    hb.inner
+        .shared
         .pending()
         .commands
         .iter()
