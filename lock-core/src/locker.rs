@@ -569,7 +569,13 @@ impl Locker {
             registry: self.inner.registry.clone(),
             background: self.inner.background.clone(),
         });
-        if let Some(reason) = state.loss_reason() {
+        // Only a backend with a loss feed can have ended the lease already.
+        let pushed_end = self
+            .inner
+            .registry
+            .as_ref()
+            .and_then(|_| state.loss_reason());
+        if let Some(reason) = pushed_end {
             // The backend pushed the end of this lease (its session closed)
             // while the grant was on its way: no usable lock was taken.
             if reason != crate::LossReason::Stolen {

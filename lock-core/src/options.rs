@@ -256,6 +256,13 @@ impl LockOptions {
     ///
     /// [`Error::Config`] naming the offending value.
     pub fn validate_for(&self, capabilities: &crate::Capabilities) -> Result<()> {
+        // Every acquire checks its options: valid ones cost three comparisons.
+        if self.timing.problem.is_none()
+            && self.ttl >= capabilities.min_ttl
+            && capabilities.max_ttl.is_none_or(|max| self.ttl <= max)
+        {
+            return Ok(());
+        }
         self.validate(capabilities.min_ttl)?;
         match capabilities.max_ttl {
             Some(max) if self.ttl > max => Err(Error::Config(format!(
