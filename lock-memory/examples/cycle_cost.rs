@@ -30,7 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mode = args.next().unwrap_or_else(|| "locker".into());
     let cycles: u64 = args.next().map_or(Ok(1000), |n| n.parse())?;
     let tasks: u64 = args.next().map_or(Ok(1), |n| n.parse())?;
-    if tasks == 0 || cycles % tasks != 0 {
+    if tasks == 0 || !cycles.is_multiple_of(tasks) {
         return Err(format!("{cycles} cycles do not split over {tasks} tasks").into());
     }
     let backend = MemoryBackend::new();
