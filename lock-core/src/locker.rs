@@ -350,9 +350,12 @@ impl Locker {
         // long wait costs one subscription, not one per attempt.
         let mut signal: Option<crate::ReleaseSignal> = None;
         let mut last_outage: Option<BackendError> = None;
+        // Counted as a local waiter for the whole wait: releases wake local
+        // waiters only while someone is counted.
+        let _waiting = self.inner.claims.waiting();
         loop {
             if let (Some(b), true, None) = (&self.inner.backend, notify, &signal) {
-                signal = b.subscribe_release(name).await.ok().flatten();
+                signal = (**b).subscribe_release(name).await.ok().flatten();
             }
             let local_freed = self.inner.claims.freed();
             tokio::pin!(local_freed);
@@ -493,12 +496,16 @@ impl Locker {
         if self.inner.background.is_closing() {
             return Err(Error::ShutDown { name: name.clone() });
         }
-        let metrics = self.inner.metrics.label(label_of(name, opts));
         let Some(claim) = self.inner.claims.claim(name) else {
+            let metrics = self.inner.metrics.label(label_of(name, opts));
             if count == CountDenials::Yes {
                 metrics.acquisition(AcquireOutcome::HeldLocally);
             }
             return Err(Error::HeldLocally { name: name.clone() });
+        };
+        let metrics = match opts.metric_label() {
+            Some(label) => self.inner.metrics.label(label),
+            None => claim.name_label(|| self.inner.metrics.label(name.as_str())),
         };
         let Some(backend) = self.inner.backend.as_ref() else {
             return self.unlocked_guard(name, opts, metrics, claim);
@@ -507,7 +514,10 @@ impl Locker {
         let _expected = self.inner.registry.as_ref().map(|r| r.expect(owner));
         let mut cleanup = ReleaseOnDrop::arm(backend, name, owner, &self.inner.background);
         let sent_at = Instant::now();
-        let attempt = backend.try_acquire(name, &owner, opts.ttl()).await;
+        // Called on the trait object itself (here and at every backend call):
+        // method lookup on the `Arc` would pick the forwarding impl for
+        // `Arc<T>`, which boxes a second future around the backend's own.
+        let attempt = (**backend).try_acquire(name, &owner, opts.ttl()).await;
         let lease = match attempt {
             Ok(AcquireAttempt::Acquired(lease)) => lease,
             Ok(_) => {
@@ -532,7 +542,7 @@ impl Locker {
                 });
             }
         };
-        let usable_until = deadline_after(sent_at, opts.ttl().saturating_sub(opts.drift()));
+        let usable_until = deadline_after(sent_at, opts.timing().validity);
         if usable_until.is_none_or(|until| Instant::now() >= until) {
             // The grant arrived after its own validity ran out (X5): unusable.
             metrics.acquisition(AcquireOutcome::Unavailable);
@@ -553,12 +563,19 @@ impl Locker {
             fencing: lease.fencing_token,
             options: opts,
             sent_at,
+            valid_until: usable_until,
             backend: Some(Arc::clone(backend)),
             metrics,
             registry: self.inner.registry.clone(),
             background: self.inner.background.clone(),
         });
-        if let Some(reason) = state.loss_reason() {
+        // Only a backend with a loss feed can have ended the lease already.
+        let pushed_end = self
+            .inner
+            .registry
+            .as_ref()
+            .and_then(|_| state.loss_reason());
+        if let Some(reason) = pushed_end {
             // The backend pushed the end of this lease (its session closed)
             // while the grant was on its way: no usable lock was taken.
             if reason != crate::LossReason::Stolen {
@@ -605,6 +622,7 @@ impl Locker {
             fencing: None,
             options: opts,
             sent_at: Instant::now(),
+            valid_until: None,
             backend: None,
             metrics,
             registry: None,
@@ -685,7 +703,7 @@ impl Drop for ReleaseOnDrop<'_> {
             let (backend, name) = (Arc::clone(backend), name.clone());
             background.spawn_on(
                 async move {
-                    let _ = backend.release(&name, &owner).await;
+                    let _ = (*backend).release(&name, &owner).await;
                 },
                 &rt,
             );

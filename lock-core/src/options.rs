@@ -1,5 +1,6 @@
 //! Per-acquisition options and their validation.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::{Error, Result};
@@ -33,7 +34,7 @@ pub(crate) fn drift_for(ttl: Duration) -> Duration {
 ///     .with_acquire_timeout(Duration::from_secs(5));
 /// assert_eq!(opts.ttl(), Duration::from_secs(30));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct LockOptions {
     ttl: Duration,
     max_hold: Option<Duration>,
@@ -41,6 +42,56 @@ pub struct LockOptions {
     acquire_timeout: Option<Duration>,
     auto_renew: bool,
     metric_label: Option<String>,
+    /// Derived from the fields above by every constructor and setter, so an
+    /// acquire reads them instead of working them out again.
+    timing: Timing,
+}
+
+impl fmt::Debug for LockOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockOptions")
+            .field("ttl", &self.ttl)
+            .field("max_hold", &self.max_hold)
+            .field("renew_interval", &self.renew_interval)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("auto_renew", &self.auto_renew)
+            .field("metric_label", &self.metric_label)
+            .finish()
+    }
+}
+
+/// What a lease taken with some options needs to know of them, worked out
+/// once per [`LockOptions`] rather than on every acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    pub(crate) drift: Duration,
+    pub(crate) interval: Duration,
+    /// How long a grant stays valid locally: the TTL less the drift.
+    pub(crate) validity: Duration,
+    /// How long after a grant the heartbeat must first look at the lease:
+    /// its first renewal, its local deadline or its `max_hold`.
+    pub(crate) first_attention: Duration,
+    /// The first check the options fail that does not depend on a backend.
+    problem: Option<Problem>,
+}
+
+/// A check that options fail by themselves (in the order they are checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Problem {
+    ZeroTtl,
+    TtlAboveMax,
+    NoValidity,
+    IntervalTooShort,
+    IntervalNotBelowTtl,
+    MaxHoldBelowTtl,
+    EmptyLabel,
+}
+
+impl Problem {
+    /// Whether it is checked before a backend's minimum TTL is.
+    fn precedes_min_ttl(self) -> bool {
+        matches!(self, Self::ZeroTtl | Self::TtlAboveMax)
+    }
 }
 
 impl Default for LockOptions {
@@ -60,6 +111,64 @@ impl LockOptions {
             acquire_timeout: None,
             auto_renew: true,
             metric_label: None,
+            timing: Timing {
+                drift: Duration::ZERO,
+                interval: Duration::ZERO,
+                validity: Duration::ZERO,
+                first_attention: Duration::ZERO,
+                problem: None,
+            },
+        }
+        .derived()
+    }
+
+    /// Works out [`Timing`] again after a field changed.
+    fn derived(mut self) -> Self {
+        let drift = drift_for(self.ttl);
+        let interval = self.renew_interval.unwrap_or(self.ttl / 3);
+        let validity = self.ttl.saturating_sub(drift);
+        let renew = self.auto_renew.then_some(interval);
+        let first_attention = [renew, Some(validity), self.max_hold]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(validity);
+        self.timing = Timing {
+            drift,
+            interval,
+            validity,
+            first_attention,
+            problem: None,
+        };
+        self.timing.problem = self.problem();
+        self
+    }
+
+    /// The derived values an acquire uses.
+    pub(crate) fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    fn problem(&self) -> Option<Problem> {
+        let Timing {
+            drift, interval, ..
+        } = self.timing;
+        if self.ttl.is_zero() {
+            Some(Problem::ZeroTtl)
+        } else if self.ttl > MAX_TTL {
+            Some(Problem::TtlAboveMax)
+        } else if drift >= self.ttl {
+            Some(Problem::NoValidity)
+        } else if interval < MIN_RENEW_INTERVAL {
+            Some(Problem::IntervalTooShort)
+        } else if interval >= self.ttl {
+            Some(Problem::IntervalNotBelowTtl)
+        } else if self.max_hold.is_some_and(|h| h < self.ttl) {
+            Some(Problem::MaxHoldBelowTtl)
+        } else if self.metric_label.as_deref() == Some("") {
+            Some(Problem::EmptyLabel)
+        } else {
+            None
         }
     }
 
@@ -68,14 +177,14 @@ impl LockOptions {
     /// A value too large for the clock (such as `Duration::MAX`) means no cap.
     pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
-        self
+        self.derived()
     }
 
     /// Overrides the renewal interval (default `ttl / 3`). Must be below the
     /// TTL and at least 1 ms.
     pub fn with_renew_interval(mut self, interval: Duration) -> Self {
         self.renew_interval = Some(interval);
-        self
+        self.derived()
     }
 
     /// Bounds how long [`Locker::lock`](crate::Locker::lock) waits. Without it, it
@@ -91,7 +200,7 @@ impl LockOptions {
     /// [`LeaseHandle::renew`](crate::LeaseHandle::renew).
     pub fn with_auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
-        self
+        self.derived()
     }
 
     /// Sets the `lock` label used in metrics (default: the lock name). Use it
@@ -99,7 +208,7 @@ impl LockOptions {
     /// cardinality stays bounded.
     pub fn with_metric_label(mut self, label: impl Into<String>) -> Self {
         self.metric_label = Some(label.into());
-        self
+        self.derived()
     }
 
     /// The TTL.
@@ -119,7 +228,7 @@ impl LockOptions {
 
     /// The renewal interval in force: the override, or `ttl / 3`.
     pub fn renew_interval(&self) -> Duration {
-        self.renew_interval.unwrap_or(self.ttl / 3)
+        self.timing.interval
     }
 
     /// Whether the background heartbeat runs.
@@ -136,7 +245,7 @@ impl LockOptions {
     /// 1 % of the TTL plus 2 ms, the allowance Redlock's analysis uses for
     /// clocks that run at slightly different rates.
     pub fn drift(&self) -> Duration {
-        drift_for(self.ttl)
+        self.timing.drift
     }
 
     /// Checks the options against each other and against a backend's TTL
@@ -147,6 +256,13 @@ impl LockOptions {
     ///
     /// [`Error::Config`] naming the offending value.
     pub fn validate_for(&self, capabilities: &crate::Capabilities) -> Result<()> {
+        // Every acquire checks its options: valid ones cost three comparisons.
+        if self.timing.problem.is_none()
+            && self.ttl >= capabilities.min_ttl
+            && capabilities.max_ttl.is_none_or(|max| self.ttl <= max)
+        {
+            return Ok(());
+        }
         self.validate(capabilities.min_ttl)?;
         match capabilities.max_ttl {
             Some(max) if self.ttl > max => Err(Error::Config(format!(
@@ -163,14 +279,9 @@ impl LockOptions {
     ///
     /// [`Error::Config`] naming the offending value.
     pub fn validate(&self, min_ttl: Duration) -> Result<()> {
-        if self.ttl.is_zero() {
-            return Err(Error::Config("the TTL must be greater than zero".into()));
-        }
-        if self.ttl > MAX_TTL {
-            return Err(Error::Config(format!(
-                "a TTL of {:?} is above the longest supported ({MAX_TTL:?}); the TTL bounds how long a crashed holder blocks others, so keep it short and use max_hold for long runs",
-                self.ttl
-            )));
+        let problem = self.timing.problem;
+        if let Some(p) = problem.filter(|p| p.precedes_min_ttl()) {
+            return Err(self.explain(p));
         }
         if self.ttl < min_ttl {
             return Err(Error::Config(format!(
@@ -178,39 +289,40 @@ impl LockOptions {
                 self.ttl
             )));
         }
-        if self.drift() >= self.ttl {
-            return Err(Error::Config(format!(
-                "a TTL of {:?} leaves no validity after the {:?} drift margin; use at least 5 ms",
-                self.ttl,
-                self.drift()
-            )));
+        match problem {
+            Some(p) => Err(self.explain(p)),
+            None => Ok(()),
         }
-        let interval = self.renew_interval();
-        if interval < MIN_RENEW_INTERVAL {
-            return Err(Error::Config(format!(
+    }
+
+    fn explain(&self, problem: Problem) -> Error {
+        let Timing {
+            drift, interval, ..
+        } = self.timing;
+        Error::Config(match problem {
+            Problem::ZeroTtl => "the TTL must be greater than zero".into(),
+            Problem::TtlAboveMax => format!(
+                "a TTL of {:?} is above the longest supported ({MAX_TTL:?}); the TTL bounds how long a crashed holder blocks others, so keep it short and use max_hold for long runs",
+                self.ttl
+            ),
+            Problem::NoValidity => format!(
+                "a TTL of {:?} leaves no validity after the {drift:?} drift margin; use at least 5 ms",
+                self.ttl
+            ),
+            Problem::IntervalTooShort => format!(
                 "a renewal interval of {interval:?} is below the shortest supported ({MIN_RENEW_INTERVAL:?}); a shorter one would only busy the backend"
-            )));
-        }
-        if interval >= self.ttl {
-            return Err(Error::Config(format!(
+            ),
+            Problem::IntervalNotBelowTtl => format!(
                 "the renewal interval ({interval:?}) must be below the TTL ({:?})",
                 self.ttl
-            )));
-        }
-        if let Some(max_hold) = self.max_hold {
-            if max_hold < self.ttl {
-                return Err(Error::Config(format!(
-                    "max_hold ({max_hold:?}) must be at least the TTL ({:?})",
-                    self.ttl
-                )));
-            }
-        }
-        if let Some(label) = &self.metric_label {
-            if label.is_empty() {
-                return Err(Error::Config("the metric label must not be empty".into()));
-            }
-        }
-        Ok(())
+            ),
+            Problem::MaxHoldBelowTtl => format!(
+                "max_hold ({:?}) must be at least the TTL ({:?})",
+                self.max_hold.unwrap_or_default(),
+                self.ttl
+            ),
+            Problem::EmptyLabel => "the metric label must not be empty".into(),
+        })
     }
 }
 
@@ -247,5 +359,57 @@ mod tests {
             LockOptions::new(s).validate(2 * s),
             Err(Error::Config(m)) if m.contains("minimum")
         ));
+        // Checked in the same order as ever: the backend's minimum before
+        // the drift margin.
+        assert!(matches!(
+            LockOptions::new(2 * MS).validate(s),
+            Err(Error::Config(m)) if m.contains("minimum")
+        ));
+        assert!(matches!(
+            LockOptions::new(Duration::ZERO).validate(s),
+            Err(Error::Config(m)) if m.contains("greater than zero")
+        ));
+    }
+
+    #[test]
+    fn derived_timing_follows_every_setter() {
+        let s = Duration::from_secs(1);
+        let o = LockOptions::new(3 * s);
+        assert_eq!(o.timing().interval, s);
+        assert_eq!(o.timing().validity, 3 * s - o.drift());
+        assert_eq!(o.timing().first_attention, s, "the first renewal");
+
+        let o = o.with_renew_interval(2 * s);
+        assert_eq!(o.renew_interval(), 2 * s);
+        assert_eq!(o.timing().first_attention, 2 * s);
+
+        let o = o.with_auto_renew(false);
+        assert_eq!(
+            o.timing().first_attention,
+            3 * s - o.drift(),
+            "without renewal, the local deadline"
+        );
+
+        let o = LockOptions::new(3 * s)
+            .with_max_hold(3 * s)
+            .with_auto_renew(false);
+        assert_eq!(o.timing().first_attention, 3 * s - o.drift());
+        let o = LockOptions::new(30 * s).with_max_hold(30 * s);
+        assert_eq!(o.timing().first_attention, 10 * s);
+
+        // A setter that repairs the options clears the recorded problem.
+        let bad = LockOptions::new(s).with_renew_interval(s);
+        assert!(bad.validate(MS).is_err());
+        assert!(bad.with_renew_interval(s / 2).validate(MS).is_ok());
+        let unlabelled = LockOptions::new(s).with_metric_label("");
+        assert!(unlabelled.validate(MS).is_err());
+        assert!(unlabelled.with_metric_label("x").validate(MS).is_ok());
+    }
+
+    #[test]
+    fn debug_shows_the_options_not_the_derived_values() {
+        let shown = format!("{:?}", LockOptions::new(Duration::from_secs(3)));
+        assert!(shown.starts_with("LockOptions { ttl: 3s"), "{shown}");
+        assert!(!shown.contains("timing"), "{shown}");
     }
 }

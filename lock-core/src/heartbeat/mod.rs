@@ -29,8 +29,8 @@ use schedule::Schedule;
 const MAX_BATCH: usize = 1000;
 
 enum Command {
-    /// Renew and watch a lease, first due at the instant given.
-    Track(Arc<LeaseState>, Instant),
+    /// Renew and watch a lease.
+    Track(Arc<LeaseState>),
     Forget {
         id: u64,
         release: Option<Arc<LeaseState>>,
@@ -44,6 +44,13 @@ enum Command {
 /// a long queue). An uncontended acquire + release then costs no task switch.
 #[derive(Clone, Debug)]
 pub(crate) struct HeartbeatHandle {
+    /// One reference count per clone (every acquire takes one).
+    inner: Arc<HandleInner>,
+}
+
+/// Dropped with the last handle, and with it the sender: the task then ends.
+#[derive(Debug)]
+struct HandleInner {
     tx: mpsc::UnboundedSender<()>,
     shared: Arc<Shared>,
 }
@@ -51,40 +58,88 @@ pub(crate) struct HeartbeatHandle {
 /// Queued commands, drained by the task before every sweep.
 const MAX_QUEUED: usize = 1024;
 
+/// How far back from the end of the queue a release looks for its lease's
+/// own `Track` command. A short hold finds it among the last few (one per
+/// hold taken since); a longer search would make releasing many leases in
+/// the order they were taken quadratic.
+const WITHDRAW_SEARCH: usize = 64;
+
 struct Shared {
-    pending: Mutex<Vec<Command>>,
-    /// When the task will next wake by itself, in nanoseconds after
-    /// `epoch`; 0 while it is awake (it drains the queue before sleeping).
-    wake_at: AtomicU64,
-    epoch: Instant,
+    pending: Mutex<Queue>,
+    /// The shortest time from a grant to its first attention of any lease
+    /// tracked so far, in nanoseconds (`u64::MAX`: none yet): how long the
+    /// task sleeps when it holds nothing ([`Heartbeat::idle_wake`]). Kept
+    /// here, not learnt by the task from the queue, because most short holds
+    /// leave the queue before the task ever sees them.
+    idle_span: AtomicU64,
+}
+
+/// The commands not yet drained, and when the task next wakes by itself.
+/// Both under one lock, so a lease tracked at any moment either is drained
+/// before the task sleeps or sees the wake-up the task will sleep until.
+#[derive(Default)]
+struct Queue {
+    commands: Vec<Command>,
+    /// `None` while the task is awake (it drains the queue before sleeping).
+    wake_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queue = self.pending();
         f.debug_struct("Shared")
-            .field("queued", &self.pending().len())
-            .field("wake_at", &self.wake_at.load(Ordering::Relaxed))
+            .field("queued", &queue.commands.len())
+            .field("wake_at", &queue.wake_at)
             .finish()
     }
 }
 
 impl Shared {
-    fn nanos(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1)
-    }
-
-    fn pending(&self) -> MutexGuard<'_, Vec<Command>> {
+    fn pending(&self) -> MutexGuard<'_, Queue> {
         // One push or take per critical section: poison carries no half-state.
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `cmd`; returns how many commands are queued now.
-    fn push(&self, cmd: Command) -> usize {
-        let mut pending = self.pending();
-        pending.push(cmd);
-        pending.len()
+    /// Records when the task next wakes by itself (`None`: it is awake).
+    fn set_wake(&self, at: Option<Instant>) {
+        self.pending().wake_at = at;
+    }
+
+    /// Takes lease `id`'s `Track` command back out of the queue, if the task
+    /// has not drained it yet; returns whether it did. A lease withdrawn so
+    /// is never entered into the task's table, so it needs no `Forget`.
+    fn withdraw(pending: &mut Vec<Command>, id: u64) -> bool {
+        let from = pending.len().saturating_sub(WITHDRAW_SEARCH);
+        let found = pending[from..]
+            .iter()
+            .rposition(|c| matches!(c, Command::Track(lease) if lease.id == id));
+        match found {
+            Some(i) => {
+                // Commands for different leases commute: order is kept only
+                // between one lease's Track and Forget, and this lease has
+                // no other command.
+                pending.swap_remove(from + i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Shortens the idle sleep to `span` if it is the shortest seen.
+    fn learn_span(&self, span: Duration) {
+        let nanos = u64::try_from(span.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1_000_000);
+        if nanos < self.idle_span.load(Ordering::Relaxed) {
+            self.idle_span.fetch_min(nanos, Ordering::Relaxed);
+        }
+    }
+
+    fn idle_span(&self) -> Option<Duration> {
+        match self.idle_span.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
     }
 }
 
@@ -94,40 +149,54 @@ impl HeartbeatHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let batch = backend.capabilities().batch_renew;
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Vec::new()),
-            wake_at: AtomicU64::new(0),
-            epoch: Instant::now(),
+            pending: Mutex::new(Queue::default()),
+            idle_span: AtomicU64::new(u64::MAX),
         });
         let task = Heartbeat::new(backend, batch, Arc::clone(&shared), background.clone());
         background.spawn(task.run(rx));
-        Self { tx, shared }
+        Self {
+            inner: Arc::new(HandleInner { tx, shared }),
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.inner.tx.is_closed()
     }
 
     fn wake(&self) -> bool {
-        self.tx.send(()).is_ok()
+        self.inner.tx.send(()).is_ok()
     }
 
     /// Starts renewing and watching `lease`. Returns false if the task is gone.
     pub(crate) fn track(&self, lease: Arc<LeaseState>) -> bool {
         let due = lease.first_attention();
-        let queued = self.shared.push(Command::Track(lease, due));
-        // Read after the push: either the task saw the command before it
-        // went to sleep, or this reads the wake it went to sleep with.
-        let wake_at = self.shared.wake_at.load(Ordering::SeqCst);
-        if wake_at == 0 || self.shared.nanos(due) < wake_at || queued >= MAX_QUEUED {
+        self.inner.shared.learn_span(lease.attention_span);
+        let mut queue = self.inner.shared.pending();
+        queue.commands.push(Command::Track(lease));
+        // Under the lock that the task sets its wake-up under: either the
+        // task drains this command before it sleeps, or this reads the
+        // instant it sleeps until.
+        let wake = queue.wake_at.is_none_or(|at| due < at) || queue.commands.len() >= MAX_QUEUED;
+        drop(queue);
+        if wake {
             return self.wake();
         }
         !self.is_closed()
     }
 
     /// Stops renewing lease `id`; the caller releases it. The task learns
-    /// it before its next sweep, so the lease is never renewed again.
+    /// it before its next sweep, so the lease is never renewed again. A lease
+    /// the task has not seen yet (a short hold) is taken back out of the
+    /// queue instead, which costs the task nothing.
     pub(crate) fn forget(&self, id: u64) {
-        if self.shared.push(Command::Forget { id, release: None }) >= MAX_QUEUED {
+        let mut queue = self.inner.shared.pending();
+        if Shared::withdraw(&mut queue.commands, id) {
+            return;
+        }
+        queue.commands.push(Command::Forget { id, release: None });
+        let queued = queue.commands.len();
+        drop(queue);
+        if queued >= MAX_QUEUED {
             self.wake();
         }
     }
@@ -136,10 +205,15 @@ impl HeartbeatHandle {
     /// so it is safe from `Drop`, even outside a runtime.
     pub(crate) fn forget_and_release(&self, lease: Arc<LeaseState>) {
         let id = lease.id;
-        self.shared.push(Command::Forget {
+        let mut queue = self.inner.shared.pending();
+        // The release still goes through the task (there may be no runtime
+        // here to spawn it on); only the table insert and removal are saved.
+        let _ = Shared::withdraw(&mut queue.commands, id);
+        queue.commands.push(Command::Forget {
             id,
             release: Some(lease),
         });
+        drop(queue);
         self.wake();
     }
 }
@@ -183,9 +257,6 @@ struct Heartbeat {
     /// The largest batching slack of any lease tracked so far: a sweep looks
     /// at leases due up to this far ahead.
     max_slack: Duration,
-    /// The shortest time from a grant to its first attention seen so far:
-    /// how long the task sleeps when it holds nothing ([`Heartbeat::idle_wake`]).
-    idle_span: Option<Duration>,
     /// Timer wake-ups in a row that found nothing held and nothing queued;
     /// each one doubles the idle sleep.
     idle_rounds: u32,
@@ -211,7 +282,6 @@ impl Heartbeat {
             schedule: Schedule::default(),
             next_generation: 1,
             max_slack: Duration::ZERO,
-            idle_span: None,
             idle_rounds: 0,
             spare: Vec::new(),
             tracked: Vec::new(),
@@ -234,11 +304,11 @@ impl Heartbeat {
         // The queue and this buffer swap places, so neither is reallocated
         // once both have grown to the usual queue length.
         let mut commands = std::mem::take(&mut self.spare);
-        std::mem::swap(&mut commands, &mut *self.shared.pending());
+        std::mem::swap(&mut commands, &mut self.shared.pending().commands);
         let any = !commands.is_empty();
         let mut tracked = std::mem::take(&mut self.tracked);
         for command in commands.drain(..) {
-            if let Command::Track(lease, _) = &command {
+            if let Command::Track(lease) = &command {
                 tracked.push(lease.id);
             }
             self.apply_command(command);
@@ -266,7 +336,7 @@ impl Heartbeat {
     /// wake a thousand times a second for the rest of its life.
     fn idle_wake(&self) -> Instant {
         let now = Instant::now();
-        now.checked_add(idle_sleep(self.idle_span, self.idle_rounds))
+        now.checked_add(idle_sleep(self.shared.idle_span(), self.idle_rounds))
             .unwrap_or(now)
     }
 
@@ -287,9 +357,7 @@ impl Heartbeat {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<()>) {
         loop {
             let wake = self.next_wake().unwrap_or_else(|| self.idle_wake());
-            self.shared
-                .wake_at
-                .store(self.shared.nanos(wake), Ordering::SeqCst);
+            self.shared.set_wake(Some(wake));
             // A command queued before the store above may have seen the task
             // awake and not woken it: look once more before sleeping.
             if self.drain() {
@@ -298,7 +366,12 @@ impl Heartbeat {
             tokio::select! {
                 biased;
                 woken = rx.recv() => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shared.set_wake(None);
+                    // A lease needed attention before this sleep would have
+                    // ended: holds are being taken, so the idle sleep starts
+                    // over from the shortest span (the lease that woke us
+                    // may have been released before this drain sees it).
+                    self.idle_rounds = 0;
                     while rx.try_recv().is_ok() {}
                     // Tracking or forgetting a lease makes nothing due now;
                     // skipping the sweep keeps bulk acquires linear.
@@ -309,7 +382,7 @@ impl Heartbeat {
                     continue;
                 }
                 Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shared.set_wake(None);
                     // A lease forgotten (released, retained) while its renewal
                     // was in flight takes no result: apply the queue first.
                     self.drain();
@@ -319,13 +392,13 @@ impl Heartbeat {
                     }
                 }
                 _ = sleep_until(wake) => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
-                    if self.entries.is_empty() && self.shared.pending().is_empty() {
+                    self.shared.set_wake(None);
+                    if self.entries.is_empty() && self.shared.pending().commands.is_empty() {
                         self.idle_rounds = self.idle_rounds.saturating_add(1);
                     }
                 }
                 () = self.background.closing() => {
-                    self.shared.wake_at.store(0, Ordering::SeqCst);
+                    self.shared.set_wake(None);
                     self.shut_down();
                     break;
                 }
@@ -339,17 +412,13 @@ impl Heartbeat {
 
     fn apply_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Track(lease, due) => {
+            Command::Track(lease) => {
                 let next_renew = lease
                     .renew_due_after(lease.acquired_at)
                     .unwrap_or(lease.acquired_at);
                 if self.batch {
                     self.max_slack = self.max_slack.max(lease.interval / 8);
                 }
-                let span = due
-                    .saturating_duration_since(lease.acquired_at)
-                    .max(Duration::from_millis(1));
-                self.idle_span = Some(self.idle_span.map_or(span, |s| s.min(span)));
                 self.entries.insert(
                     lease.id,
                     Entry {
@@ -460,7 +529,7 @@ impl Heartbeat {
                 let backend = Arc::clone(&self.backend);
                 self.in_flight.spawn(async move {
                     let sent_at = Instant::now();
-                    let r = backend
+                    let r = (*backend)
                         .renew(&lease.name, &lease.owner, lease.ttl)
                         .await
                         .map_err(|e| (e.kind(), e.to_string()));
@@ -566,7 +635,7 @@ pub(crate) fn release_in_background(
 ) {
     let backend = Arc::clone(backend);
     background.spawn(async move {
-        if let Err(e) = backend.release(&lease.name, &lease.owner).await {
+        if let Err(e) = (*backend).release(&lease.name, &lease.owner).await {
             warn!(lock = %lease.name, error = %e, "background release failed; the lease ends at its TTL");
         }
     });
@@ -585,7 +654,7 @@ async fn renew_batch(
         })
         .collect();
     let sent_at = Instant::now();
-    let answer = backend.renew_many(&requests).await;
+    let answer = (*backend).renew_many(&requests).await;
     leases.iter().for_each(|l| l.end_renewal());
     let statuses: Vec<Result<LeaseStatus, (BackendErrorKind, String)>> = match answer {
         Ok(statuses) if statuses.len() == leases.len() => statuses.into_iter().map(Ok).collect(),
@@ -607,20 +676,4 @@ async fn renew_batch(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idle_sleep_starts_at_the_span_and_doubles_up_to_an_hour() {
-        let ms = Duration::from_millis;
-        assert_eq!(idle_sleep(None, 0), MAX_IDLE_SLEEP);
-        assert_eq!(idle_sleep(Some(ms(1)), 0), ms(1));
-        assert_eq!(idle_sleep(Some(ms(1)), 3), ms(8));
-        // 2^22 ms is past an hour: from there on it sleeps an hour.
-        assert_eq!(idle_sleep(Some(ms(1)), 22), MAX_IDLE_SLEEP);
-        assert_eq!(idle_sleep(Some(ms(1)), u32::MAX), MAX_IDLE_SLEEP);
-        let day = Duration::from_secs(86_400);
-        assert_eq!(idle_sleep(Some(day), 0), day, "a longer span is kept");
-        assert_eq!(idle_sleep(Some(Duration::MAX), 5), Duration::MAX);
-    }
-}
+mod tests;

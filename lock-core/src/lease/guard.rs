@@ -110,29 +110,31 @@ impl LockGuard {
         let outcome = match (&state.backend, state.check_valid(sent_at)) {
             (None, _) => state.finish(sent_at).map_err(|r| state.lost_error(r)),
             (Some(_), Err(reason)) => Err(state.lost_error(reason)),
-            (Some(backend), Ok(())) => match backend.renew(&state.name, &state.owner, hold).await {
-                Ok(LeaseStatus::Held) => {
-                    let keep = hold.saturating_sub(drift_for(hold));
-                    let until = deadline_after(sent_at, keep).unwrap_or(sent_at);
-                    if state.retain_until(until) {
-                        spawn_retention_end(Arc::clone(&state), until);
-                        Ok(())
-                    } else {
-                        // A loss arrived while the hold was being set.
-                        let reason = state.loss_reason().unwrap_or(LossReason::Expired);
-                        Err(state.lost_error(reason))
+            (Some(backend), Ok(())) => {
+                match (**backend).renew(&state.name, &state.owner, hold).await {
+                    Ok(LeaseStatus::Held) => {
+                        let keep = hold.saturating_sub(drift_for(hold));
+                        let until = deadline_after(sent_at, keep).unwrap_or(sent_at);
+                        if state.retain_until(until) {
+                            spawn_retention_end(Arc::clone(&state), until);
+                            Ok(())
+                        } else {
+                            // A loss arrived while the hold was being set.
+                            let reason = state.loss_reason().unwrap_or(LossReason::Expired);
+                            Err(state.lost_error(reason))
+                        }
+                    }
+                    Ok(status) => Err(self.handle.lose_on(status)),
+                    Err(e) => {
+                        // The lock lives on the server until its TTL; this
+                        // holder is done with it either way.
+                        let _ = state.finish(Instant::now());
+                        Err(Error::Backend(e))
                     }
                 }
-                Ok(status) => Err(self.handle.lose_on(status)),
-                Err(e) => {
-                    // The lock lives on the server until its TTL; this
-                    // holder is done with it either way.
-                    let _ = state.finish(Instant::now());
-                    Err(Error::Backend(e))
-                }
-            },
+            }
         };
-        state.end_hold();
+        state.end_hold(Instant::now());
         self.finished = true;
         outcome
     }
@@ -153,16 +155,17 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.stop_renewing();
         let state = Arc::clone(&self.handle.state);
-        let outcome = match (&state.backend, state.finish(Instant::now())) {
+        let now = Instant::now();
+        let outcome = match (&state.backend, state.finish(now)) {
             (None, done) => done.map_err(|r| state.lost_error(r)),
             (Some(backend), Err(reason)) => {
                 if reason != LossReason::Stolen {
                     // Best effort: the key may outlive our local deadline.
-                    let _ = backend.release(&state.name, &state.owner).await;
+                    let _ = (**backend).release(&state.name, &state.owner).await;
                 }
                 Err(state.lost_error(reason))
             }
-            (Some(backend), Ok(())) => match backend.release(&state.name, &state.owner).await {
+            (Some(backend), Ok(())) => match (**backend).release(&state.name, &state.owner).await {
                 Ok(ReleaseOutcome::Released) => Ok(()),
                 Ok(ReleaseOutcome::NotHeld) => {
                     // The server had forgotten the lease while it was valid
@@ -174,7 +177,7 @@ impl LockGuard {
                 Err(e) => Err(Error::Backend(e)),
             },
         };
-        state.end_hold();
+        state.end_hold(now);
         self.finished = true;
         debug!(lock = %state.name, ok = outcome.is_ok(), "lock released");
         outcome
@@ -202,7 +205,7 @@ fn spawn_retention_end(state: Arc<LeaseState>, until: Instant) {
             return;
         };
         if backend.capabilities().expiry == Expiry::Session {
-            if let Err(e) = backend.release(&state.name, &state.owner).await {
+            if let Err(e) = (**backend).release(&state.name, &state.owner).await {
                 warn!(lock = %state.name, error = %e, "releasing a retained lock failed; it ends with its session");
             }
         }
@@ -217,8 +220,9 @@ impl Drop for LockGuard {
         let state = &self.handle.state;
         // Every handle learns now that the lease is over; a deadline that had
         // already passed is counted as the loss it was.
-        let _ = state.finish(Instant::now());
-        state.end_hold();
+        let now = Instant::now();
+        let _ = state.finish(now);
+        state.end_hold(now);
         if let Some(hb) = &self.heartbeat {
             hb.forget_and_release(Arc::clone(state));
         }

@@ -125,7 +125,10 @@ impl LeaseHandle {
         let Some(backend) = &self.state.backend else {
             return Ok(());
         };
-        match backend.check(&self.state.name, &self.state.owner).await? {
+        match (**backend)
+            .check(&self.state.name, &self.state.owner)
+            .await?
+        {
             LeaseStatus::Held => self.assert_held(),
             status => Err(self.lose_on(status)),
         }
@@ -149,7 +152,7 @@ impl LeaseHandle {
             return Ok(());
         };
         let sent_at = Instant::now();
-        match backend
+        match (**backend)
             .renew(&self.state.name, &self.state.owner, self.state.ttl)
             .await
         {

@@ -38,8 +38,13 @@ pub(crate) struct LeaseState {
     pub(crate) owner: OwnerToken,
     pub(crate) fencing: Option<u64>,
     pub(crate) ttl: Duration,
-    pub(crate) drift: Duration,
+    /// The TTL less the drift: how long a renewal keeps the lease valid.
+    validity: Duration,
     pub(crate) interval: Duration,
+    /// When the heartbeat must first look at the lease, and how long after
+    /// the grant that is.
+    first_attention: Instant,
+    pub(crate) attention_span: Duration,
     pub(crate) auto_renew: bool,
     pub(crate) hold_deadline: Option<Instant>,
     pub(crate) acquired_at: Instant,
@@ -67,6 +72,9 @@ pub(crate) struct LeaseParts<'a> {
     pub(crate) fencing: Option<u64>,
     pub(crate) options: &'a crate::LockOptions,
     pub(crate) sent_at: Instant,
+    /// `sent_at` plus the options' validity, which the caller has checked
+    /// (`None` without a backend: the lease never expires).
+    pub(crate) valid_until: Option<Instant>,
     pub(crate) backend: Option<Arc<dyn LockBackend>>,
     pub(crate) metrics: Arc<LabelMetrics>,
     pub(crate) registry: Option<Arc<LeaseRegistry>>,
@@ -81,14 +89,7 @@ pub(crate) fn deadline_after(at: Instant, d: Duration) -> Option<Instant> {
 
 impl LeaseState {
     pub(crate) fn new(p: LeaseParts<'_>) -> Arc<Self> {
-        let ttl = p.options.ttl();
-        let drift = p.options.drift();
-        // Options are validated before an acquire (the TTL is bounded), so
-        // only an unrepresentable instant falls back to the send time.
-        let valid_until = p
-            .backend
-            .as_ref()
-            .map(|_| deadline_after(p.sent_at, ttl.saturating_sub(drift)).unwrap_or(p.sent_at));
+        let timing = p.options.timing();
         let hold_deadline = p
             .options
             .max_hold()
@@ -99,14 +100,16 @@ impl LeaseState {
             name: p.name,
             owner: p.owner,
             fencing: p.fencing,
-            ttl,
-            drift,
-            interval: p.options.renew_interval(),
+            ttl: p.options.ttl(),
+            validity: timing.validity,
+            interval: timing.interval,
+            first_attention: deadline_after(p.sent_at, timing.first_attention).unwrap_or(p.sent_at),
+            attention_span: timing.first_attention,
             auto_renew: p.options.auto_renew(),
             hold_deadline,
             acquired_at: p.sent_at,
             backend: p.backend,
-            cell: LeaseCell::new(valid_until, hold_deadline),
+            cell: LeaseCell::new(p.valid_until, hold_deadline),
             cancel: Mutex::new(None),
             renewal_done: Notify::new(),
             hold_counted: AtomicBool::new(false),
@@ -126,15 +129,7 @@ impl LeaseState {
     /// The first instant the heartbeat must look at this lease: its first
     /// renewal, its local deadline or its `max_hold`, whichever comes first.
     pub(crate) fn first_attention(&self) -> Instant {
-        let renew = self
-            .auto_renew
-            .then(|| deadline_after(self.acquired_at, self.interval))
-            .flatten();
-        [renew, self.valid_until(), self.hold_deadline]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(self.acquired_at)
+        self.first_attention
     }
 
     /// When the next renewal is due after one sent at `sent_at`.
@@ -156,7 +151,7 @@ impl LeaseState {
     /// send, not the reply, is what keeps the local deadline ahead of the
     /// server's expiry however slow the reply was.
     pub(crate) fn extend(&self, sent_at: Instant) {
-        if let Some(candidate) = deadline_after(sent_at, self.ttl.saturating_sub(self.drift)) {
+        if let Some(candidate) = deadline_after(sent_at, self.validity) {
             self.cell.extend(candidate);
         }
     }
@@ -210,7 +205,7 @@ impl LeaseState {
     pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
         let ended = self.cell.end(reason);
         if ended {
-            self.on_end(reason);
+            self.on_end(reason, Instant::now());
         }
         ended
     }
@@ -218,7 +213,7 @@ impl LeaseState {
     /// Ok while the lease is valid; otherwise ends it (if a deadline just
     /// passed) and returns why it is not.
     pub(crate) fn check_valid(&self, now: Instant) -> std::result::Result<(), LossReason> {
-        self.settle(self.cell.check(now))
+        self.settle(self.cell.check(now), now)
     }
 
     /// The holder is done: ends the lease as released if it is still valid,
@@ -226,10 +221,10 @@ impl LeaseState {
     pub(crate) fn finish(&self, now: Instant) -> std::result::Result<(), LossReason> {
         match self.cell.finish(now) {
             Validity::Valid => {
-                self.on_end(LossReason::Released);
+                self.on_end(LossReason::Released, now);
                 Ok(())
             }
-            ended => self.settle(ended),
+            ended => self.settle(ended, now),
         }
     }
 
@@ -238,12 +233,12 @@ impl LeaseState {
         self.cell.retain_until(until)
     }
 
-    fn settle(&self, validity: Validity) -> std::result::Result<(), LossReason> {
+    fn settle(&self, validity: Validity, at: Instant) -> std::result::Result<(), LossReason> {
         match validity {
             Validity::Valid => Ok(()),
             Validity::Ended { reason, now } => {
                 if now {
-                    self.on_end(reason);
+                    self.on_end(reason, at);
                 }
                 Err(reason)
             }
@@ -268,13 +263,14 @@ impl LeaseState {
         .clone()
     }
 
-    /// The side effects of the one ending, run by whichever caller ended it.
-    fn on_end(&self, reason: LossReason) {
+    /// The side effects of the one ending at `now`, run by whichever caller
+    /// ended it.
+    fn on_end(&self, reason: LossReason, now: Instant) {
         if reason.is_loss() {
             warn!(lock = %self.name, %reason, "lock lost; cancelling the guarded work");
             self.metrics.lost(reason);
         }
-        self.end_hold();
+        self.end_hold(now);
         if let Some(registry) = &self.registry {
             registry.remove(&self.owner);
         }
@@ -286,9 +282,14 @@ impl LeaseState {
 
     /// Stops the held-time metrics (once), when the holder is done with the
     /// lease even if a retained hold keeps it on the server a while longer.
-    pub(crate) fn end_hold(&self) {
+    /// `now` is the caller's reading of the clock: a release reads it once
+    /// for its check, its ending and this (each read of tokio's clock costs
+    /// about as much as the rest of the ending).
+    pub(crate) fn end_hold(&self, now: Instant) {
         if !self.hold_counted.swap(true, Ordering::AcqRel) {
-            let held = self.acquired_at.elapsed().as_secs_f64();
+            let held = now
+                .saturating_duration_since(self.acquired_at)
+                .as_secs_f64();
             self.metrics.held_end(held);
         }
     }
