@@ -334,7 +334,7 @@ pub(crate) async fn handoff(ctx: &Ctx, mode: Mode) -> Result<Row, BoxError> {
 }
 
 /// User + system CPU time of this process.
-fn cpu_time() -> Duration {
+pub(crate) fn cpu_time() -> Duration {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return Duration::ZERO;
     };

@@ -1,0 +1,248 @@
+//! The scheduler at scale: many jobs firing every second on 3 replicas, in
+//! per-tick and leader mode. Every (job, tick) inside the measured window
+//! must run exactly once; the row shows how late runs started, CPU and the
+//! backend calls it took per tick.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use conformance_tests::faulty::{CallKind, FaultyBackend};
+use conformance_tests::{BoxError, Ctx};
+use scheduler::{ElectionOptions, Job, Mode as SchedMode, Scheduler};
+use tokio::time::Instant;
+
+use crate::measures::cpu_time;
+use crate::report::Row;
+use crate::sched_tally::{CountingTicks, Started, Tally};
+use crate::Mode;
+
+/// Replicas per measurement, as the performance target asks.
+const REPLICAS: usize = 3;
+
+/// Every second, on the six-field cron.
+const EVERY_SECOND: &str = "* * * * * *";
+
+/// The tick lag the full run must stay within, at the 99th percentile.
+const LAG_P99_BOUND_MS: f64 = 100.0;
+
+/// How many jobs for how long: the target's sizes in full, a smoke run in
+/// short mode (a debug build on a loaded CI machine).
+fn size(backend: &str, mode: Mode) -> (usize, u64) {
+    match mode {
+        Mode::Short => (20, 4),
+        Mode::Full if backend.starts_with("etcd") => (100, 60),
+        Mode::Full => (1_000, 60),
+    }
+}
+
+/// One replica under measurement, and its call counters.
+struct Replica {
+    scheduler: Scheduler,
+    calls: FaultyBackend,
+    ticks: CountingTicks,
+}
+
+/// Backend calls so far over every replica: lock calls by kind (acquire,
+/// renew, release, other) and tick-store calls.
+fn calls_now(replicas: &[Replica]) -> [u64; 5] {
+    let mut out = [0; 5];
+    for r in replicas {
+        out[0] += r.calls.calls_of(CallKind::Acquire);
+        out[1] += r.calls.calls_of(CallKind::Renew);
+        out[2] += r.calls.calls_of(CallKind::Release);
+        out[3] += r.calls.calls_of(CallKind::Check) + r.calls.calls_of(CallKind::Subscribe);
+        out[4] += r.ticks.calls();
+    }
+    out
+}
+
+/// `ttl` within what the backend allows (Postgres' test profile caps it).
+fn allowed(ctx: &Ctx, ttl: Duration) -> Duration {
+    let caps = ctx.factory().capabilities();
+    let ttl = ttl.max(caps.min_ttl);
+    caps.max_ttl.map_or(ttl, |max| ttl.min(max))
+}
+
+/// Starts one replica: its own backend connection and tick store, `jobs`
+/// jobs that record every run into `log`.
+async fn start_replica(
+    ctx: &Ctx,
+    index: usize,
+    jobs: &[String],
+    mode: &SchedMode,
+    log: &Arc<Mutex<Vec<Started>>>,
+) -> Result<Replica, BoxError> {
+    let calls = FaultyBackend::new(ctx.factory().replica().await?, Duration::ZERO);
+    let locker = ctx.replica_over(Arc::new(calls.clone())).locker;
+    let store = ctx
+        .factory()
+        .tick_store()
+        .await?
+        .ok_or("this backend has no tick store")?;
+    let ticks = CountingTicks::new(store);
+    let registry = prometheus::Registry::new();
+    let mut builder = Scheduler::builder(locker, Arc::new(ticks.clone()))
+        .with_mode(mode.clone())
+        .with_registry(&registry);
+    let job_ttl = allowed(ctx, ctx.timing().ttl);
+    for (job, name) in jobs.iter().enumerate() {
+        let log = Arc::clone(log);
+        builder = builder.with_job(
+            Job::new(name.clone(), EVERY_SECOND, move |run| {
+                let started = Started {
+                    job,
+                    tick: run.scheduled_at(),
+                    replica: index,
+                    at: Utc::now(),
+                };
+                if let Ok(mut log) = log.lock() {
+                    log.push(started);
+                }
+                async { Ok(()) }
+            })
+            .with_ttl(job_ttl),
+        );
+    }
+    let scheduler = builder.start()?;
+    Ok(Replica {
+        scheduler,
+        calls,
+        ticks,
+    })
+}
+
+/// Waits until `replica` leads, up to `limit`.
+async fn leads(replica: &Replica, limit: Duration) -> Result<(), BoxError> {
+    let mut rx = replica.scheduler.leadership();
+    tokio::time::timeout(limit, rx.wait_for(|l| *l))
+        .await
+        .map_err(|_| "no replica became leader in time")??;
+    Ok(())
+}
+
+/// One row: the scheduler at scale on `ctx`'s backend, in leader mode if
+/// `leader`, else per tick. A duplicate run always fails the row; a missed
+/// tick or a lag p99 over 100 ms fails it in full mode only.
+pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row, BoxError> {
+    let backend = ctx.factory().name().to_owned();
+    let (jobs, seconds) = size(&backend, mode);
+    let kind = if leader { "leader" } else { "per-tick" };
+    let election_ttl = allowed(ctx, ctx.timing().ttl);
+    let sched_mode = if leader {
+        SchedMode::Leader(
+            ElectionOptions::new()
+                .with_name(ctx.name(&format!("sched-{kind}-leader")).as_str())
+                .with_ttl(election_ttl)
+                .with_interval(election_ttl / 4),
+        )
+    } else {
+        SchedMode::PerTick
+    };
+    let names: Vec<String> = (0..jobs)
+        .map(|j| ctx.name(&format!("sched-{kind}-{j}")).as_str().to_owned())
+        .collect();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut replicas = Vec::with_capacity(REPLICAS);
+    for index in 0..REPLICAS {
+        let replica = start_replica(ctx, index, &names, &sched_mode, &log).await?;
+        if leader && index == 0 {
+            // One leader before the others start, so the window is not cut
+            // by a first election.
+            leads(&replica, election_ttl * 4 + Duration::from_secs(1)).await?;
+        }
+        replicas.push(replica);
+    }
+    // The first and last second are cut by the start and the shutdown.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (from, calls_from, cpu_from, wall_from) =
+        (Utc::now(), calls_now(&replicas), cpu_time(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(seconds.saturating_sub(2))).await;
+    let (until, calls_until, cpu_until, wall) = (
+        Utc::now(),
+        calls_now(&replicas),
+        cpu_time(),
+        wall_from.elapsed(),
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for r in replicas {
+        r.scheduler.shutdown(Duration::from_secs(10)).await?;
+    }
+    let runs = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let tally = Tally::of(&runs, jobs, from, until);
+    let mut calls = [0.0; 5];
+    for (c, (a, b)) in calls.iter_mut().zip(calls_from.iter().zip(calls_until)) {
+        *c = b.saturating_sub(*a) as f64 / (jobs as f64 * wall.as_secs_f64() * REPLICAS as f64);
+    }
+    let cpu = cpu_until.saturating_sub(cpu_from).as_secs_f64() / wall.as_secs_f64();
+    let failures = failures(&tally, mode);
+    let setting = format!(
+        "{jobs} jobs every second on {REPLICAS} replicas, {seconds} s (window {} s); tick ttl {} ms{}; fails on duplicates{}",
+        (until - from).num_seconds(),
+        allowed(ctx, ctx.timing().ttl).as_millis(),
+        if leader {
+            format!(", election ttl {} ms", election_ttl.as_millis())
+        } else {
+            String::new()
+        },
+        match mode {
+            Mode::Short => " only (short run: misses and lag reported)",
+            Mode::Full => ", misses, lag p99 > 100 ms",
+        }
+    );
+    let measure = format!("scheduler {kind}");
+    let row = if failures.is_empty() {
+        Row::new(&backend, &measure, setting)
+    } else {
+        Row::new(
+            &backend,
+            "FAILED",
+            format!("{measure}: {}; {setting}", failures.join(", ")),
+        )
+    };
+    Ok(row
+        .figure("jobs", jobs.to_string())
+        .figure("replicas", REPLICAS.to_string())
+        .figure("seconds", seconds.to_string())
+        .figure("ticks expected", tally.expected.to_string())
+        .figure("ran", tally.ran.to_string())
+        .figure("duplicates", tally.duplicates.to_string())
+        .figure("missed", tally.missed.to_string())
+        .figure("lag p50 ms", format!("{:.1}", tally.lag_ms(50.0)))
+        .figure("lag p99 ms", format!("{:.1}", tally.lag_ms(99.0)))
+        .figure("lag max ms", format!("{:.1}", tally.lag_ms(100.0)))
+        .figure(
+            "cpu %/replica",
+            format!("{:.1}", 100.0 * cpu / REPLICAS as f64),
+        )
+        .figure(
+            "calls/tick/replica",
+            format!("{:.2}", calls.iter().sum::<f64>()),
+        )
+        .figure(
+            "acq/renew/rel/other/store",
+            calls
+                .iter()
+                .map(|c| format!("{c:.2}"))
+                .collect::<Vec<_>>()
+                .join("/"),
+        ))
+}
+
+/// Why the row fails, if it does.
+fn failures(tally: &Tally, mode: Mode) -> Vec<String> {
+    let mut out = Vec::new();
+    if tally.duplicates > 0 {
+        out.push(format!("{} ticks ran more than once", tally.duplicates));
+    }
+    if mode == Mode::Full {
+        if tally.missed > 0 {
+            out.push(format!("{} ticks never ran", tally.missed));
+        }
+        let p99 = tally.lag_ms(99.0);
+        if p99 > LAG_P99_BOUND_MS {
+            out.push(format!("lag p99 {p99:.1} ms over {LAG_P99_BOUND_MS:.0} ms"));
+        }
+    }
+    out
+}
