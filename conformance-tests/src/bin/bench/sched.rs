@@ -12,10 +12,13 @@ use conformance_tests::{BoxError, Ctx};
 use scheduler::{ElectionOptions, Job, Mode as SchedMode, Scheduler};
 use tokio::time::Instant;
 
-use crate::measures::cpu_time;
+use crate::measures::{cpu_time, run_queue_wait};
 use crate::report::Row;
-use crate::sched_tally::{CountingTicks, Started, Tally};
+use crate::sched_tally::{CountingTicks, Ended, Started, Tally};
 use crate::Mode;
+
+/// How long each replica's shutdown may take before its runs are aborted.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Replicas per measurement, as the performance target asks.
 const REPLICAS: usize = 3;
@@ -34,6 +37,13 @@ fn size(backend: &str, mode: Mode) -> (usize, u64) {
         Mode::Full if backend.starts_with("etcd") => (100, 60),
         Mode::Full => (1_000, 60),
     }
+}
+
+/// What every replica's handlers and outcome hooks saw.
+#[derive(Debug, Default)]
+struct Logs {
+    started: Mutex<Vec<Started>>,
+    ended: Mutex<Vec<Ended>>,
 }
 
 /// One replica under measurement, and its call counters.
@@ -71,7 +81,7 @@ async fn start_replica(
     index: usize,
     jobs: &[String],
     mode: &SchedMode,
-    log: &Arc<Mutex<Vec<Started>>>,
+    logs: &Arc<Logs>,
 ) -> Result<Replica, BoxError> {
     let calls = FaultyBackend::new(ctx.factory().replica().await?, Duration::ZERO);
     let locker = ctx.replica_over(Arc::new(calls.clone())).locker;
@@ -82,12 +92,23 @@ async fn start_replica(
         .ok_or("this backend has no tick store")?;
     let ticks = CountingTicks::new(store);
     let registry = prometheus::Registry::new();
+    let ended = Arc::clone(logs);
     let mut builder = Scheduler::builder(locker, Arc::new(ticks.clone()))
         .with_mode(mode.clone())
-        .with_registry(&registry);
+        .with_registry(&registry)
+        .with_on_outcome(move |report| {
+            if let Ok(mut log) = ended.ended.lock() {
+                log.push(Ended {
+                    job: report.job.clone(),
+                    tick_ms: report.scheduled.timestamp_millis(),
+                    replica: index,
+                    outcome: report.outcome,
+                });
+            }
+        });
     let job_ttl = allowed(ctx, ctx.timing().ttl);
     for (job, name) in jobs.iter().enumerate() {
-        let log = Arc::clone(log);
+        let logs = Arc::clone(logs);
         builder = builder.with_job(
             Job::new(name.clone(), EVERY_SECOND, move |run| {
                 let started = Started {
@@ -96,7 +117,7 @@ async fn start_replica(
                     replica: index,
                     at: Utc::now(),
                 };
-                if let Ok(mut log) = log.lock() {
+                if let Ok(mut log) = logs.started.lock() {
                     log.push(started);
                 }
                 async { Ok(()) }
@@ -142,10 +163,10 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
     let names: Vec<String> = (0..jobs)
         .map(|j| ctx.name(&format!("sched-{kind}-{j}")).as_str().to_owned())
         .collect();
-    let log = Arc::new(Mutex::new(Vec::new()));
+    let logs = Arc::new(Logs::default());
     let mut replicas = Vec::with_capacity(REPLICAS);
     for index in 0..REPLICAS {
-        let replica = start_replica(ctx, index, &names, &sched_mode, &log).await?;
+        let replica = start_replica(ctx, index, &names, &sched_mode, &logs).await?;
         if leader && index == 0 {
             // One leader before the others start, so the window is not cut
             // by a first election.
@@ -155,27 +176,45 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
     }
     // The first and last second are cut by the start and the shutdown.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (from, calls_from, cpu_from, wall_from) =
-        (Utc::now(), calls_now(&replicas), cpu_time(), Instant::now());
-    tokio::time::sleep(Duration::from_secs(seconds.saturating_sub(2))).await;
-    let (until, calls_until, cpu_until, wall) = (
+    let (from, calls_from, cpu_from, wait_from, wall_from) = (
         Utc::now(),
         calls_now(&replicas),
         cpu_time(),
+        run_queue_wait(),
+        Instant::now(),
+    );
+    tokio::time::sleep(Duration::from_secs(seconds.saturating_sub(2))).await;
+    let (until, calls_until, cpu_until, wait_until, wall) = (
+        Utc::now(),
+        calls_now(&replicas),
+        cpu_time(),
+        run_queue_wait(),
         wall_from.elapsed(),
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for r in replicas {
-        r.scheduler.shutdown(Duration::from_secs(10)).await?;
+    // All at once: a replica still running while another stops would keep
+    // firing ticks nobody counts.
+    let stopping: Vec<_> = replicas
+        .into_iter()
+        .map(|r| tokio::spawn(r.scheduler.shutdown(SHUTDOWN_DEADLINE)))
+        .collect();
+    let mut stop_errors = Vec::new();
+    for s in stopping {
+        if let Err(e) = s.await? {
+            stop_errors.push(e.to_string());
+        }
     }
-    let runs = log.lock().map(|l| l.clone()).unwrap_or_default();
-    let tally = Tally::of(&runs, jobs, from, until);
+    let runs = logs.started.lock().map(|l| l.clone()).unwrap_or_default();
+    let ended = logs.ended.lock().map(|l| l.clone()).unwrap_or_default();
+    let tally = Tally::of(&runs, &ended, &names, from, until);
     let mut calls = [0.0; 5];
     for (c, (a, b)) in calls.iter_mut().zip(calls_from.iter().zip(calls_until)) {
         *c = b.saturating_sub(*a) as f64 / (jobs as f64 * wall.as_secs_f64() * REPLICAS as f64);
     }
     let cpu = cpu_until.saturating_sub(cpu_from).as_secs_f64() / wall.as_secs_f64();
-    let failures = failures(&tally, mode);
+    let waited = wait_until.saturating_sub(wait_from).as_secs_f64() / wall.as_secs_f64();
+    let mut failures = failures(&tally, mode);
+    failures.extend(stop_errors.into_iter().map(|e| format!("shutdown: {e}")));
     let setting = format!(
         "{jobs} jobs every second on {REPLICAS} replicas, {seconds} s (window {} s); tick ttl {} ms{}; fails on duplicates{}",
         (until - from).num_seconds(),
@@ -208,6 +247,8 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
         .figure("ran", tally.ran.to_string())
         .figure("duplicates", tally.duplicates.to_string())
         .figure("missed", tally.missed.to_string())
+        .figure("2+ successes", tally.double_success.to_string())
+        .figure("aborted", tally.aborted.to_string())
         .figure("lag p50 ms", format!("{:.1}", tally.lag_ms(50.0)))
         .figure("lag p99 ms", format!("{:.1}", tally.lag_ms(99.0)))
         .figure("lag max ms", format!("{:.1}", tally.lag_ms(100.0)))
@@ -215,6 +256,7 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
             "cpu %/replica",
             format!("{:.1}", 100.0 * cpu / REPLICAS as f64),
         )
+        .figure("run-queue wait %", format!("{:.1}", 100.0 * waited))
         .figure(
             "calls/tick/replica",
             format!("{:.2}", calls.iter().sum::<f64>()),
@@ -233,7 +275,11 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
 fn failures(tally: &Tally, mode: Mode) -> Vec<String> {
     let mut out = Vec::new();
     if tally.duplicates > 0 {
-        out.push(format!("{} ticks ran more than once", tally.duplicates));
+        out.push(format!(
+            "{} ticks ran more than once ({})",
+            tally.duplicates,
+            tally.example.as_deref().unwrap_or("")
+        ));
     }
     if mode == Mode::Full {
         if tally.missed > 0 {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use lock_core::{BackendError, LockName, TickStore};
+use scheduler::TickOutcome;
 
 /// One handler run, as the handler saw it start.
 #[derive(Debug, Clone)]
@@ -23,6 +24,19 @@ pub(crate) struct Started {
     pub(crate) at: DateTime<Utc>,
 }
 
+/// One tick's outcome on one replica, as the scheduler reported it.
+#[derive(Debug, Clone)]
+pub(crate) struct Ended {
+    /// The job's name.
+    pub(crate) job: String,
+    /// The scheduled tick, Unix ms.
+    pub(crate) tick_ms: i64,
+    /// Which replica reported it.
+    pub(crate) replica: usize,
+    /// How it ended there.
+    pub(crate) outcome: TickOutcome,
+}
+
 /// Runs counted per (job, tick) over the ticks of a window.
 #[derive(Debug)]
 pub(crate) struct Tally {
@@ -34,15 +48,24 @@ pub(crate) struct Tally {
     pub(crate) duplicates: usize,
     /// (job, tick) pairs never run.
     pub(crate) missed: usize,
+    /// (job, tick) pairs that ended `Success` on more than one replica: a
+    /// duplicate that is not a documented re-run of a run cut short.
+    pub(crate) double_success: usize,
+    /// Runs the scheduler reported `Aborted` (lock lost mid-run).
+    pub(crate) aborted: usize,
+    /// The first duplicate, described, if any.
+    pub(crate) example: Option<String>,
     /// Start minus scheduled tick, in ms, sorted.
     lags_ms: Vec<f64>,
 }
 
 impl Tally {
-    /// Counts `runs` of `jobs` jobs whose tick lies in `[from, until)`.
+    /// Counts `runs` of `jobs` jobs (named `names`), and the outcomes
+    /// `ended`, whose tick lies in `[from, until)`.
     pub(crate) fn of(
         runs: &[Started],
-        jobs: usize,
+        ended: &[Ended],
+        names: &[String],
         from: DateTime<Utc>,
         until: DateTime<Utc>,
     ) -> Self {
@@ -62,12 +85,48 @@ impl Tally {
             lags_ms.push(lag_us as f64 / 1000.0);
         }
         lags_ms.sort_by(f64::total_cmp);
-        let expected = jobs * ticks;
+        let mut outcomes: HashMap<(&str, i64), Vec<(usize, TickOutcome)>> = HashMap::new();
+        for e in ended
+            .iter()
+            .filter(|e| (from_ms..until_ms).contains(&e.tick_ms))
+        {
+            outcomes
+                .entry((e.job.as_str(), e.tick_ms))
+                .or_default()
+                .push((e.replica, e.outcome));
+        }
+        let successes = |o: &Vec<(usize, TickOutcome)>| {
+            o.iter().filter(|(_, o)| *o == TickOutcome::Success).count()
+        };
+        let example = per
+            .iter()
+            .filter(|(_, r)| r.len() > 1)
+            .min_by_key(|((job, tick), _)| (*tick, *job))
+            .map(|((job, tick), replicas)| {
+                let name = names.get(*job).map_or("", String::as_str);
+                let ran = runs
+                    .iter()
+                    .filter(|r| r.job == *job && r.tick.timestamp_millis() == *tick)
+                    .map(|r| format!("replica {} lag {} ms", r.replica, (r.at - r.tick).num_milliseconds()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let ended = outcomes.get(&(name, *tick)).cloned().unwrap_or_default();
+                format!("e.g. job {job} tick {tick} started on replicas {replicas:?} ({ran}), outcomes {ended:?}")
+            });
+        let expected = names.len() * ticks;
         Self {
             expected,
             ran: lags_ms.len(),
             duplicates: per.values().filter(|r| r.len() > 1).count(),
             missed: expected.saturating_sub(per.len()),
+            double_success: outcomes.values().filter(|o| successes(o) > 1).count(),
+            aborted: ended
+                .iter()
+                .filter(|e| {
+                    (from_ms..until_ms).contains(&e.tick_ms) && e.outcome == TickOutcome::Aborted
+                })
+                .count(),
+            example,
             lags_ms,
         }
     }
