@@ -158,7 +158,10 @@ async fn sched_rows(ctx: &Ctx, mode: Mode) -> Vec<Row> {
     let mut rows = Vec::new();
     for leader in [false, true] {
         let kind = if leader { "leader" } else { "per-tick" };
-        let row = match sched::at_scale(ctx, leader, mode).await {
+        let row = match tokio::time::timeout(sched::TIME_BOUND, sched::at_scale(ctx, leader, mode))
+            .await
+            .unwrap_or_else(|_| Err("did not finish in time".into()))
+        {
             Ok(row) => row,
             Err(e) => Row::new(
                 ctx.factory().name(),
