@@ -41,6 +41,21 @@ pub struct RenewCall {
     pub leases: usize,
 }
 
+/// Which kind of backend call, for [`FaultyBackend::calls_of`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// `try_acquire`.
+    Acquire = 0,
+    /// `renew` and `renew_many` (one call each, however many leases).
+    Renew = 1,
+    /// `check`.
+    Check = 2,
+    /// `release`.
+    Release = 3,
+    /// `subscribe_release`.
+    Subscribe = 4,
+}
+
 /// Wraps a backend, counting calls, logging renewals and injecting
 /// [`Fault`]s. Clones share state.
 #[derive(Debug, Clone)]
@@ -48,6 +63,7 @@ pub struct FaultyBackend {
     inner: Arc<dyn LockBackend>,
     fault: Arc<AtomicU8>,
     calls: Arc<AtomicU64>,
+    by_kind: Arc<[AtomicU64; 5]>,
     renewals: Arc<Mutex<Vec<RenewCall>>>,
     stall: Duration,
 }
@@ -59,6 +75,7 @@ impl FaultyBackend {
             inner,
             fault: Arc::new(AtomicU8::new(Fault::None as u8)),
             calls: Arc::new(AtomicU64::new(0)),
+            by_kind: Arc::default(),
             renewals: Arc::default(),
             stall,
         }
@@ -72,6 +89,11 @@ impl FaultyBackend {
     /// How many backend calls went through the wrapper.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// How many calls of `kind` went through the wrapper.
+    pub fn calls_of(&self, kind: CallKind) -> u64 {
+        self.by_kind[kind as usize].load(Ordering::SeqCst)
     }
 
     /// Every renewal round trip so far (`renew` and `renew_many`).
@@ -99,8 +121,11 @@ impl FaultyBackend {
         }
     }
 
-    async fn gate(&self, is_renewal: bool) -> Result<(), BackendError> {
+    async fn gate(&self, kind: CallKind) -> Result<(), BackendError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.by_kind[kind as usize].fetch_add(1, Ordering::SeqCst);
+        // Checks read the lease as renewals do, so renewal faults hit them too.
+        let is_renewal = matches!(kind, CallKind::Renew | CallKind::Check);
         match self.fault() {
             Fault::None => Ok(()),
             Fault::Down => Err(BackendError::unavailable("injected: connection refused")),
@@ -134,7 +159,7 @@ impl LockBackend for FaultyBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        self.gate(false).await?;
+        self.gate(CallKind::Acquire).await?;
         self.inner.try_acquire(name, owner, ttl).await
     }
 
@@ -145,7 +170,7 @@ impl LockBackend for FaultyBackend {
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
         let start = Instant::now();
-        self.gate(true).await?;
+        self.gate(CallKind::Renew).await?;
         let answer = self.inner.renew(name, owner, ttl).await;
         self.log_renewal(start, 1);
         answer
@@ -156,7 +181,7 @@ impl LockBackend for FaultyBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
-        self.gate(true).await?;
+        self.gate(CallKind::Check).await?;
         self.inner.check(name, owner).await
     }
 
@@ -165,7 +190,7 @@ impl LockBackend for FaultyBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
-        self.gate(false).await?;
+        self.gate(CallKind::Release).await?;
         if self.fault() == Fault::StallReleases {
             tokio::time::sleep(self.stall).await;
         }
@@ -177,7 +202,7 @@ impl LockBackend for FaultyBackend {
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         let start = Instant::now();
-        self.gate(true).await?;
+        self.gate(CallKind::Renew).await?;
         let answer = self.inner.renew_many(requests).await;
         self.log_renewal(start, requests.len());
         answer
@@ -187,7 +212,7 @@ impl LockBackend for FaultyBackend {
         &self,
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
-        self.gate(false).await?;
+        self.gate(CallKind::Subscribe).await?;
         self.inner.subscribe_release(name).await
     }
 

@@ -4,9 +4,11 @@
 //!
 //! `cargo run --release -p conformance-tests --bin bench` (add `-- --short`
 //! for a seconds-long smoke run, `-- --only memory` for one backend,
-//! `-- --acquire-only` for the acquire+release rows alone, `-- --pg-sessions
-//! 1,2,4,8,16` for the lock session counts of the Postgres 10,000-lease rows,
-//! `-- --only postgres-sessions` for the Postgres-only rows alone).
+//! `-- --acquire-only` for the acquire+release rows alone, `-- --sched-only`
+//! for the scheduler-at-scale rows alone (with `--only memory` for one
+//! backend's), `-- --pg-sessions 1,2,4,8,16` for the lock session counts of
+//! the Postgres 10,000-lease rows, `-- --only postgres-sessions` for the
+//! Postgres-only rows alone).
 //! Backends whose server cannot be had are listed as SKIPPED; one whose
 //! measurement fails is listed as FAILED and makes the exit status non-zero.
 //! Servers come from the same places as in the conformance suite.
@@ -16,6 +18,8 @@ mod floors;
 mod measures;
 mod pg;
 mod report;
+mod sched;
+mod sched_tally;
 mod stats;
 
 use std::sync::Arc;
@@ -140,14 +144,48 @@ fn targets(run_id: &str, only: Option<&str>) -> Vec<Target> {
     out
 }
 
+/// Which rows to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    All,
+    AcquireOnly,
+    SchedOnly,
+}
+
+/// The scheduler-at-scale rows, per tick and leader. A measurement that
+/// errors becomes a FAILED row of its own, so the other rows still show.
+async fn sched_rows(ctx: &Ctx, mode: Mode) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for leader in [false, true] {
+        let kind = if leader { "leader" } else { "per-tick" };
+        let row = match tokio::time::timeout(sched::TIME_BOUND, sched::at_scale(ctx, leader, mode))
+            .await
+            .unwrap_or_else(|_| Err("did not finish in time".into()))
+        {
+            Ok(row) => row,
+            Err(e) => Row::new(
+                ctx.factory().name(),
+                "FAILED",
+                format!("scheduler {kind}: {e}"),
+            ),
+        };
+        eprintln!("  {}: {} ({})", row.backend, row.measure, row.setting);
+        rows.push(row);
+    }
+    rows
+}
+
 async fn bench_backend(
     factory: Arc<dyn BackendFactory>,
     source: FloorSource,
     mode: Mode,
-    acquire_only: bool,
+    only: Rows,
     run_id: &str,
 ) -> Result<Vec<Row>, BoxError> {
     let ctx = Ctx::new(Arc::clone(&factory), run_id, "bench");
+    if only == Rows::SchedOnly {
+        return Ok(sched_rows(&ctx, mode).await);
+    }
     let floor = floors::floor_for(&factory, &source).await?;
     eprintln!("{}: floor = {}", factory.name(), floor.describe());
     let mut rows = Vec::new();
@@ -181,7 +219,7 @@ async fn bench_backend(
             }
         }
     }
-    if acquire_only {
+    if only == Rows::AcquireOnly {
         return Ok(rows);
     }
     for &leases in mode.scales() {
@@ -193,6 +231,7 @@ async fn bench_backend(
     }
     rows.push(done(measures::handoff(&ctx, mode).await?));
     rows.push(done(failover::failover(&ctx, mode).await?));
+    rows.extend(sched_rows(&ctx, mode).await);
     Ok(rows)
 }
 
@@ -205,6 +244,13 @@ fn main() -> Result<(), BoxError> {
     };
     // Only the acquire+release rows, at full length: for iterating on them.
     let acquire_only = args.iter().any(|a| a == "--acquire-only");
+    let rows_wanted = if args.iter().any(|a| a == "--sched-only") {
+        Rows::SchedOnly
+    } else if acquire_only {
+        Rows::AcquireOnly
+    } else {
+        Rows::All
+    };
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -225,8 +271,7 @@ fn main() -> Result<(), BoxError> {
         match found {
             Availability::Ready((factory, source)) => {
                 eprintln!("{backend}: measuring");
-                match runtime.block_on(bench_backend(factory, source, mode, acquire_only, &run_id))
-                {
+                match runtime.block_on(bench_backend(factory, source, mode, rows_wanted, &run_id)) {
                     Ok(r) => rows.extend(r),
                     Err(e) => {
                         failed = true;
@@ -242,9 +287,10 @@ fn main() -> Result<(), BoxError> {
         }
     }
     // `--only postgres-sessions` runs these rows alone.
-    if only
-        .as_deref()
-        .is_none_or(|o| "postgres".starts_with(o) || o == "postgres-sessions")
+    if rows_wanted != Rows::SchedOnly
+        && only
+            .as_deref()
+            .is_none_or(|o| "postgres".starts_with(o) || o == "postgres-sessions")
     {
         // A private server (started here, outside the runtime): see pg.rs.
         let base = postgres::private_factory(&run_id).and_then(|b| b.url().map(|_| b));

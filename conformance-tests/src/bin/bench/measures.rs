@@ -349,7 +349,7 @@ pub(crate) async fn handoff(ctx: &Ctx, mode: Mode) -> Result<Row, BoxError> {
 }
 
 /// User + system CPU time of this process.
-fn cpu_time() -> Duration {
+pub(crate) fn cpu_time() -> Duration {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return Duration::ZERO;
     };
@@ -365,4 +365,21 @@ fn cpu_time() -> Duration {
     // utime and stime are fields 14 and 15 of stat, i.e. 11 and 12 after ')'.
     let total = ticks(11) + ticks(12);
     Duration::from_millis(total * 10)
+}
+
+/// Time this process's threads spent runnable but not running (waiting for
+/// a core), summed over its live threads: how much CPU the machine denied
+/// it. Zero where `/proc` cannot say.
+pub(crate) fn run_queue_wait() -> Duration {
+    let Ok(threads) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let waited_ns: u64 = threads
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        // schedstat: time on a core, time waiting on a run queue (both ns),
+        // timeslices.
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(waited_ns)
 }
