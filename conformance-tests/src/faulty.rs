@@ -28,6 +28,9 @@ pub enum Fault {
     /// Let everything through, but hold each release for `stall` first, as
     /// a slow server would.
     StallReleases = 4,
+    /// Let everything through, but answer every check with `Expired`
+    /// without asking the server, as if the lease had just ended there.
+    ChecksExpire = 5,
 }
 
 /// One renewal round trip: when it started and ended, and how many leases it carried.
@@ -117,6 +120,7 @@ impl FaultyBackend {
             2 => Fault::StallRenewals,
             3 => Fault::RefuseRenewals,
             4 => Fault::StallReleases,
+            5 => Fault::ChecksExpire,
             _ => Fault::None,
         }
     }
@@ -142,7 +146,7 @@ impl FaultyBackend {
                 lock_core::BackendErrorKind::Config,
                 "injected: the server refuses this session",
             )),
-            Fault::StallRenewals | Fault::StallReleases => Ok(()),
+            Fault::StallRenewals | Fault::StallReleases | Fault::ChecksExpire => Ok(()),
         }
     }
 }
@@ -182,6 +186,9 @@ impl LockBackend for FaultyBackend {
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
         self.gate(CallKind::Check).await?;
+        if self.fault() == Fault::ChecksExpire {
+            return Ok(LeaseStatus::Expired);
+        }
         self.inner.check(name, owner).await
     }
 

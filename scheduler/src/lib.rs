@@ -25,7 +25,8 @@
 //!
 //! 1. Only the holder of a tick's lock runs it, and it runs only while the
 //!    lock is valid by its local deadline (the handler is dropped the moment
-//!    the lock is lost, and the run is verified with the backend afterwards).
+//!    the lock is lost, and the lock is verified with the backend afterwards,
+//!    which logs a loss the heartbeat had not seen yet).
 //! 2. The lock is not released when the handler returns: it is kept
 //!    ([`LockGuard::retain_for`](lock_core::LockGuard::retain_for)) until the
 //!    tick plus the skew tolerance has passed, so a replica whose clock is
@@ -48,7 +49,14 @@
 //! then: its guard failed at its local deadline, before the lock could be
 //! taken again. Handlers that must not repeat a partial effect should write
 //! under the run's fencing token ([`JobContext::fencing_token`]). A tick whose
-//! run finished, successfully or with an error, never runs again.
+//! run finished, successfully or with an error, never runs again: the mark is
+//! written as soon as the handler returns, before anything else. One window
+//! remains, and no lock service can close it: a replica that stalls (starved
+//! of CPU, frozen) for longer than the TTL between its handler's return and
+//! the mark's write lets the lock run out unmarked, and a replica whose clock
+//! is behind may then take the tick and run it again, after the first run
+//! ended, never alongside it. The stalled replica logs a warning when its
+//! mark lands after its lock's deadline.
 //!
 //! # Clock skew
 //!

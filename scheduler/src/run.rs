@@ -55,8 +55,12 @@ pub(crate) async fn execute(
             None => std::future::pending().await,
         }
     };
+    // A handler that has returned has done its work, even if the lock's loss
+    // arrives in the same wake-up: its result wins, so the tick is marked
+    // finished instead of being left for another replica to run again.
     let joined: Option<Result<Result<(), JobError>, JoinError>> = tokio::select! {
         biased;
+        joined = &mut task => Some(joined),
         reason = lease.lost() => {
             warn!(job = label, tick = %tick.at, %reason, "tick lock lost; aborting the run");
             None
@@ -69,7 +73,6 @@ pub(crate) async fn execute(
             warn!(job = label, tick = %tick.at, "shutdown deadline passed; aborting the run");
             None
         }
-        joined = &mut task => Some(joined),
     };
     let Some(joined) = joined else {
         cancel.cancel();
@@ -98,21 +101,31 @@ pub(crate) async fn execute(
         }
         Err(_) => return TickOutcome::Aborted,
     };
-    match lease.verify().await {
-        Ok(()) => {}
+    // The handler finished while the lock was valid by its local deadline,
+    // so its work is done: mark it before anything else. A mark written
+    // after a verification round trip would leave a window in which the
+    // lease lapses and a replica whose clock is behind takes the tick and,
+    // finding no mark, runs a finished tick again.
+    let recorded = record(rt, job, tick).await;
+    if recorded && lease.assert_held().is_err() {
+        warn!(job = label, tick = %tick.at, "the completion mark was written after the tick's lock ran out (this replica stalled); a replica that took the tick meanwhile may run it again");
+    }
+    let lost = match lease.verify().await {
+        Ok(()) => false,
         Err(LockError::LockLost { reason, .. }) => {
-            warn!(job = label, tick = %tick.at, %reason, "tick lock lost before the run was confirmed; counting it aborted");
-            return TickOutcome::Aborted;
+            warn!(job = label, tick = %tick.at, %reason, "tick lock found lost after the run finished; another replica may have run the tick alongside this one");
+            true
         }
         Err(e) => {
             warn!(job = label, error = %e, "could not re-verify the tick lock; relying on its local deadline");
-            if lease.assert_held().is_err() {
-                return TickOutcome::Aborted;
-            }
+            lease.assert_held().is_err()
         }
+    };
+    if lost {
+        let _ = guard.release().await;
+    } else {
+        mark_done(rt, job, tick, guard, recorded).await;
     }
-    let recorded = record(rt, job, tick).await;
-    mark_done(rt, job, tick, guard, recorded).await;
     outcome
 }
 

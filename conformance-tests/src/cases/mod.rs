@@ -153,6 +153,10 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(
+        scheduler::scheduler_finished_tick_is_marked_before_its_lock_is_checked,
+        Requires::Nothing
+    ),
+    case!(
         scheduler::scheduler_far_ahead_replica_does_not_starve_others,
         Requires::Nothing
     ),

@@ -37,6 +37,7 @@ pub(super) use shutdown::{
 pub(super) use skew::{
     scheduler_busy_fast_replica_does_not_cancel_a_tick,
     scheduler_far_ahead_replica_does_not_starve_others,
+    scheduler_finished_tick_is_marked_before_its_lock_is_checked,
     scheduler_finished_tick_outlives_its_replica, scheduler_skew_beyond_tolerance_still_runs_once,
 };
 

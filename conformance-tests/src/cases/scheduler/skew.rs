@@ -3,10 +3,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use scheduler::Mode;
+use scheduler::{Mode, TickOutcome};
 use tokio::time::sleep;
 
 use super::fleet::{self, Fleet, Plan};
+use crate::faulty::Fault;
 use crate::Ctx;
 
 /// Replica 0's clock is 3 s ahead and once gets busy: its first run lasts
@@ -163,5 +164,46 @@ pub(crate) async fn scheduler_finished_tick_outlives_its_replica(ctx: Ctx) {
     assert!(
         runs.iter().any(|r| r.replica == 1 && r.tick > first),
         "replica 1 ran nothing after {first}: {runs:?}"
+    );
+}
+
+/// Replica 0's clock is two periods ahead, and every check of its tick
+/// locks answers "expired", as when a lease ends on the server between a
+/// handler's return and the check that follows it. Replica 1, behind, then
+/// takes each tick's lock after replica 0 let it go: the completion mark,
+/// written as soon as the handler returned, must stop it running a finished
+/// tick again, and replica 0's runs count as finished, not aborted.
+pub(crate) async fn scheduler_finished_tick_is_marked_before_its_lock_is_checked(ctx: Ctx) {
+    let plan = Plan::of(&ctx);
+    let behind_ms = i64::try_from((plan.period * 2).as_millis()).expect("small");
+    let fleet = Fleet::new(&ctx, &[0, -behind_ms]).await;
+    fleet.faults[0].set(Fault::ChecksExpire);
+    let name = ctx.name("lapsed");
+    let schedulers = fleet
+        .start_all(&ctx, Mode::PerTick, |replica| {
+            fleet.recording_job(name.as_str(), plan.cron, replica, plan.work)
+        })
+        .await;
+    sleep(plan.period * 8).await;
+    fleet.shutdown_all(schedulers).await;
+    let runs = fleet.log.completed();
+    fleet::assert_each_tick_once(&runs, plan.period);
+    let ahead = runs.iter().filter(|r| r.replica == 0).count();
+    assert!(
+        ahead >= 4,
+        "replica 0 ran only {ahead} ticks in 8 periods: {runs:?}"
+    );
+    // Replica 1 alone fires the ticks due before replica 0 started; after
+    // those, every tick is replica 0's, finished and marked.
+    let first_ahead = runs.iter().filter(|r| r.replica == 0).map(|r| r.tick).min();
+    assert!(
+        runs.iter()
+            .all(|r| r.replica == 0 || first_ahead.is_some_and(|first| r.tick < first)),
+        "the replica behind ran a tick after replica 0 took over: {runs:?}"
+    );
+    let reports = fleet.reports_of(0, name.as_str());
+    assert!(
+        reports.iter().all(|r| r.outcome == TickOutcome::Success),
+        "a finished run whose lock was lost afterwards counts as finished: {reports:?}"
     );
 }
