@@ -83,6 +83,7 @@ pub(crate) struct LeaseParts<'a> {
 
 /// `at + d`, or `None` when that is past what the clock can represent: a
 /// deadline so far away is no deadline.
+#[inline]
 pub(crate) fn deadline_after(at: Instant, d: Duration) -> Option<Instant> {
     at.checked_add(d)
 }
