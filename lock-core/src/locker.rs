@@ -647,6 +647,13 @@ impl Locker {
         if !first.is_closed() {
             return first.clone();
         }
+        self.restart_heartbeat(backend)
+    }
+
+    /// A heartbeat task in place of one whose runtime has gone.
+    #[cold]
+    #[inline(never)]
+    fn restart_heartbeat(&self, backend: &Arc<dyn LockBackend>) -> HeartbeatHandle {
         let mut slot = self
             .inner
             .restarted_heartbeat
@@ -708,18 +715,30 @@ impl<'a> ReleaseOnDrop<'a> {
 }
 
 impl Drop for ReleaseOnDrop<'_> {
+    #[inline]
     fn drop(&mut self) {
-        let Some((backend, name, owner, background)) = self.armed.take() else {
-            return;
-        };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (backend, name) = (Arc::clone(backend), name.clone());
-            background.spawn_on(
-                async move {
-                    let _ = (*backend).release(&name, &owner).await;
-                },
-                &rt,
-            );
+        if let Some((backend, name, owner, background)) = self.armed.take() {
+            release_abandoned(backend, name, owner, background);
         }
+    }
+}
+
+/// Releases the owner token of an abandoned acquire in the background.
+#[cold]
+#[inline(never)]
+fn release_abandoned(
+    backend: &Arc<dyn LockBackend>,
+    name: &LockName,
+    owner: OwnerToken,
+    background: &Background,
+) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let (backend, name) = (Arc::clone(backend), name.clone());
+        background.spawn_on(
+            async move {
+                let _ = (*backend).release(&name, &owner).await;
+            },
+            &rt,
+        );
     }
 }
