@@ -47,6 +47,7 @@ impl Background {
     }
 
     /// Whether shutdown has begun.
+    #[inline]
     pub(crate) fn is_closing(&self) -> bool {
         self.inner.closed.load(Ordering::Acquire)
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use prometheus::Registry;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -58,7 +58,11 @@ struct Inner {
     lock_required: bool,
     metrics: LockMetrics,
     claims: Arc<LocalClaims>,
-    heartbeat: Mutex<Option<HeartbeatHandle>>,
+    /// The heartbeat task first started: every acquire reads it, so without
+    /// a lock.
+    heartbeat: OnceLock<HeartbeatHandle>,
+    /// Its replacement, if the runtime that ran it has gone.
+    restarted_heartbeat: Mutex<Option<HeartbeatHandle>>,
     next_id: AtomicU64,
     /// This `Locker`'s leases by owner, when the backend pushes losses.
     registry: Option<Arc<LeaseRegistry>>,
@@ -152,7 +156,8 @@ impl LockerBuilder {
                 lock_required: self.lock_required,
                 metrics,
                 claims: Arc::default(),
-                heartbeat: Mutex::new(None),
+                heartbeat: OnceLock::new(),
+                restarted_heartbeat: Mutex::new(None),
                 next_id: AtomicU64::new(1),
                 registry,
                 background: Background::default(),
@@ -480,6 +485,7 @@ impl Locker {
         Ok(RunOutcome::Completed(value))
     }
 
+    #[inline]
     fn validate(&self, opts: &LockOptions) -> Result<()> {
         match &self.inner.capabilities {
             Some(caps) => opts.validate_for(caps),
@@ -634,9 +640,23 @@ impl Locker {
     /// The heartbeat task, started on first use (and restarted if the runtime
     /// that ran it has gone).
     fn heartbeat(&self, backend: &Arc<dyn LockBackend>) -> HeartbeatHandle {
-        let mut slot = self
+        let first = self
             .inner
             .heartbeat
+            .get_or_init(|| HeartbeatHandle::spawn(Arc::clone(backend), &self.inner.background));
+        if !first.is_closed() {
+            return first.clone();
+        }
+        self.restart_heartbeat(backend)
+    }
+
+    /// A heartbeat task in place of one whose runtime has gone.
+    #[cold]
+    #[inline(never)]
+    fn restart_heartbeat(&self, backend: &Arc<dyn LockBackend>) -> HeartbeatHandle {
+        let mut slot = self
+            .inner
+            .restarted_heartbeat
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match slot.as_ref() {
@@ -695,18 +715,30 @@ impl<'a> ReleaseOnDrop<'a> {
 }
 
 impl Drop for ReleaseOnDrop<'_> {
+    #[inline]
     fn drop(&mut self) {
-        let Some((backend, name, owner, background)) = self.armed.take() else {
-            return;
-        };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (backend, name) = (Arc::clone(backend), name.clone());
-            background.spawn_on(
-                async move {
-                    let _ = (*backend).release(&name, &owner).await;
-                },
-                &rt,
-            );
+        if let Some((backend, name, owner, background)) = self.armed.take() {
+            release_abandoned(backend, name, owner, background);
         }
+    }
+}
+
+/// Releases the owner token of an abandoned acquire in the background.
+#[cold]
+#[inline(never)]
+fn release_abandoned(
+    backend: &Arc<dyn LockBackend>,
+    name: &LockName,
+    owner: OwnerToken,
+    background: &Background,
+) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let (backend, name) = (Arc::clone(backend), name.clone());
+        background.spawn_on(
+            async move {
+                let _ = (*backend).release(&name, &owner).await;
+            },
+            &rt,
+        );
     }
 }

@@ -255,14 +255,23 @@ impl LockOptions {
     /// # Errors
     ///
     /// [`Error::Config`] naming the offending value.
+    #[inline]
     pub fn validate_for(&self, capabilities: &crate::Capabilities) -> Result<()> {
-        // Every acquire checks its options: valid ones cost three comparisons.
+        // Every acquire checks its options: valid ones cost three comparisons,
+        // inlined into the acquire; the explanation is built out of line.
         if self.timing.problem.is_none()
             && self.ttl >= capabilities.min_ttl
             && capabilities.max_ttl.is_none_or(|max| self.ttl <= max)
         {
             return Ok(());
         }
+        self.refuse_for(capabilities)
+    }
+
+    /// The error [`LockOptions::validate_for`] returns for options it refuses.
+    #[cold]
+    #[inline(never)]
+    fn refuse_for(&self, capabilities: &crate::Capabilities) -> Result<()> {
         self.validate(capabilities.min_ttl)?;
         match capabilities.max_ttl {
             Some(max) if self.ttl > max => Err(Error::Config(format!(

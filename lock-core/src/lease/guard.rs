@@ -213,10 +213,18 @@ fn spawn_retention_end(state: Arc<LeaseState>, until: Instant) {
 }
 
 impl Drop for LockGuard {
+    #[inline]
     fn drop(&mut self) {
-        if self.finished {
-            return;
+        if !self.finished {
+            self.end_on_drop();
         }
+    }
+}
+
+impl LockGuard {
+    /// What dropping a guard that was neither released nor retained does.
+    #[inline(never)]
+    fn end_on_drop(&self) {
         let state = &self.handle.state;
         // Every handle learns now that the lease is over; a deadline that had
         // already passed is counted as the loss it was.
