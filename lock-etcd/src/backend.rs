@@ -10,7 +10,7 @@ use lock_core::backend::LossFeed;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, Capabilities, LockBackend, LockName, OwnerToken,
+    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken,
 };
 use tracing::{debug, warn};
 
@@ -181,10 +181,13 @@ impl LockBackend for Connected {
                 inner.acquire(at, name, owner, ttl)
             })
             .await;
-        if outcome.is_err() {
+        if let Err(e) = &outcome {
             // An attempt that got no answer may have put the key on the
             // shared lease, which other locks keep alive: delete it later.
-            inner.acquire_failed(name, owner, ttl);
+            // A refused configuration or permission wrote nothing.
+            if !matches!(e.kind(), BackendErrorKind::Config | BackendErrorKind::Auth) {
+                inner.acquire_failed(name, owner, ttl);
+            }
         }
         outcome
     }

@@ -23,6 +23,9 @@ use crate::members::Attempt;
 /// forgotten dead lease is found dead again by its next keep-alive).
 const MAX_DEAD: usize = 1024;
 
+/// Most kept deletes one acquire or sweep retries.
+const RETRIES_PER_CALL: usize = 64;
+
 /// Most releases kept to retry; past it the oldest are left to their lease.
 const MAX_PENDING: usize = 4096;
 
@@ -266,6 +269,9 @@ impl Inner {
         ttl: Duration,
     ) {
         let mut pending = lock(&self.shared.pending);
+        if pending.iter().any(|p| p.name == *name && p.owner == *owner) {
+            return;
+        }
         if pending.len() >= MAX_PENDING {
             pending.remove(0);
         }
@@ -313,7 +319,13 @@ impl Inner {
     /// locks on that lease (whose loss is reported first), within the
     /// lease's TTL. Cancel safe: what is not done stays kept.
     pub(crate) async fn retry_deletes(&self, at: &Attempt) {
-        let todo: Vec<Pending> = lock(&self.shared.pending).clone();
+        // The oldest first, a bounded number per call: after an outage
+        // many failed acquires may be kept, most of which wrote nothing.
+        let todo: Vec<Pending> = lock(&self.shared.pending)
+            .iter()
+            .take(RETRIES_PER_CALL)
+            .cloned()
+            .collect();
         let mut kv = at.client.kv_client();
         for p in todo {
             let key = self.key(&p.name);
