@@ -245,6 +245,7 @@ impl Inner {
             .collect();
         distinct.sort_unstable();
         distinct.dedup();
+        self.abort_rounds_elsewhere(at.member);
         let sent_at = Instant::now();
         let ttls = self.leases.keep_alive(at, &distinct).await?;
         let by_lease: HashMap<i64, i64> = distinct.into_iter().zip(ttls).collect();

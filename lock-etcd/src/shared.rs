@@ -4,13 +4,14 @@
 //! releases that got no answer and must still be done.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lock_core::backend::LossFeed;
 use lock_core::{BackendError, BackendErrorKind, LockName, LossReason, OwnerToken};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -36,8 +37,13 @@ type RoundAnswer = Option<Result<i64, (BackendErrorKind, String)>>;
 /// One keep-alive of a shared lease sent for acquires: when it was sent,
 /// and its answer once it came.
 struct Round {
-    sent_at: Instant,
+    /// Unset while it waits for the member's keep-alive stream: any acquire
+    /// may join it then, since it will be sent after that acquire started.
+    sent_at: Arc<OnceLock<Instant>>,
     answer: watch::Receiver<RoundAnswer>,
+    /// The member it went to, and its task while it may still run.
+    member: usize,
+    task: Option<JoinHandle<()>>,
 }
 
 /// A release that got no answer: the key may still be on a shared lease
@@ -152,31 +158,41 @@ impl Inner {
         let mut answer = {
             let mut rounds = lock(&self.shared.rounds);
             match rounds.get(&lease) {
-                Some(r) if r.sent_at >= started => r.answer.clone(),
+                Some(r) if r.sent_at.get().is_none_or(|at| *at >= started) => r.answer.clone(),
                 _ => {
+                    // A round stuck on another member (the call moved on from
+                    // it) would hold the keep-alive stream until its timeout.
+                    abort_elsewhere(&mut rounds, at.member);
                     let (tx, rx) = watch::channel(None);
-                    let (leases, at, limit) = (Arc::clone(&self.leases), at.clone(), self.timeout);
+                    let (leases, sent_to, limit) =
+                        (Arc::clone(&self.leases), at.clone(), self.timeout);
+                    let sent_at = Arc::new(OnceLock::new());
+                    let marked = Arc::clone(&sent_at);
+                    let task = tokio::spawn(async move {
+                        let got = match tokio::time::timeout(
+                            limit,
+                            leases.keep_alive_marking(&sent_to, &[lease], &marked),
+                        )
+                        .await
+                        {
+                            Ok(Ok(ttls)) => Ok(ttls.first().copied().unwrap_or(0)),
+                            Ok(Err(e)) => Err((e.kind(), e.to_string())),
+                            Err(_) => Err((
+                                BackendErrorKind::Timeout,
+                                format!("lease keep-alive: no answer within {limit:?}"),
+                            )),
+                        };
+                        let _ = tx.send(Some(got));
+                    });
                     rounds.insert(
                         lease,
                         Round {
-                            sent_at: Instant::now(),
+                            sent_at,
                             answer: rx.clone(),
+                            member: at.member,
+                            task: Some(task),
                         },
                     );
-                    tokio::spawn(async move {
-                        let got =
-                            match tokio::time::timeout(limit, leases.keep_alive(&at, &[lease]))
-                                .await
-                            {
-                                Ok(Ok(ttls)) => Ok(ttls.first().copied().unwrap_or(0)),
-                                Ok(Err(e)) => Err((e.kind(), e.to_string())),
-                                Err(_) => Err((
-                                    BackendErrorKind::Timeout,
-                                    format!("lease keep-alive: no answer within {limit:?}"),
-                                )),
-                            };
-                        let _ = tx.send(Some(got));
-                    });
                     rx
                 }
             }
@@ -197,17 +213,28 @@ impl Inner {
     /// so acquires that started before it need not send their own.
     pub(crate) fn note_kept_alive(&self, lease: i64, sent_at: Instant, ttl: i64) {
         let mut rounds = lock(&self.shared.rounds);
-        if rounds.get(&lease).is_some_and(|r| r.sent_at >= sent_at) {
+        if rounds
+            .get(&lease)
+            .is_some_and(|r| r.sent_at.get().is_none_or(|at| *at >= sent_at))
+        {
             return;
         }
         let (_tx, rx) = watch::channel(Some(Ok(ttl)));
         rounds.insert(
             lease,
             Round {
-                sent_at,
+                sent_at: Arc::new(OnceLock::from(sent_at)),
                 answer: rx,
+                member: usize::MAX,
+                task: None,
             },
         );
+    }
+
+    /// Stops acquire keep-alives still waiting on a member other than
+    /// `member`, before a call on `member` needs the keep-alive stream.
+    pub(crate) fn abort_rounds_elsewhere(&self, member: usize) {
+        abort_elsewhere(&mut lock(&self.shared.rounds), member);
     }
 
     /// The shared lease `lease` is gone on the server (keep-alive answered
@@ -356,4 +383,16 @@ impl Inner {
             }
         }
     }
+}
+
+/// Aborts the unfinished rounds sent to members other than `member`; their
+/// waiters get an error, and the keep-alive stream is free at once.
+fn abort_elsewhere(rounds: &mut HashMap<i64, Round>, member: usize) {
+    rounds.retain(|_, r| match &r.task {
+        Some(task) if r.member != member && !task.is_finished() => {
+            task.abort();
+            false
+        }
+        _ => true,
+    });
 }
