@@ -23,15 +23,29 @@ pub struct Target {
     pub scheme: &'static str,
 }
 
-/// 1 if `name` is still held (by anyone) when `locker` tries it, else 0.
+/// How long the leak probe keeps asking a server that cannot answer yet:
+/// after a Sentinel failover the new primary refuses writes
+/// (`NOREPLICAS`) until the sentinels re-link a replica to it, which took
+/// up to about 11 s here.
+const PROBE_PATIENCE: Duration = Duration::from_secs(15);
+
+/// 1 if `name` is still held (by anyone) when `locker` tries it, else 0. A
+/// backend error (the server not answering yet after a fault) is retried
+/// for [`PROBE_PATIENCE`]; only then does the probe fail.
 pub(super) async fn leak_probe(locker: &Locker, name: &LockName, opts: &LockOptions) -> usize {
-    match locker.try_lock(name, opts).await {
-        Ok(guard) => {
-            guard.release().await.expect("release of the leak probe");
-            0
+    let until = Instant::now() + PROBE_PATIENCE;
+    loop {
+        match locker.try_lock(name, opts).await {
+            Ok(guard) => {
+                guard.release().await.expect("release of the leak probe");
+                return 0;
+            }
+            Err(Error::HeldElsewhere { .. }) => return 1,
+            Err(Error::Backend(_)) if Instant::now() < until => {
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("leak probe failed: {e}"),
         }
-        Err(Error::HeldElsewhere { .. }) => 1,
-        Err(e) => panic!("leak probe failed: {e}"),
     }
 }
 
