@@ -41,7 +41,7 @@ pub(super) async fn leak_probe(locker: &Locker, name: &LockName, opts: &LockOpti
                 return 0;
             }
             Err(Error::HeldElsewhere { .. }) => return 1,
-            Err(Error::Backend(_)) if Instant::now() < until => {
+            Err(Error::Unavailable { .. } | Error::Backend(_)) if Instant::now() < until => {
                 sleep(Duration::from_millis(200)).await;
             }
             Err(e) => panic!("leak probe failed: {e}"),
