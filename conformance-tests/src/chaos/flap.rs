@@ -209,14 +209,23 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
     );
     // Warm up every replica's connections (and the leak probe's), holding
     // across a renewal so that renewal streams exist, then take the baseline.
+    // Every name the run uses is taken: a backend that spreads keys over
+    // several sessions (Postgres' lock sessions) opens the ones these names
+    // hash to, and the run must find them already open.
     for r in replicas.iter().chain([&direct]) {
-        let g = r
-            .locker
-            .try_lock(&names[0].0, &opts)
-            .await
-            .expect("healthy acquire through the proxy");
+        let mut held = Vec::new();
+        for (name, _) in names.iter() {
+            held.push(
+                r.locker
+                    .try_lock(name, &opts)
+                    .await
+                    .expect("healthy acquire through the proxy"),
+            );
+        }
         sleep(opts.renew_interval() * 3 / 2).await;
-        g.release().await.expect("healthy release");
+        for g in held {
+            g.release().await.expect("healthy release");
+        }
     }
     sleep(opts.renew_interval()).await;
     let baseline = footprint();
