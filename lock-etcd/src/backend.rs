@@ -6,11 +6,10 @@ use std::time::Duration;
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, KeyValue, Txn, TxnOp, TxnOpResponse,
 };
-use lock_core::backend::LossFeed;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken,
+    BackendError, Capabilities, LockBackend, LockName, OwnerToken,
 };
 use tracing::{debug, warn};
 
@@ -71,7 +70,7 @@ impl Inner {
         if !resp.succeeded() {
             // Our lease, if we still have one, guards nothing now.
             if let Some(held) = remembered {
-                self.revoke_if_own(held.lease);
+                self.revoke_in_background(held.lease);
                 if at.after_unclear {
                     // An earlier attempt of this release got no answer, but
                     // the key was ours until then (we still knew its lease):
@@ -88,8 +87,7 @@ impl Inner {
             _ => None,
         });
         let lease = deleted_lease.or(remembered.map(|h| h.lease)).unwrap_or(0);
-        // A shared lease stays: other locks are on it, and new ones will be.
-        if lease != 0 && !self.shared.is_shared(lease) {
+        if lease != 0 {
             if let Err(e) = self.leases.revoke(&at, lease).await {
                 warn!(lock = %name, error = %e, "lock released but its lease was not revoked; it will expire");
             }
@@ -154,17 +152,12 @@ pub(crate) fn capabilities_with(min_ttl: Duration) -> Capabilities {
         .with_batch_renew(true)
         .with_release_notify(true)
         .with_min_ttl(min_ttl)
-        .with_loss_push(true)
 }
 
 #[async_trait]
 impl LockBackend for Connected {
     fn capabilities(&self) -> Capabilities {
         capabilities_with(self.inner.min_ttl)
-    }
-
-    fn loss_feed(&self) -> Option<LossFeed> {
-        Some(self.feed())
     }
 
     async fn try_acquire(
@@ -175,21 +168,12 @@ impl LockBackend for Connected {
     ) -> Result<AcquireAttempt, BackendError> {
         self.inner.check_ttl(ttl)?;
         let inner = &self.inner;
-        let outcome = inner
+        inner
             .members
             .run(inner.timeout, "acquire", |at| {
                 inner.acquire(at, name, owner, ttl)
             })
-            .await;
-        if let Err(e) = &outcome {
-            // An attempt that got no answer may have put the key on the
-            // shared lease, which other locks keep alive: delete it later.
-            // A refused configuration or permission wrote nothing.
-            if !matches!(e.kind(), BackendErrorKind::Config | BackendErrorKind::Auth) {
-                inner.acquire_failed(name, owner, ttl);
-            }
-        }
-        outcome
+            .await
     }
 
     async fn renew(
@@ -228,16 +212,12 @@ impl LockBackend for Connected {
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         let inner = &self.inner;
-        let outcome = inner
+        inner
             .members
             .run(inner.timeout, "release", |at| {
                 inner.release_one(at, name, owner)
             })
-            .await;
-        if outcome.is_err() {
-            inner.release_failed(name, owner);
-        }
-        outcome
+            .await
     }
 
     async fn renew_many(

@@ -13,15 +13,15 @@
 //!
 //! What a `Locker` reads when it is built is right from the start: the
 //! capabilities are those of the same builder's backend (its minimum TTL
-//! the declared or default one, as a lazy start assumes), and the loss feed
-//! is made here and handed to the connection when it is made.
+//! the declared or default one, as a lazy start assumes), and etcd reports
+//! no losses through a loss feed, so there is none to hand over.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use crate::connection::Connected;
 use crate::EtcdBuilder;
-use lock_core::{backend::LossFeed, BackendError, Capabilities};
+use lock_core::{BackendError, Capabilities};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -36,9 +36,6 @@ pub(crate) struct Deferred {
     capabilities: Capabilities,
     shown: Arc<str>,
     connected: Arc<OnceLock<Connected>>,
-    /// Handed to `Locker`s before the cluster answers, and to the
-    /// connection once it does.
-    feed: LossFeed,
     attempts: Mutex<Attempts>,
 }
 
@@ -81,7 +78,6 @@ impl Deferred {
             capabilities,
             shown: shown.into(),
             connected: Arc::default(),
-            feed: LossFeed::new(),
             attempts: Mutex::default(),
         }
     }
@@ -100,12 +96,6 @@ impl Deferred {
     /// builder's backend, known before the cluster answers.
     pub(crate) fn capabilities(&self) -> Capabilities {
         self.capabilities.clone()
-    }
-
-    /// The feed through which lost shared leases are reported, now and
-    /// once connected.
-    pub(crate) fn feed(&self) -> LossFeed {
-        self.feed.clone()
     }
 
     /// The builder this backend connects with.
@@ -147,14 +137,10 @@ impl Deferred {
             let (tx, rx) = oneshot::channel();
             let (builder, connected) = (self.builder.clone(), Arc::clone(&self.connected));
             let shown = Arc::clone(&self.shown);
-            let feed = self.feed.clone();
             attempts.started = Some(Instant::now());
             attempts.task = Some(tokio::spawn(async move {
-                let answer = match tokio::time::timeout(
-                    limit,
-                    Connected::connect(builder, true, feed),
-                )
-                .await
+                let answer = match tokio::time::timeout(limit, Connected::connect(builder, true))
+                    .await
                 {
                     Ok(Ok(backend)) => {
                         info!(url = %shown, "etcd answers; lock calls go through from now on");
@@ -220,7 +206,7 @@ mod tests {
             capabilities,
             "known before connecting"
         );
-        assert!(deferred.loss_feed().is_some(), "known before connecting");
+        assert!(deferred.loss_feed().is_none());
         let (name, owner) = (
             LockName::new("deferred").expect("name"),
             OwnerToken::generate().expect("token"),
