@@ -217,7 +217,12 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.finished {
             self.end_on_drop();
+            return;
         }
+        // Released (a retained hold keeps a reference in its task): if this
+        // guard holds the last reference, a later acquire on this thread
+        // builds its lease in this one's allocation.
+        super::spares::keep(&mut self.handle.state);
     }
 }
 
