@@ -338,18 +338,31 @@ impl LeaseState {
     /// ended it.
     fn on_end(&self, reason: LossReason, now: Instant) {
         if reason.is_loss() {
-            warn!(lock = %self.name, %reason, "lock lost; cancelling the guarded work");
-            self.metrics.lost(reason);
+            self.count_loss(reason);
         }
         self.end_hold(now);
         if let Some(registry) = &self.registry {
             registry.remove(&self.owner);
         }
-        if !self.cancel_asked.load(Ordering::SeqCst) {
-            // No token yet: one made from now on sees the ending (see
-            // `cancel_token`).
-            return;
+        if self.cancel_asked.load(Ordering::SeqCst) {
+            self.cancel_now();
         }
+        // Otherwise there is no token yet: one made from now on sees the
+        // ending (see `cancel_token`).
+    }
+
+    /// Logs and counts a loss (out of line: a release, the usual ending,
+    /// then keeps fewer registers live).
+    #[cold]
+    #[inline(never)]
+    fn count_loss(&self, reason: LossReason) {
+        warn!(lock = %self.name, %reason, "lock lost; cancelling the guarded work");
+        self.metrics.lost(reason);
+    }
+
+    /// Fires the cancellation token, if one was made.
+    #[inline(never)]
+    fn cancel_now(&self) {
         let slot = self.cancel.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(token) = slot.as_ref() {
             token.cancel();
