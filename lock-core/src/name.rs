@@ -28,7 +28,7 @@ pub const MAX_NAME_LEN: usize = 200;
 /// assert_eq!(name.as_str(), "billing/nightly-report");
 /// assert!(LockName::new("has space").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Eq, PartialOrd, Ord)]
 pub struct LockName(Arc<str>);
 
 impl LockName {
@@ -144,6 +144,26 @@ fn truncate_for_message(text: &str) -> String {
     match text.char_indices().nth(SHOWN) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_owned(),
+    }
+}
+
+/// Equal texts are equal names. Clones of one name share their text, and
+/// the in-process guard and the backends' tables compare a name with a
+/// clone of itself on every acquire and release: the pointer is compared
+/// first, the text only if the pointers differ (std's `Arc` does that only
+/// for sized types, not for `str`).
+impl PartialEq for LockName {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+    }
+}
+
+/// Hashes the text alone, as equality compares it.
+impl std::hash::Hash for LockName {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
     }
 }
 

@@ -154,7 +154,8 @@ impl LockGuard {
     /// finishes in the background.
     pub async fn release(mut self) -> Result<()> {
         self.stop_renewing();
-        let state = Arc::clone(&self.handle.state);
+        // Borrowed, not cloned: a reference count less per release.
+        let state = &self.handle.state;
         let now = Instant::now();
         let outcome = match (&state.backend, state.finish(now)) {
             (None, done) => done.map_err(|r| state.lost_error(r)),
@@ -217,7 +218,12 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.finished {
             self.end_on_drop();
+            return;
         }
+        // Released (a retained hold keeps a reference in its task): if this
+        // guard holds the last reference, a later acquire on this thread
+        // builds its lease in this one's allocation.
+        super::spares::keep(&mut self.handle.state);
     }
 }
 
