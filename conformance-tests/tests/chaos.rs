@@ -13,6 +13,12 @@ use conformance_tests::chaos;
 use libtest_mimic::Arguments;
 
 fn main() -> ExitCode {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let mut args = Arguments::from_args();
     if args.test_threads.is_none() {
         args.test_threads = Some(1);

@@ -8,7 +8,7 @@
 //! | `memory` (default) | `distlock::memory`: in-process; one replica, tests | `memory://`, `memory://NAME` |
 //! | `redis` | `distlock::redis`: `SET NX PX` with a fencing counter | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://` |
 //! | `postgres` | `distlock::postgres`: session-scoped advisory locks | `postgres://`, `postgresql://` |
-//! | `etcd` | `distlock::etcd`: a lease per lock (builds with `protoc`) | `etcd://`, `etcds://` |
+//! | `etcd` | `distlock::etcd`: one shared lease per instance and TTL (builds with `protoc`) | `etcd://`, `etcds://` |
 //! | `scheduler` | `distlock::scheduler`: cron jobs run once across replicas | |
 //! | `metrics-http` | `distlock::metrics_http`: `GET /metrics` with an optional bearer token | |
 //!

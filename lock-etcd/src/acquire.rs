@@ -1,24 +1,33 @@
-//! Acquiring: a lease, then a put-if-absent transaction; and taking over
-//! the key an unanswered earlier attempt of the same call put.
+//! Acquiring: a put-if-absent transaction on the shared lease of the TTL,
+//! sent together with a keep-alive that proves the lease outlives the new
+//! lock's local deadline; and taking over the key an unanswered earlier
+//! attempt of the same call put.
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use lock_core::{
     backend::{AcquireAttempt, Lease},
     BackendError, BackendErrorKind, LockName, OwnerToken,
 };
+use tokio::time::Instant;
 use tracing::debug;
 
 use crate::backend::first_kv;
 use crate::connection::{Held, Inner};
-use crate::error::{convert, protocol};
+use crate::error::{convert, is_lease_not_found, protocol};
 use crate::lease::lease_seconds;
 use crate::members::Attempt;
 
+/// Most shared leases one attempt tries: a lease found lost is replaced once.
+const LEASE_TRIES: usize = 2;
+
 impl Inner {
-    /// One attempt to take `name` for `owner`: grant a lease, then put the
-    /// key if it does not exist.
+    /// One attempt to take `name` for `owner`: put the key on the shared
+    /// lease of `ttl` if it does not exist, while a keep-alive sent after
+    /// the attempt started proves that lease lives until at least the
+    /// attempt's start plus `ttl`. Cancel safe: a put whose answer is lost
+    /// is deleted later (see `LockBackend::try_acquire` here).
     pub(crate) async fn acquire(
         &self,
         at: Attempt,
@@ -26,10 +35,15 @@ impl Inner {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
+        let started = Instant::now();
+        if self.shared.has_pending() {
+            self.retry_deletes(&at).await;
+        }
         let key = self.key(name);
-        let mut kv = at.client.kv_client();
         if self.read_first(name) {
-            let existing = kv
+            let existing = at
+                .client
+                .kv_client()
                 .get(key.as_str(), Some(GetOptions::new().with_count_only()))
                 .await
                 .map_err(|e| convert(&format!("acquire {key}"), e))?;
@@ -38,10 +52,33 @@ impl Inner {
             }
         }
         let seconds = lease_seconds(ttl);
-        let (lease, granted) = self.leases.grant(&at, seconds).await?;
-        if granted != seconds {
-            debug!(lock = %name, asked = seconds, granted, "etcd changed the lease TTL");
+        for _ in 0..LEASE_TRIES {
+            let lease = self.shared_lease(&at, seconds).await?;
+            if let Some(outcome) = self
+                .put_on(&at, name, owner, lease, seconds, started)
+                .await?
+            {
+                return Ok(outcome);
+            }
         }
+        Err(BackendError::new(
+            BackendErrorKind::Other,
+            format!("acquire {key}: the shared lease was lost twice in a row; try again"),
+        ))
+    }
+
+    /// Puts the key on `lease`; `None` if that lease turned out to be lost
+    /// (the caller tries again on a new one).
+    async fn put_on(
+        &self,
+        at: &Attempt,
+        name: &LockName,
+        owner: &OwnerToken,
+        lease: i64,
+        seconds: i64,
+        started: Instant,
+    ) -> Result<Option<AcquireAttempt>, BackendError> {
+        let key = self.key(name);
         let put = TxnOp::put(
             key.as_str(),
             owner.to_hex(),
@@ -54,43 +91,65 @@ impl Inner {
             // An earlier attempt of this call may have put the key: read it.
             txn = txn.or_else([TxnOp::get(key.as_str(), None)]);
         }
-        let resp = match kv.txn(txn).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                // Revoking also deletes the key if the put did land: nobody
-                // believes they hold it, so that is the safe cleanup.
-                self.revoke_in_background(lease);
-                return Err(convert(&format!("acquire {key}"), e));
+        // The proof runs beside the put, so a free name costs one round trip.
+        let mut kv = at.client.kv_client();
+        let proof = self.prove(at, lease, started);
+        let put = kv.txn(txn);
+        tokio::pin!(proof, put);
+        let mut proved = None;
+        let resp: Result<TxnResponse, _> = loop {
+            tokio::select! {
+                r = &mut put => break r,
+                p = &mut proof, if proved.is_none() => proved = Some(p),
             }
         };
-        if !resp.succeeded() {
+        let resp = match resp {
+            Ok(resp) => resp,
+            Err(e) if is_lease_not_found(&e) => {
+                self.shared_lease_ended(lease);
+                return Ok(None);
+            }
+            Err(e) => return Err(convert(&format!("acquire {key}"), e)),
+        };
+        let (revision, created) = if resp.succeeded() {
+            // The put is the only write of the transaction, so the revision
+            // it created is the key's create revision: cluster-wide monotonic.
+            let revision = header_revision(&resp)?;
+            (revision, revision)
+        } else {
             match first_kv(&resp.op_responses()) {
                 Some(kv) if kv.value() == owner.to_hex().as_bytes() => {
-                    return self.adopt(&at, name, owner, &kv, lease, seconds).await;
+                    match self.adopt(at, name, owner, &kv, lease).await? {
+                        Some(revision) => (revision, kv.create_revision()),
+                        None => return Ok(None),
+                    }
                 }
                 _ => {
-                    self.revoke_in_background(lease);
                     self.note_contended(name, true);
-                    return Ok(AcquireAttempt::HeldElsewhere);
+                    return Ok(Some(AcquireAttempt::HeldElsewhere));
                 }
             }
+        };
+        let ttl = match proved {
+            Some(p) => p?,
+            None => proof.await?,
+        };
+        if ttl <= 0 || self.shared.is_dead(lease) {
+            // The lease is gone (and the key with it) or was given up here.
+            self.shared_lease_ended(lease);
+            return Ok(None);
         }
         self.note_contended(name, false);
-        // The put is the only write of the transaction, so the revision it
-        // created is the key's create revision: cluster-wide monotonic.
-        let revision = resp
-            .header()
-            .map(|h| h.revision())
-            .ok_or_else(|| protocol("acquire", "transaction answer without a header"))?;
-        self.take(name, owner, lease, seconds, revision, revision)
+        self.take(name, owner, lease, seconds, revision, created)
+            .map(Some)
     }
 
     /// Takes over the key an unanswered earlier attempt of this same call
-    /// put with `owner`'s token (`kv`), moving it to `lease`, which this
-    /// attempt granted: the earlier attempt's lease is one nobody renews.
+    /// put with `owner`'s token (`kv`), on `lease`, the shared lease this
+    /// attempt uses; a key on an earlier shared lease is moved to it first.
     /// The lock was ours from that put on, which came after the call was
-    /// sent, so the caller's deadline (counted from the send) is safe, and
-    /// its create revision is the fencing token.
+    /// sent, and its create revision is the fencing token. Returns the
+    /// revision the key now shows, or `None` if `lease` is lost.
     async fn adopt(
         &self,
         at: &Attempt,
@@ -98,8 +157,11 @@ impl Inner {
         owner: &OwnerToken,
         kv: &KeyValue,
         lease: i64,
-        seconds: i64,
-    ) -> Result<AcquireAttempt, BackendError> {
+    ) -> Result<Option<i64>, BackendError> {
+        if kv.lease() == lease {
+            debug!(lock = %name, "an unanswered attempt had put the key");
+            return Ok(Some(kv.mod_revision()));
+        }
         let key = self.key(name);
         let txn = Txn::new()
             .when([
@@ -111,22 +173,17 @@ impl Inner {
                 owner.to_hex(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let moved = at.client.kv_client().txn(txn).await;
-        self.revoke_in_background(kv.lease());
-        match moved {
+        match at.client.kv_client().txn(txn).await {
             Ok(resp) if resp.succeeded() => {
-                let revision = resp
-                    .header()
-                    .map(|h| h.revision())
-                    .ok_or_else(|| protocol("acquire", "transaction answer without a header"))?;
+                self.revoke_if_own(kv.lease());
                 debug!(lock = %name, "took over the key an unanswered attempt had put");
-                self.note_contended(name, false);
-                self.take(name, owner, lease, seconds, revision, kv.create_revision())
+                header_revision(&resp).map(Some)
+            }
+            Err(e) if is_lease_not_found(&e) => {
+                self.shared_lease_ended(lease);
+                Ok(None)
             }
             outcome => {
-                // Revoking the earlier lease deletes the key: the name is
-                // free again for the next call.
-                self.revoke_in_background(lease);
                 let why = match outcome {
                     Err(e) => convert(&format!("acquire {key}"), e).to_string(),
                     Ok(_) => "the key changed meanwhile".to_owned(),
@@ -153,6 +210,7 @@ impl Inner {
         revision: i64,
         created: i64,
     ) -> Result<AcquireAttempt, BackendError> {
+        self.keep_key(name, owner);
         let fence = u64::try_from(created)
             .map_err(|_| protocol("acquire", "negative revision in the answer"))?;
         self.remember(
@@ -166,4 +224,11 @@ impl Inner {
         );
         Ok(AcquireAttempt::Acquired(Lease::new(Some(fence))))
     }
+}
+
+/// The revision a transaction's answer was made at.
+fn header_revision(resp: &TxnResponse) -> Result<i64, BackendError> {
+    resp.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| protocol("acquire", "transaction answer without a header"))
 }

@@ -6,10 +6,11 @@ use std::time::Duration;
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, KeyValue, Txn, TxnOp, TxnOpResponse,
 };
+use lock_core::backend::LossFeed;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, Capabilities, LockBackend, LockName, OwnerToken,
+    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken,
 };
 use tracing::{debug, warn};
 
@@ -70,7 +71,7 @@ impl Inner {
         if !resp.succeeded() {
             // Our lease, if we still have one, guards nothing now.
             if let Some(held) = remembered {
-                self.revoke_in_background(held.lease);
+                self.revoke_if_own(held.lease);
                 if at.after_unclear {
                     // An earlier attempt of this release got no answer, but
                     // the key was ours until then (we still knew its lease):
@@ -87,7 +88,8 @@ impl Inner {
             _ => None,
         });
         let lease = deleted_lease.or(remembered.map(|h| h.lease)).unwrap_or(0);
-        if lease != 0 {
+        // A shared lease stays: other locks are on it, and new ones will be.
+        if lease != 0 && !self.shared.is_shared(lease) {
             if let Err(e) = self.leases.revoke(&at, lease).await {
                 warn!(lock = %name, error = %e, "lock released but its lease was not revoked; it will expire");
             }
@@ -152,12 +154,17 @@ pub(crate) fn capabilities_with(min_ttl: Duration) -> Capabilities {
         .with_batch_renew(true)
         .with_release_notify(true)
         .with_min_ttl(min_ttl)
+        .with_loss_push(true)
 }
 
 #[async_trait]
 impl LockBackend for Connected {
     fn capabilities(&self) -> Capabilities {
         capabilities_with(self.inner.min_ttl)
+    }
+
+    fn loss_feed(&self) -> Option<LossFeed> {
+        Some(self.feed())
     }
 
     async fn try_acquire(
@@ -168,12 +175,21 @@ impl LockBackend for Connected {
     ) -> Result<AcquireAttempt, BackendError> {
         self.inner.check_ttl(ttl)?;
         let inner = &self.inner;
-        inner
+        let outcome = inner
             .members
             .run(inner.timeout, "acquire", |at| {
                 inner.acquire(at, name, owner, ttl)
             })
-            .await
+            .await;
+        if let Err(e) = &outcome {
+            // An attempt that got no answer may have put the key on the
+            // shared lease, which other locks keep alive: delete it later.
+            // A refused configuration or permission wrote nothing.
+            if !matches!(e.kind(), BackendErrorKind::Config | BackendErrorKind::Auth) {
+                inner.acquire_failed(name, owner, ttl);
+            }
+        }
+        outcome
     }
 
     async fn renew(
@@ -212,12 +228,16 @@ impl LockBackend for Connected {
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         let inner = &self.inner;
-        inner
+        let outcome = inner
             .members
             .run(inner.timeout, "release", |at| {
                 inner.release_one(at, name, owner)
             })
-            .await
+            .await;
+        if outcome.is_err() {
+            inner.release_failed(name, owner);
+        }
+        outcome
     }
 
     async fn renew_many(

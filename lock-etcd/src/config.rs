@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::redact::redact_url;
-use lock_core::{BackendError, BackendErrorKind, Capabilities};
+use lock_core::{backend::LossFeed, BackendError, BackendErrorKind, Capabilities};
 
 use crate::connection::Connected;
 use crate::deferred::Deferred;
@@ -327,7 +327,9 @@ impl EtcdBuilder {
     /// probe lease it may have granted expires on its own within one second
     /// or two.
     pub async fn connect(self) -> Result<EtcdBackend, BackendError> {
-        Connected::connect(self, true).await.map(EtcdBackend::ready)
+        Connected::connect(self, true, LossFeed::new())
+            .await
+            .map(EtcdBackend::ready)
     }
 
     /// Checks the settings and builds the backend without contacting the

@@ -6,13 +6,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Certificate, ConnectOptions, KeyValue, TlsOptions};
-use lock_core::{backend::LeaseStatus, BackendError, BackendErrorKind, LockName, OwnerToken};
+use lock_core::{
+    backend::{LeaseStatus, LossFeed},
+    BackendError, BackendErrorKind, LockName, OwnerToken,
+};
 use tracing::debug;
 
 use crate::config::EtcdBuilder;
 use crate::error::{convert, is_lease_not_found};
 use crate::lease::{lease_seconds, Leases};
 use crate::members::Members;
+use crate::shared::SharedLeases;
 
 /// A backend connected to its cluster: what [`EtcdBackend`](crate::EtcdBackend)
 /// holds once the cluster answered. Cloning is cheap and clones share the connection.
@@ -24,7 +28,9 @@ pub(crate) struct Connected {
 pub(crate) struct Inner {
     /// One client per member; every call goes through [`Members::run`].
     pub(crate) members: Arc<Members>,
-    pub(crate) leases: Leases,
+    pub(crate) leases: Arc<Leases>,
+    /// The shared leases, their proofs and the releases still to do.
+    pub(crate) shared: SharedLeases,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
     pub(crate) min_ttl: Duration,
@@ -41,7 +47,8 @@ pub(crate) struct Inner {
 /// forgotten name costs one lease grant and revoke at its next denial).
 const MAX_CONTENDED: usize = 4096;
 
-/// A lease this instance granted for a lock it acquired.
+/// The lease a lock this instance acquired is on: the shared lease of its
+/// TTL, or one of its own after `retain_for` asked for another TTL.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Held {
     pub(crate) owner: OwnerToken,
@@ -64,7 +71,13 @@ impl fmt::Debug for Connected {
 }
 
 impl Connected {
-    pub(crate) async fn connect(mut b: EtcdBuilder, probe: bool) -> Result<Self, BackendError> {
+    /// Connects with `b`, probing the cluster's minimum TTL if `probe`;
+    /// lost shared leases are reported through `feed`. Cancel safe.
+    pub(crate) async fn connect(
+        mut b: EtcdBuilder,
+        probe: bool,
+        feed: LossFeed,
+    ) -> Result<Self, BackendError> {
         let endpoints = b.validated()?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(b.connect_timeout)
@@ -112,7 +125,8 @@ impl Connected {
         Ok(Self {
             inner: Arc::new(Inner {
                 members,
-                leases,
+                leases: Arc::new(leases),
+                shared: SharedLeases::new(feed),
                 prefix: b.prefix,
                 timeout: b.request_timeout,
                 min_ttl,
@@ -133,6 +147,11 @@ impl Connected {
     /// The etcd key that holds the lock `name`.
     pub(crate) fn key_for(&self, name: &LockName) -> String {
         self.inner.key(name)
+    }
+
+    /// The feed through which this backend reports lost shared leases.
+    pub(crate) fn feed(&self) -> LossFeed {
+        self.inner.shared.feed.clone()
     }
 }
 
@@ -199,6 +218,20 @@ impl Inner {
             Some(h) if h.owner == *owner => map.remove(name),
             _ => None,
         }
+    }
+
+    /// Drops every entry on `lease`, returning their owners: that lease ended.
+    pub(crate) fn forget_all_on(&self, lease: i64) -> Vec<OwnerToken> {
+        let mut map = self.held();
+        let mut owners = Vec::new();
+        map.retain(|_, h| {
+            let on = h.lease == lease;
+            if on {
+                owners.push(h.owner);
+            }
+            !on
+        });
+        owners
     }
 
     /// Drops the entry for `name` only if it still records `owner` on

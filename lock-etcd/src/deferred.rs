@@ -13,15 +13,15 @@
 //!
 //! What a `Locker` reads when it is built is right from the start: the
 //! capabilities are those of the same builder's backend (its minimum TTL
-//! the declared or default one, as a lazy start assumes), and etcd reports
-//! no losses through a loss feed, so there is none to hand over.
+//! the declared or default one, as a lazy start assumes), and the loss feed
+//! is made here and handed to the connection when it is made.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use crate::connection::Connected;
 use crate::EtcdBuilder;
-use lock_core::{BackendError, Capabilities};
+use lock_core::{backend::LossFeed, BackendError, Capabilities};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -36,6 +36,9 @@ pub(crate) struct Deferred {
     capabilities: Capabilities,
     shown: Arc<str>,
     connected: Arc<OnceLock<Connected>>,
+    /// Handed to `Locker`s before the cluster answers, and to the
+    /// connection once it does.
+    feed: LossFeed,
     attempts: Mutex<Attempts>,
 }
 
@@ -78,6 +81,7 @@ impl Deferred {
             capabilities,
             shown: shown.into(),
             connected: Arc::default(),
+            feed: LossFeed::new(),
             attempts: Mutex::default(),
         }
     }
@@ -96,6 +100,12 @@ impl Deferred {
     /// builder's backend, known before the cluster answers.
     pub(crate) fn capabilities(&self) -> Capabilities {
         self.capabilities.clone()
+    }
+
+    /// The feed through which lost shared leases are reported, now and
+    /// once connected.
+    pub(crate) fn feed(&self) -> LossFeed {
+        self.feed.clone()
     }
 
     /// The builder this backend connects with.
@@ -137,10 +147,14 @@ impl Deferred {
             let (tx, rx) = oneshot::channel();
             let (builder, connected) = (self.builder.clone(), Arc::clone(&self.connected));
             let shown = Arc::clone(&self.shown);
+            let feed = self.feed.clone();
             attempts.started = Some(Instant::now());
             attempts.task = Some(tokio::spawn(async move {
-                let answer = match tokio::time::timeout(limit, Connected::connect(builder, true))
-                    .await
+                let answer = match tokio::time::timeout(
+                    limit,
+                    Connected::connect(builder, true, feed),
+                )
+                .await
                 {
                     Ok(Ok(backend)) => {
                         info!(url = %shown, "etcd answers; lock calls go through from now on");
@@ -206,7 +220,7 @@ mod tests {
             capabilities,
             "known before connecting"
         );
-        assert!(deferred.loss_feed().is_none());
+        assert!(deferred.loss_feed().is_some(), "known before connecting");
         let (name, owner) = (
             LockName::new("deferred").expect("name"),
             OwnerToken::generate().expect("token"),

@@ -14,8 +14,8 @@ use crate::connection::{key_in, Connected};
 use crate::deferred::Deferred;
 use crate::EtcdBuilder;
 
-/// A lock backend over an etcd v3 cluster: one lease per lock, a
-/// put-if-absent transaction to acquire, the key's create revision as the
+/// A lock backend over an etcd v3 cluster: one lease per TTL shared by the
+/// instance's locks, a put-if-absent transaction to acquire, the key's create revision as the
 /// fencing token. Cloning is cheap and clones share the connection.
 ///
 /// Made by [`EtcdBuilder::connect`] (connected and measured now) or
@@ -188,9 +188,12 @@ impl LockBackend for EtcdBackend {
     }
 
     fn loss_feed(&self) -> Option<LossFeed> {
-        // Read once, when a `Locker` is built; a deferred backend has no
-        // connection to hand one over yet (etcd reports losses at renewal).
-        self.connected().and_then(Connected::loss_feed)
+        // Read once, when a `Locker` is built: a deferred backend's feed
+        // exists before its connection, which reports through it.
+        Some(match &self.kind {
+            Kind::Ready(c) => c.feed(),
+            Kind::Deferred(d) => d.feed(),
+        })
     }
 }
 

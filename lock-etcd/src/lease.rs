@@ -1,7 +1,11 @@
 //! Leases: grant, revoke, and keep-alive over one shared stream.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, OnceLock, PoisonError};
+
 use std::time::Duration;
+use tokio::time::Instant;
 
 use etcd_client::{Error as EtcdError, LeaseKeepAliveStream, LeaseKeeper};
 use lock_core::BackendError;
@@ -18,14 +22,14 @@ pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
 
 /// Grants, revokes and keeps leases alive for one backend instance.
 ///
-/// Keep-alives share one bidirectional stream: etcd answers the requests of
-/// a stream one by one, in order, so a batch is written in one go and its
-/// answers read back in the same order, one round trip for any number of
-/// leases. The stream runs on one member; a keep-alive sent through
-/// another member (the first did not answer) opens a new stream there.
+/// Keep-alives share one bidirectional stream per member: etcd answers the
+/// requests of a stream one by one, in order, so a batch is written in one
+/// go and its answers read back in the same order, one round trip for any
+/// number of leases. Each member has its own stream, so a keep-alive stuck on a frozen member
+/// does not hold up one that went on to another member.
 #[derive(Default)]
 pub(crate) struct Leases {
-    stream: Mutex<Option<KeepAliveStream>>,
+    streams: std::sync::Mutex<HashMap<usize, Arc<Mutex<Option<KeepAliveStream>>>>>,
 }
 
 struct KeepAliveStream {
@@ -81,10 +85,27 @@ impl Leases {
         at: &Attempt,
         ids: &[i64],
     ) -> Result<Vec<i64>, BackendError> {
-        let mut slot = self.stream.lock().await;
+        self.keep_alive_marking(at, ids, &OnceLock::new()).await
+    }
+
+    /// As [`Leases::keep_alive`], and sets `sent` to when the requests went
+    /// out (once the member's stream was free). Cancel safe, as it.
+    pub(crate) async fn keep_alive_marking(
+        &self,
+        at: &Attempt,
+        ids: &[i64],
+        sent: &OnceLock<Instant>,
+    ) -> Result<Vec<i64>, BackendError> {
+        let slot = Arc::clone(
+            self.streams
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(at.member)
+                .or_default(),
+        );
+        let mut slot = slot.lock().await;
+        let _ = sent.set(Instant::now());
         let mut ttls = Vec::with_capacity(ids.len());
-        // A stream on another member is dropped: this attempt goes here
-        // because that member failed a call or was passed over.
         let mut stream = match slot.take().filter(|s| s.member == at.member) {
             Some(s) => s,
             None => {

@@ -1,25 +1,61 @@
 //! An etcd v3 [`LockBackend`](lock_core::LockBackend) for `lock-core`.
 //!
 //! Each lock is one key, `<prefix><name>` (prefix `/locks/` by default),
-//! whose value is the holder's owner token and which is attached to a lease
-//! of the lock's TTL:
+//! whose value is the holder's owner token. As etcd's own
+//! `concurrency.Session` does, the keys of one backend instance share one
+//! lease per whole-second TTL, granted on first use and kept alive while
+//! the instance acquires or renews:
 //!
-//! - **acquire** grants a lease, then puts the key in a transaction that
-//!   succeeds only if the key does not exist (`create_revision == 0`). If it
-//!   exists, the new lease is revoked and the answer is "held".
-//! - **renew** sends a keep-alive for the lease and then reads the key: a
-//!   keep-alive answer of TTL 0 or a missing key is `expired`, a key carrying
-//!   another token is `stolen`. The token decides, not the lease: a key with
-//!   the owner's token on a lease other than the one kept alive was moved
-//!   there by a concurrent renewal of the same owner (`retain_for`), and is
-//!   held; a renewal only ever revokes a lease it proved to be lost. Many
-//!   leases renew together over one keep-alive stream plus one transaction
-//!   of reads per 128 keys.
+//! - **acquire** puts the key on the shared lease in a transaction that
+//!   succeeds only if the key does not exist (`create_revision == 0`): one
+//!   raft write. Beside it goes a keep-alive of the shared lease, sent after
+//!   the attempt started: the lock is reported acquired only once that
+//!   keep-alive answered that the lease lives, so the lease outlasts the
+//!   lock's local deadline (`lock-core` counts it from the call, and the
+//!   lease's TTL is at least the lock's). Concurrent acquires share one such
+//!   keep-alive when it was sent after each of them started.
+//! - **renew** sends one keep-alive per lease, however many locks share it,
+//!   and reads the keys, one transaction of reads per 128 keys: a missing
+//!   key is `expired`, a key carrying another token `stolen`. A renewal
+//!   sweep of N locks on one TTL costs one keep-alive on the shared stream
+//!   plus ⌈N/128⌉ read transactions. The token decides, not the lease: a
+//!   key with the owner's token on another lease was moved there by a
+//!   concurrent renewal of the same owner, and is held.
 //! - **release** deletes the key in a transaction that compares its value
-//!   with the owner token, then revokes the lease. A key is never re-created.
+//!   with the owner token: one raft write. The shared lease is not revoked;
+//!   other locks are on it, and later acquires use it. A key is never
+//!   re-created.
+//! - **`retain_for`** or any renewal with a TTL other than the lock's moves
+//!   the key to a lease of its own (a keep-alive can only restart a lease's
+//!   own TTL); that lease is revoked when the lock is released.
 //! - **waiting** acquires wake on a watch of the key, created before the
 //!   attempt it guards. etcd's own `Lock` RPC is not used (see etcd issue
 //!   11456: a waiter whose lease expired while it queued was granted the lock).
+//!
+//! # Losing the shared lease
+//!
+//! A shared lease that keep-alive reports gone (expired while the instance
+//! could not reach the cluster, or revoked by an operator with `etcdctl
+//! lease revoke`) took every key on it: every lock on it is lost at once.
+//! The backend reports them through its loss feed
+//! ([`Capabilities::loss_push`](lock_core::Capabilities::loss_push)), so
+//! every `Locker` over it marks them lost before anything else happens, and
+//! only then grants a new shared lease for later acquires. Revoking the
+//! shared lease therefore ends all of an instance's locks of that TTL, not
+//! one; to take one lock away, delete or overwrite its key.
+//!
+//! # Releases without an answer
+//!
+//! A key on a lease of its own would expire with it; on a shared lease that
+//! other locks keep alive, it would stay. So a release (or an acquire) that
+//! gets no answer keeps the key to delete: each later acquire and renewal
+//! sweep retries a compare-and-delete on the owner token. If the key still
+//! cannot be deleted a third of its TTL after the failed call, the instance
+//! gives up that shared lease: it reports the loss of the other locks on it
+//! first, stops keeping it alive and revokes it. The server then frees the
+//! key at once if it can be reached, and otherwise when the lease runs out,
+//! at most one TTL after its last keep-alive; an instance that reaches
+//! nothing sends no keep-alive either, so its keys free within one TTL.
 //!
 //! # Guarantees
 //!
@@ -27,8 +63,10 @@
 //!   across the whole cluster, so each acquisition of a name gets a larger
 //!   token than every earlier one, even across holders and crashes.
 //! - **Local validity** is counted by `lock-core` from when the acquire or
-//!   keep-alive request was *sent*, never from the answer; etcd starts the
-//!   lease's new TTL when it receives the request, which is later.
+//!   renewal was *called*. Each acquire is backed by a keep-alive of its
+//!   shared lease sent after that call, and each renewal by one sent during
+//!   it; etcd starts the lease's new TTL when it receives the request, which
+//!   is later, so the server's expiry always comes after the local deadline.
 //! - **Bounded calls.** Every call ends within the request timeout (default
 //!   1 s): a stopped or partitioned cluster gives a
 //!   [`Timeout`](lock_core::BackendErrorKind::Timeout) error, a refused
@@ -46,7 +84,9 @@
 //! shorter TTLs are rejected with a configuration error instead of being
 //! silently lengthened. Expiry itself is checked by the etcd leader about
 //! every 500 ms, so an abandoned lock frees up to about half a second after
-//! its TTL.
+//! its TTL. Since a lease is shared by the locks of one TTL, an abandoned
+//! instance's locks all free together, about a TTL after its last acquire or
+//! renewal.
 //!
 //! # What a lease cannot do
 //!
@@ -149,6 +189,7 @@ mod handle;
 mod lease;
 mod members;
 mod renewal;
+mod shared;
 #[cfg(feature = "test-util")]
 mod test_util;
 mod ticks;

@@ -1,6 +1,12 @@
 //! Renewal: keep-alive then read, one lease or many, and re-leasing for a new TTL.
+//!
+//! Locks on a shared lease cost one keep-alive for all of them; the keys are
+//! still read (one transaction per 128), since only the key shows a theft.
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lock_core::{
@@ -65,7 +71,8 @@ impl Inner {
         if held.seconds != seconds {
             return self.relet(&at, name, owner, held, seconds).await;
         }
-        let ttls = self.leases.keep_alive(&at, &[held.lease]).await?;
+        self.before_sweep(&at).await;
+        let ttls = self.keep_alive_leases(&at, &[held.lease]).await?;
         let ttl = ttls.first().copied().unwrap_or(0);
         #[cfg(feature = "test-util")]
         self.renewal_pause_point().await;
@@ -124,8 +131,9 @@ impl Inner {
                     revision,
                 };
                 self.remember(name, moved);
-                // The compare proved the key was on `from` until this put.
-                self.revoke_in_background(from);
+                // The compare proved the key was on `from` until this put;
+                // a shared lease stays for the other locks on it.
+                self.revoke_if_own(from);
                 return Ok(LeaseStatus::Held);
             }
             match first_kv(&resp.op_responses()) {
@@ -152,14 +160,14 @@ impl Inner {
     }
 
     /// After a renewal found the lease it judged lost, drops it here and on
-    /// the server. Only if it is still the lease remembered for the lock:
+    /// the server (a lease of its own; never a shared one). Only if it is still the lease remembered for the lock:
     /// one that a concurrent renewal moved the key to is not this one's to
     /// revoke. The judged lease carries no key of ours (the key is gone,
     /// another owner's, or on this dead lease), so revoking it deletes
     /// nothing anyone holds.
     fn settle(&self, name: &LockName, owner: &OwnerToken, judged: i64, status: LeaseStatus) {
         if status != LeaseStatus::Held && self.forget_lease(name, owner, judged) {
-            self.revoke_in_background(judged);
+            self.revoke_if_own(judged);
         }
     }
 
@@ -177,8 +185,9 @@ impl Inner {
                 _ => out[i] = Some(self.renew_one(at.clone(), &r.name, &r.owner, r.ttl).await?),
             }
         }
+        self.before_sweep(&at).await;
         let ids: Vec<i64> = batch.iter().map(|(_, h)| h.lease).collect();
-        let ttls = self.leases.keep_alive(&at, &ids).await?;
+        let ttls = self.keep_alive_leases(&at, &ids).await?;
         #[cfg(feature = "test-util")]
         self.renewal_pause_point().await;
         let mut kv = at.client.kv_client();
@@ -213,5 +222,46 @@ impl Inner {
         out.into_iter()
             .map(|s| s.ok_or_else(|| protocol("renew", "a lease got no status")))
             .collect()
+    }
+
+    /// Before a sweep keeps leases alive: retries the deletes of releases
+    /// that got no answer, and gives up the shared lease of any that stayed
+    /// undeleted for a third of its TTL, so this sweep does not keep it alive.
+    async fn before_sweep(&self, at: &Attempt) {
+        if self.shared.has_pending() {
+            self.retry_deletes(at).await;
+        }
+    }
+
+    /// Keeps `ids` alive, one keep-alive per distinct lease however many
+    /// locks share it, and returns each id's TTL in order (0: gone). A
+    /// shared lease found gone ends every lock on it at once, through the
+    /// loss feed; a lease given up here is not kept alive and counts as gone.
+    async fn keep_alive_leases(&self, at: &Attempt, ids: &[i64]) -> Result<Vec<i64>, BackendError> {
+        let mut distinct: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !self.shared.is_dead(*id))
+            .collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        self.abort_rounds_elsewhere(at.member);
+        let sent_at = Instant::now();
+        let ttls = self.leases.keep_alive(at, &distinct).await?;
+        let by_lease: HashMap<i64, i64> = distinct.into_iter().zip(ttls).collect();
+        for (&lease, &ttl) in &by_lease {
+            if !self.shared.is_shared(lease) {
+                continue;
+            }
+            if ttl > 0 {
+                self.note_kept_alive(lease, sent_at, ttl);
+            } else {
+                self.shared_lease_ended(lease);
+            }
+        }
+        Ok(ids
+            .iter()
+            .map(|id| by_lease.get(id).copied().unwrap_or(0))
+            .collect())
     }
 }

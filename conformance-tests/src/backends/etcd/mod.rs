@@ -277,4 +277,5 @@ pub(super) fn capabilities() -> Capabilities {
         .with_batch_renew(true)
         .with_release_notify(true)
         .with_min_ttl(Duration::from_secs(1))
+        .with_loss_push(true)
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lock_core::{LockName, OwnerToken};
 
 use crate::{BoxError, Saboteur};
@@ -65,8 +65,8 @@ impl EtcdSaboteur {
 #[async_trait]
 impl Saboteur for EtcdSaboteur {
     /// Puts a thief token on a new lease over the holder's key in one
-    /// transaction, then revokes the holder's lease: the holder only ever
-    /// sees another token, never a gap.
+    /// transaction: the holder only ever sees another token, never a gap.
+    /// The holder's lease is left alone: it is shared with its other locks.
     async fn steal(&self, name: &LockName, hold: Duration) -> Result<(), BoxError> {
         let key = self.key(name);
         let thief = OwnerToken::generate()?;
@@ -84,14 +84,6 @@ impl Saboteur for EtcdSaboteur {
             self.client.lease_client().revoke(lease).await?;
             return Err("nothing to steal: the lock was free".into());
         }
-        let victim = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Put(put) => put.prev_key().map(|kv| kv.lease()),
-            _ => None,
-        });
-        if let Some(victim) = victim.filter(|l| *l != 0) {
-            // The key now hangs on the thief's lease; this deletes nothing.
-            let _ = self.client.lease_client().revoke(victim).await;
-        }
         self.thieves
             .lock()
             .map_err(|_| "poisoned")?
@@ -99,19 +91,15 @@ impl Saboteur for EtcdSaboteur {
         Ok(())
     }
 
-    /// Revokes the key's lease, which deletes the key: what expiry does.
+    /// Deletes the key: what the expiry of a lease carrying only this lock
+    /// would do. The holder's lease is shared with its other locks, so it is
+    /// not revoked (see `etcd::theft_by_lease_revoke` for that).
     async fn expire(&self, name: &LockName) -> Result<(), BoxError> {
-        match self.lease_of(name).await? {
-            Some(lease) if lease != 0 => {
-                self.client.lease_client().revoke(lease).await?;
-                Ok(())
-            }
-            Some(_) => {
-                self.client.kv_client().delete(self.key(name), None).await?;
-                Ok(())
-            }
-            None => Err("nothing to expire: the lock was free".into()),
+        let resp = self.client.kv_client().delete(self.key(name), None).await?;
+        if resp.deleted() == 0 {
+            return Err("nothing to expire: the lock was free".into());
         }
+        Ok(())
     }
 
     async fn thief_holds(&self, name: &LockName) -> Result<bool, BoxError> {

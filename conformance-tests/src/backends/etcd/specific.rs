@@ -6,6 +6,7 @@ mod crash;
 mod faults;
 mod retain;
 mod security;
+mod shared;
 mod ticks;
 
 use std::future::Future;
@@ -88,6 +89,12 @@ pub fn add_specific(suite: &mut Suite) {
     });
     add(suite, "tick_store_keeps_the_maximum", |f, c| {
         Box::pin(ticks::tick_store_keeps_the_maximum(f, c))
+    });
+    add(suite, "acquire_near_lease_lapse_gets_full_ttl", |f, c| {
+        Box::pin(shared::acquire_near_lease_lapse_gets_full_ttl(f, c))
+    });
+    add(suite, "unanswered_release_frees_the_key", |f, c| {
+        Box::pin(shared::unanswered_release_frees_the_key(f, c))
     });
     add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))

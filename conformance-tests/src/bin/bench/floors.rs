@@ -63,6 +63,21 @@ pub(crate) async fn postgres_floor(url: &str) -> Result<Arc<dyn Floor>, BoxError
     Ok(Arc::new(postgres::PgFloor::connect(url).await?))
 }
 
+/// A second raw floor beside the first, where the backend has one: etcd's
+/// shared-lease cycle (one long-lived lease for every lock), next to its
+/// lease-per-lock floor. Named as the figures call it.
+pub(crate) async fn second_floor(
+    source: &FloorSource,
+) -> Result<Option<(&'static str, Arc<dyn Floor>)>, BoxError> {
+    Ok(match source {
+        FloorSource::Etcd { endpoints } => Some((
+            "shared-lease floor",
+            Arc::new(etcd::EtcdSharedFloor::connect(endpoints).await?),
+        )),
+        _ => None,
+    })
+}
+
 /// Another library doing the same cycle on `factory`'s server, if there is
 /// one to compare with (Redis: `rslock`).
 pub(crate) fn peer_for(

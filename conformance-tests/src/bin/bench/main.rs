@@ -219,6 +219,13 @@ async fn bench_backend(
             }
         }
     }
+    if let Some((against, second)) = floors::second_floor(&source).await? {
+        for concurrency in [1, 16] {
+            rows.push(done(
+                measures::uncontended(&ctx, &second, against, concurrency, mode).await?,
+            ));
+        }
+    }
     if only == Rows::AcquireOnly {
         return Ok(rows);
     }

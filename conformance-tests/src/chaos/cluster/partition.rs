@@ -57,6 +57,7 @@ pub(super) async fn minority(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target
         let fault_at = Instant::now();
         let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
         let cut = cluster.cut_peers(minority).expect("nft cuts the member");
+        let cut_done = Instant::now();
         row.faults += 1;
         // No acquisition and no linearizable read through the minority.
         let probe = ctx.name(&format!("minority-probe-{i}"));
@@ -67,10 +68,26 @@ pub(super) async fn minority(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target
             refused.is_err(),
             "the minority member granted {probe:?} without a quorum"
         );
-        let (lost_at, reason) = holder
-            .lost_by(deadline + tol)
-            .await
-            .expect("the pinned holder aborts by its local deadline");
+        let Some((lost_at, reason)) = holder.lost_by(deadline + tol).await else {
+            panic!(
+                "the pinned holder did not abort by its local deadline: {:?} after the fault \
+                 (+{tol:?}); the cut took {:?}; it still reports {:?} of validity; renewals seen \
+                 (ms after the fault: seen, new deadline): {:?}",
+                deadline - fault_at,
+                cut_done - fault_at,
+                holder.handle.remaining_validity(),
+                watch.timeline(fault_at),
+            );
+        };
+        // A renewal can only count once its request was answered, and no
+        // request sent after the cut can be: the member has no leader.
+        let renewed = watch.sent_after(cut_done, ttl);
+        assert!(
+            renewed.is_empty(),
+            "renewed through the minority member after the cut ({} renewals; ms after the fault: {:?})",
+            renewed.len(),
+            watch.timeline(fault_at),
+        );
         row.abort.push(lost_at - fault_at);
         row.stall.push(watch.stall(fault_at, lost_at));
         assert!(

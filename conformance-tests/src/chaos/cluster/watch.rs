@@ -18,10 +18,11 @@ const JITTER: Duration = Duration::from_millis(20);
 /// Longest a watch runs, so a lease never lost cannot keep it going.
 const MAX_SAMPLES: usize = 30_000;
 
-/// A task that records every instant the lease's deadline moved forward.
+/// A task that records every instant the lease's deadline moved forward,
+/// with the deadline it moved to.
 #[derive(Debug)]
 pub(super) struct RenewWatch {
-    renewals: Arc<Mutex<Vec<Instant>>>,
+    renewals: Arc<Mutex<Vec<(Instant, Instant)>>>,
     task: JoinHandle<()>,
 }
 
@@ -38,13 +39,44 @@ impl RenewWatch {
                 }
                 let now = deadline(&handle);
                 if now > last + JITTER {
-                    seen.lock().expect("renewals lock").push(Instant::now());
+                    seen.lock()
+                        .expect("renewals lock")
+                        .push((Instant::now(), now));
                     last = now;
                 }
                 sleep(SAMPLE_EVERY).await;
             }
         });
         Self { renewals, task }
+    }
+
+    /// The renewals whose request was sent after `t`: each as (when it was
+    /// seen, the earliest its request can have been sent). A deadline is
+    /// the request's send instant plus at most `ttl`, so the deadline minus
+    /// `ttl` never comes after the send.
+    pub(super) fn sent_after(&self, t: Instant, ttl: Duration) -> Vec<(Instant, Instant)> {
+        let renewals = self.renewals.lock().expect("renewals lock");
+        renewals
+            .iter()
+            .filter_map(|(seen, deadline)| {
+                let sent = deadline.checked_sub(ttl)?;
+                (sent > t).then_some((*seen, sent))
+            })
+            .collect()
+    }
+
+    /// Each renewal seen, as (when it was seen, the deadline it set), in
+    /// milliseconds after `t0`: for failure messages.
+    pub(super) fn timeline(&self, t0: Instant) -> Vec<(i128, i128)> {
+        let ms = |i: Instant| {
+            if i >= t0 {
+                i128::try_from((i - t0).as_millis()).unwrap_or(i128::MAX)
+            } else {
+                -i128::try_from((t0 - i).as_millis()).unwrap_or(i128::MAX)
+            }
+        };
+        let renewals = self.renewals.lock().expect("renewals lock");
+        renewals.iter().map(|(s, d)| (ms(*s), ms(*d))).collect()
     }
 
     /// Stops watching; the stall across a fault at `fault_at`: from the
@@ -56,13 +88,13 @@ impl RenewWatch {
         let before = renewals
             .iter()
             .rev()
-            .find(|r| **r <= fault_at)
-            .copied()
+            .map(|(seen, _)| *seen)
+            .find(|r| *r <= fault_at)
             .unwrap_or(fault_at);
         let after = renewals
             .iter()
-            .find(|r| **r > fault_at)
-            .copied()
+            .map(|(seen, _)| *seen)
+            .find(|r| *r > fault_at)
             .unwrap_or(end);
         after.saturating_duration_since(before)
     }

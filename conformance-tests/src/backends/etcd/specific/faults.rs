@@ -23,44 +23,88 @@ async fn saboteur_for(factory: &EtcdFactory) -> Result<EtcdSaboteur, Failed> {
     Ok(EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?)
 }
 
-/// `etcdctl lease revoke` on the holder's lease deletes its key: the holder
-/// sees `expired` at its next renewal and the job is aborted. Prints the
-/// measured abort times.
+/// `etcdctl lease revoke` on the shared lease of one backend instance
+/// deletes every key on it: every lock on it, in every `Locker` over that
+/// instance, is lost at once (pushed through the loss feed at the first
+/// keep-alive that finds the lease gone), the jobs abort as `expired`, a
+/// lock of another instance stays held, and the next acquire gets a new
+/// shared lease. Prints the measured abort times.
 pub(super) async fn theft_by_lease_revoke(f: Arc<EtcdFactory>, ctx: Ctx) -> Result<(), Failed> {
     let a = ctx.replica().await;
+    let a2 = ctx.replica_over(Arc::clone(&a.backend));
+    let other = ctx.replica().await;
     let sab = saboteur_for(&f).await?;
     let bound = ctx.opts().renew_interval() + ctx.timing().tolerance;
+    // Losses pushed in one call land in the same instant; the tasks that
+    // see them are scheduled a little apart.
+    let together = ctx.timing().tolerance / 4;
     let mut taken = Vec::with_capacity(ROUNDS);
+    let mut last_lease = None;
     for round in 0..ROUNDS {
-        let name = ctx.name(&format!("revoked-{round}"));
-        let (lease, run) = hold_in_job(&a, &ctx, &name).await?;
+        let (x, y, z) = (
+            ctx.name(&format!("revoked-{round}-x")),
+            ctx.name(&format!("revoked-{round}-y")),
+            ctx.name(&format!("revoked-{round}-z")),
+        );
+        let (lx, rx) = hold_in_job(&a, &ctx, &x).await?;
+        let (ly, ry) = hold_in_job(&a2, &ctx, &y).await?;
+        let (lz, rz) = hold_in_job(&other, &ctx, &z).await?;
+        let id = sab.lease_of(&x).await?.ok_or("the held key is missing")?;
+        ensure(sab.lease_of(&y).await? == Some(id), || {
+            format!("round {round}: two locks of one instance are on different leases")
+        })?;
+        ensure(sab.lease_of(&z).await? != Some(id), || {
+            format!("round {round}: two instances share a lease")
+        })?;
+        ensure(last_lease != Some(id), || {
+            format!("round {round}: the revoked lease {id:x} was used again")
+        })?;
+        last_lease = Some(id);
         // Vary where in the renewal interval the revoke lands.
         sleep(ctx.opts().renew_interval() * (round as u32 + 1) / (ROUNDS as u32 + 1)).await;
-        let id = sab
-            .lease_of(&name)
-            .await?
-            .ok_or("the held key is missing")?;
         let revoked_at = Instant::now();
         sab.client().lease_client().revoke(id).await?;
-        let reason = timeout(bound * 2, lease.lost())
-            .await
-            .map_err(|_| "the holder never noticed the revoke")?;
-        let took = revoked_at.elapsed();
-        ensure(reason == LossReason::Expired, || {
-            format!("round {round}: lost as {reason}")
-        })?;
-        ensure(took <= bound, || {
-            format!("round {round}: abort took {took:?} > {bound:?}")
-        })?;
-        match run.await? {
-            RunOutcome::Aborted(LossReason::Expired) => {}
-            other => return Err(format!("round {round}: run ended {other:?}").into()),
+        let lost_x = async {
+            let r = lx.lost().await;
+            (r, revoked_at.elapsed())
+        };
+        let lost_y = async {
+            let r = ly.lost().await;
+            (r, revoked_at.elapsed())
+        };
+        let ((rx_reason, took_x), (ry_reason, took_y)) =
+            timeout(bound * 2, async { tokio::join!(lost_x, lost_y) })
+                .await
+                .map_err(|_| "the holders never noticed the revoke")?;
+        for (what, reason, took) in [("x", rx_reason, took_x), ("y", ry_reason, took_y)] {
+            ensure(reason == LossReason::Expired, || {
+                format!("round {round}: {what} lost as {reason}")
+            })?;
+            ensure(took <= bound, || {
+                format!("round {round}: {what} aborted after {took:?} > {bound:?}")
+            })?;
         }
-        taken.push(took);
+        let apart = took_x.abs_diff(took_y);
+        ensure(apart <= together, || {
+            format!("round {round}: the two locks were lost {apart:?} apart, not at once")
+        })?;
+        for run in [rx, ry] {
+            match run.await? {
+                RunOutcome::Aborted(LossReason::Expired) => {}
+                other => return Err(format!("round {round}: run ended {other:?}").into()),
+            }
+        }
+        ensure(lz.assert_held().is_ok(), || {
+            format!("round {round}: the other instance's lock was lost")
+        })?;
+        // Dropping the job's future releases its lock.
+        rz.abort();
+        let _ = rz.await;
+        taken.push(took_x.max(took_y));
     }
     taken.sort();
     println!(
-        "etcd: abort after lease revoke over {ROUNDS} rounds: min {:?}, median {:?}, max {:?} (renew interval {:?})",
+        "etcd: abort of two locks on a revoked shared lease over {ROUNDS} rounds: min {:?}, median {:?}, max {:?} (renew interval {:?})",
         taken[0],
         taken[ROUNDS / 2],
         taken[ROUNDS - 1],

@@ -1,0 +1,157 @@
+//! The shared lease: an acquire just before it would lapse still gets a
+//! full TTL, and a release that got no answer still frees its key.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::Failed;
+use lock_core::{
+    backend::{AcquireAttempt, LeaseStatus},
+    LockBackend, LockOptions, OwnerToken,
+};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+use super::ensure;
+use crate::backends::etcd::{server, EtcdFactory, EtcdSaboteur};
+use crate::proxy::FaultProxy;
+use crate::{BackendFactory, Ctx};
+
+/// The TTL of these trials: etcd's default minimum lease TTL.
+const TTL: Duration = Duration::from_secs(2);
+
+/// How long before the lease would lapse the second acquire starts.
+const LATE: Duration = Duration::from_millis(250);
+
+/// Lock A takes the shared lease at t0 and nothing renews it. Lock B is
+/// acquired at t0 + TTL - 250 ms: without a keep-alive sent after B's call,
+/// the lease (and B's key) would go about t0 + TTL (+ etcd's 500 ms expiry
+/// sweep). B's key must still be there at its own start + TTL - 150 ms.
+pub(super) async fn acquire_near_lease_lapse_gets_full_ttl(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let backend = f.connect().await?;
+    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let ttl = TTL.max(backend.min_ttl());
+    let (a, b) = (ctx.name("lapse-a"), ctx.name("lapse-b"));
+    let (oa, ob) = (OwnerToken::generate()?, OwnerToken::generate()?);
+    let t0 = Instant::now();
+    let got = backend.try_acquire(&a, &oa, ttl).await?;
+    ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
+        format!("a: {got:?}")
+    })?;
+    sleep_until(t0 + ttl - LATE).await;
+    let t1 = Instant::now();
+    let got = backend.try_acquire(&b, &ob, ttl).await?;
+    ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
+        format!("b: {got:?}")
+    })?;
+    let lease = sab.lease_of(&b).await?.ok_or("b's key is missing")?;
+    ensure(sab.lease_of(&a).await? == Some(lease), || {
+        "a and b are not on one shared lease".into()
+    })?;
+    sleep_until(t1 + ttl - Duration::from_millis(150)).await;
+    let status = backend.check(&b, &ob).await?;
+    ensure(status == LeaseStatus::Held, || {
+        format!(
+            "b was {status:?} {:?} after its acquire started (TTL {ttl:?}); \
+             the shared lease was last kept alive for a",
+            t1.elapsed()
+        )
+    })?;
+    for (name, owner) in [(&a, &oa), (&b, &ob)] {
+        backend.release(name, owner).await?;
+    }
+    println!(
+        "etcd: a lock acquired {LATE:?} before its shared lease would lapse was still held {:?} after its call",
+        t1.elapsed()
+    );
+    Ok(())
+}
+
+/// A release that gets no answer (the connection is cut, then reset) on a
+/// shared lease that another lock keeps alive: its key is deleted once the
+/// connection is back, within about one TTL, and the other lock stays held.
+/// Then, cut off for good: the key still frees within the TTL (nothing keeps
+/// the lease alive), as a lease of its own would.
+pub(super) async fn unanswered_release_frees_the_key(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let upstream = f.server_addr().ok_or("no private etcd")?;
+    let proxy = FaultProxy::start(upstream).await?;
+    let backend = server::connect_when_ready(server::builder(proxy.addr().port())).await?;
+    let replica = ctx.replica_over(Arc::new(backend.clone()));
+    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let opts = LockOptions::new(TTL.max(backend.min_ttl()));
+    let ttl = opts.ttl();
+    let tolerance = ctx.timing().tolerance;
+
+    for cut_for_good in [false, true] {
+        let tag = if cut_for_good { "cut" } else { "healed" };
+        let (kept, released) = (
+            ctx.name(&format!("kept-{tag}")),
+            ctx.name(&format!("released-{tag}")),
+        );
+        let keeper = replica.locker.try_lock(&kept, &opts).await?;
+        let guard = replica.locker.try_lock(&released, &opts).await?;
+        let handle = keeper.handle();
+        proxy.blackhole(true);
+        let started = Instant::now();
+        let outcome = guard.release().await;
+        ensure(outcome.is_err(), || {
+            format!("{tag}: the release through a cut connection succeeded")
+        })?;
+        if !cut_for_good {
+            // The held request must never arrive: drop it with the connection.
+            proxy.reset_all();
+            proxy.blackhole(false);
+        }
+        let gone = timeout(ttl + tolerance * 2, async {
+            loop {
+                if sab.lease_of(&released).await?.is_none() {
+                    return Ok::<_, Failed>(started.elapsed());
+                }
+                sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .map_err(|_| {
+            format!(
+                "{tag}: the released key outlived its TTL ({ttl:?}) + {:?}",
+                tolerance * 2
+            )
+        })??;
+        ensure(gone <= ttl + tolerance, || {
+            format!("{tag}: the released key went {gone:?} after the release (TTL {ttl:?})")
+        })?;
+        if cut_for_good {
+            proxy.reset_all();
+            proxy.blackhole(false);
+            let _ = timeout(ttl, handle.lost()).await;
+            ensure(handle.assert_held().is_err(), || {
+                format!("{tag}: the other lock is still held after the cut")
+            })?;
+        } else {
+            ensure(handle.assert_held().is_ok(), || {
+                format!(
+                    "{tag}: the other lock was lost ({:?})",
+                    handle.loss_reason()
+                )
+            })?;
+            // It is still held a TTL later: its lease is still kept alive.
+            sleep(ttl).await;
+            ensure(handle.assert_held().is_ok(), || {
+                format!(
+                    "{tag}: the other lock was lost later ({:?})",
+                    handle.loss_reason()
+                )
+            })?;
+        }
+        println!(
+            "etcd: released key went {gone:?} after an unanswered release ({tag}; TTL {ttl:?})"
+        );
+        let _ = keeper.release().await;
+    }
+    Ok(())
+}
