@@ -4,7 +4,9 @@
 //!
 //! Test names are `backend::chaos_<case>`. Trials run one at a time unless
 //! `--test-threads` says otherwise, since each freezes or partitions its own
-//! server against timing bounds. `CHAOS_SOAK=<n>` multiplies the iterations.
+//! server against timing bounds. `CHAOS_SOAK=<n>` multiplies the iterations;
+//! with `RUST_LOG` set (e.g. `lock_etcd=debug`) the libraries' logs go to
+//! stderr.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
