@@ -141,6 +141,7 @@
 //! See [`Scheduler`], and `cargo run -p scheduler --example replicas`.
 #![forbid(unsafe_code)]
 
+mod batch;
 mod builder;
 mod clock;
 mod connect;
