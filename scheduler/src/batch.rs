@@ -44,6 +44,12 @@ impl Ticks {
     /// after this call began (a call that arrives while a reading is in
     /// flight waits for the next one), so it is never older than the
     /// reading a call of its own would have taken. Cancel safe.
+    ///
+    /// Joining the reading in flight instead would not be unsafe either:
+    /// the reading is only used to refuse ticks ahead of the server, and an
+    /// older reading makes a tick look further ahead, so staleness could
+    /// only refuse a tick a fresh reading would have let run, never the
+    /// reverse. Waiting for a fresh one costs at most one round trip.
     pub(crate) async fn server_time(&self) -> Result<Option<i64>, BackendError> {
         self.clock.call(&self.store, ()).await
     }
