@@ -233,6 +233,16 @@ impl BackendError {
     pub fn message(&self) -> &str {
         &self.message
     }
+
+    /// A copy of this error for another caller of a call that served many
+    /// (a batch): the same kind, and the message with the source chain
+    /// rendered into it, since the source itself cannot be shared.
+    pub fn copied(&self) -> Self {
+        match &self.source {
+            Some(source) => Self::new(self.kind, format!("{}: {source}", self.message)),
+            None => Self::new(self.kind, self.message.clone()),
+        }
+    }
 }
 
 impl fmt::Display for BackendError {

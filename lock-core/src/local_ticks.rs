@@ -40,14 +40,7 @@ impl TickStore for LocalTicks {
         tick: i64,
         keep: Duration,
     ) -> Result<(), BackendError> {
-        let mut jobs = self.jobs();
-        let entry = jobs.entry(job.clone()).or_default();
-        entry.latest = Some(entry.latest.map_or(tick, |t| t.max(tick)));
-        entry.marks.insert(tick);
-        // Marks more than `keep` older than this tick may go; the set stays
-        // bounded by the ticks of one `keep` window.
-        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
-        entry.marks = entry.marks.split_off(&tick.saturating_sub(keep_ms));
+        record(&mut self.jobs(), job, tick, keep);
         Ok(())
     }
 
@@ -57,6 +50,55 @@ impl TickStore for LocalTicks {
             .get(job)
             .is_some_and(|j| j.marks.contains(&tick)))
     }
+
+    // The batch calls take the map's lock once for the whole batch.
+    async fn last_completed_many(
+        &self,
+        jobs: &[LockName],
+    ) -> Vec<Result<Option<i64>, BackendError>> {
+        let map = self.jobs();
+        jobs.iter()
+            .map(|job| Ok(map.get(job).and_then(|j| j.latest)))
+            .collect()
+    }
+
+    async fn is_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+    ) -> Vec<Result<bool, BackendError>> {
+        let map = self.jobs();
+        ticks
+            .iter()
+            .map(|(job, tick)| Ok(map.get(job).is_some_and(|j| j.marks.contains(tick))))
+            .collect()
+    }
+
+    async fn record_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+        keep: Duration,
+    ) -> Vec<Result<(), BackendError>> {
+        let mut map = self.jobs();
+        ticks
+            .iter()
+            .map(|(job, tick)| {
+                record(&mut map, job, *tick, keep);
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+/// Raises `job`'s latest tick to `tick`, marks it, and drops the marks more
+/// than `keep` older than it.
+fn record(jobs: &mut HashMap<LockName, Job>, job: &LockName, tick: i64, keep: Duration) {
+    let entry = jobs.entry(job.clone()).or_default();
+    entry.latest = Some(entry.latest.map_or(tick, |t| t.max(tick)));
+    entry.marks.insert(tick);
+    // Marks more than `keep` older than this tick may go; the set stays
+    // bounded by the ticks of one `keep` window.
+    let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+    entry.marks = entry.marks.split_off(&tick.saturating_sub(keep_ms));
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 
 use crate::{BackendError, LockName};
 
@@ -30,6 +31,13 @@ use crate::{BackendError, LockName};
 ///   without persistence may lose them, like the locks). In particular they
 ///   MUST outlive the process that recorded them, which a session-scoped
 ///   lock does not.
+/// - The batch methods (`last_completed_many`, `is_completed_many`,
+///   `record_completed_many`) MUST answer each item exactly as the single
+///   call would, in the order given, one answer per item. A backend may
+///   fail a whole batch when its one round trip fails; then every item of it
+///   carries an error, as its single call's failure would. The defaults call
+///   the single methods concurrently, so an implementation only overrides
+///   them to save round trips.
 #[async_trait]
 pub trait TickStore: fmt::Debug + Send + Sync {
     /// The latest completed tick recorded for `job`, if any.
@@ -60,5 +68,50 @@ pub trait TickStore: fmt::Debug + Send + Sync {
     /// round trip; cancel safe (a read).
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
         Ok(None)
+    }
+
+    /// The latest completed tick of each of `jobs`, in order: what
+    /// [`TickStore::last_completed`] answers for each, in as few round trips
+    /// as the backend allows. Jobs may repeat. Cancel safe (a read).
+    async fn last_completed_many(
+        &self,
+        jobs: &[LockName],
+    ) -> Vec<Result<Option<i64>, BackendError>> {
+        join_all(jobs.iter().map(|job| self.last_completed(job))).await
+    }
+
+    /// Whether each `(job, tick)` of `ticks` is marked as completed, in
+    /// order: what [`TickStore::is_completed`] answers for each, in as few
+    /// round trips as the backend allows. Cancel safe (a read).
+    async fn is_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+    ) -> Vec<Result<bool, BackendError>> {
+        join_all(
+            ticks
+                .iter()
+                .map(|(job, tick)| self.is_completed(job, *tick)),
+        )
+        .await
+    }
+
+    /// Records each `(job, tick)` of `ticks` as completed, keeping its mark
+    /// for at least `keep`: what [`TickStore::record_completed`] does for
+    /// each, in as few round trips as the backend allows, with one result
+    /// per item in order. A job may appear with several ticks; the latest
+    /// completed tick still only ever rises. Not cancel safe in the sense
+    /// that a cancelled call may have recorded any subset of the ticks; an
+    /// item's error likewise leaves its tick recorded or not.
+    async fn record_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+        keep: Duration,
+    ) -> Vec<Result<(), BackendError>> {
+        join_all(
+            ticks
+                .iter()
+                .map(|(job, tick)| self.record_completed(job, *tick, keep)),
+        )
+        .await
     }
 }

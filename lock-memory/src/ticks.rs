@@ -25,6 +25,28 @@ impl TickStore for MemoryBackend {
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
         self.shared.ticks.is_completed(job, tick).await
     }
+
+    async fn last_completed_many(
+        &self,
+        jobs: &[LockName],
+    ) -> Vec<Result<Option<i64>, BackendError>> {
+        self.shared.ticks.last_completed_many(jobs).await
+    }
+
+    async fn is_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+    ) -> Vec<Result<bool, BackendError>> {
+        self.shared.ticks.is_completed_many(ticks).await
+    }
+
+    async fn record_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+        keep: Duration,
+    ) -> Vec<Result<(), BackendError>> {
+        self.shared.ticks.record_completed_many(ticks, keep).await
+    }
 }
 
 #[cfg(test)]

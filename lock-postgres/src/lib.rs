@@ -219,6 +219,7 @@ mod session;
 mod sessions;
 #[cfg(feature = "test-util")]
 mod test_util;
+mod tick_batch;
 mod ticks;
 
 pub use backend::PostgresBackend;

@@ -9,13 +9,13 @@ use crate::error::protocol;
 use crate::PostgresBackend;
 
 impl PostgresBackend {
-    fn tick_table(&self) -> String {
+    pub(crate) fn tick_table(&self) -> String {
         let cfg = &self.inner.config;
         cfg.qualified(&cfg.tick_table)
     }
 
     /// Marks of single completed ticks live beside the latest ones.
-    fn mark_table(&self) -> String {
+    pub(crate) fn mark_table(&self) -> String {
         let cfg = &self.inner.config;
         cfg.qualified(&format!("{}_marks", cfg.tick_table))
     }
@@ -69,7 +69,22 @@ impl PostgresBackend {
     }
 }
 
-fn missing_table(e: &BackendError) -> bool {
+impl PostgresBackend {
+    /// Creates the tick tables after a write found them missing.
+    pub(crate) async fn create_tick_tables(&self) -> Result<(), BackendError> {
+        let session = self.session().await?;
+        match session
+            .batch("creating the tick table", &self.tick_table_ddl())
+            .await
+        {
+            // A concurrent creator won the race; the table is there.
+            Err(e) if !e.message().contains("23505") && !e.message().contains("42P07") => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+pub(crate) fn missing_table(e: &BackendError) -> bool {
     e.message().contains("42P01")
 }
 
@@ -131,21 +146,43 @@ impl TickStore for PostgresBackend {
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
         match self.upsert_tick(job, tick, keep_ms).await {
             Err(e) if missing_table(&e) => {
-                let session = self.session().await?;
-                match session
-                    .batch("creating the tick table", &self.tick_table_ddl())
-                    .await
-                {
-                    // A concurrent creator won the race; the table is there.
-                    Err(e) if !e.message().contains("23505") && !e.message().contains("42P07") => {
-                        return Err(e)
-                    }
-                    _ => {}
-                }
+                self.create_tick_tables().await?;
                 self.upsert_tick(job, tick, keep_ms).await
             }
             other => other,
         }
+    }
+
+    async fn last_completed_many(
+        &self,
+        jobs: &[LockName],
+    ) -> Vec<Result<Option<i64>, BackendError>> {
+        if jobs.is_empty() {
+            return Vec::new();
+        }
+        each(self.last_completed_batch(jobs).await, jobs.len())
+    }
+
+    async fn is_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+    ) -> Vec<Result<bool, BackendError>> {
+        if ticks.is_empty() {
+            return Vec::new();
+        }
+        each(self.is_completed_batch(ticks).await, ticks.len())
+    }
+
+    async fn record_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+        keep: Duration,
+    ) -> Vec<Result<(), BackendError>> {
+        if ticks.is_empty() {
+            return Vec::new();
+        }
+        let done = self.record_completed_batch(ticks, keep).await;
+        each(done.map(|()| vec![(); ticks.len()]), ticks.len())
     }
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
@@ -178,5 +215,14 @@ impl TickStore for PostgresBackend {
                 .map_err(|e| protocol(e.to_string())),
             None => Err(protocol("SELECT EXISTS returned no row")),
         }
+    }
+}
+
+/// One result per item of a batch of `len` that one statement answered: its
+/// answers, or its error for each.
+fn each<T>(batch: Result<Vec<T>, BackendError>, len: usize) -> Vec<Result<T, BackendError>> {
+    match batch {
+        Ok(answers) => answers.into_iter().map(Ok).collect(),
+        Err(e) => (0..len).map(|_| Err(e.copied())).collect(),
     }
 }

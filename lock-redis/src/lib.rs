@@ -267,6 +267,7 @@ mod nodes;
 mod notify;
 mod scripts;
 mod sentinel;
+mod tick_batch;
 mod ticks;
 mod unfenced;
 

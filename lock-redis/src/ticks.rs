@@ -63,6 +63,28 @@ impl TickStore for RedisBackend {
             .map(|_| ())
     }
 
+    async fn last_completed_many(
+        &self,
+        jobs: &[LockName],
+    ) -> Vec<Result<Option<i64>, BackendError>> {
+        self.last_completed_batch(jobs).await
+    }
+
+    async fn is_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+    ) -> Vec<Result<bool, BackendError>> {
+        self.is_completed_batch(ticks).await
+    }
+
+    async fn record_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+        keep: Duration,
+    ) -> Vec<Result<(), BackendError>> {
+        self.record_completed_batch(ticks, keep).await
+    }
+
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
         let shared = self.shared();
         let mark = shared.keys.tick_mark(job, tick);

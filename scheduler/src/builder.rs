@@ -255,7 +255,7 @@ impl SchedulerBuilder {
         let soft_stop = CancellationToken::new();
         let runtime = Runtime {
             locker: self.locker,
-            ticks: self.ticks,
+            ticks: crate::batch::Ticks::new(self.ticks),
             clock: self.clock,
             metrics,
             tolerance: self.tolerance,

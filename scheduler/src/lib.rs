@@ -82,6 +82,18 @@
 //! stepping), or a forward step of one replica makes the others skip the
 //! ticks it ran early, and the ones up to them.
 //!
+//! # Tick store calls
+//!
+//! Every job has its own task, so many jobs due at the same instant ask the
+//! tick store the same questions at once. Those calls are coalesced: a call
+//! that finds no batch of its kind in flight goes at once, and those that
+//! arrive meanwhile go together as one batch when it answers (the
+//! [`TickStore`](lock_core::TickStore) batch methods: one statement on
+//! Postgres, one `MGET` or pipeline on Redis). A server clock reading is
+//! shared only by calls that began before it was taken, so it is never older
+//! than a reading of a tick's own, and a failed batch fails each of its
+//! ticks as the single call would (the tick is not run).
+//!
 //! # Missed ticks
 //!
 //! Ticks that passed while no replica ran them (all down, an election under
@@ -141,6 +153,7 @@
 //! See [`Scheduler`], and `cargo run -p scheduler --example replicas`.
 #![forbid(unsafe_code)]
 
+mod batch;
 mod builder;
 mod clock;
 mod connect;

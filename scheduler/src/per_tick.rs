@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use lock_core::{Error as LockError, LeaseHandle, LockGuard, LockName};
+use lock_core::{BackendError, Error as LockError, LeaseHandle, LockGuard, LockName};
 use tracing::{debug, warn};
 
 use crate::job::JobSpec;
@@ -147,20 +147,26 @@ async fn unless_stopped<T>(
 /// Why this replica must not run `tick` although it holds its lock, if it
 /// must not: ahead of the server's clock, or already completed. `None`
 /// means run it.
+///
+/// The three reads go out together (each joins its kind's batch): they are
+/// independent reads taken while holding the lock, so their order does not
+/// matter, and the verdict is the same as reading them one after another.
 async fn refusal(rt: &Runtime, job: &JobSpec, tick: Tick) -> Option<TickOutcome> {
     let label = job.label();
-    if let Some(outcome) = ahead_of_server(rt, label, tick.at).await {
+    let tick_ms = tick.at.timestamp_millis();
+    let (server, marked, last) = tokio::join!(
+        rt.ticks.server_time(),
+        rt.ticks.is_completed(&job.name, tick_ms),
+        rt.ticks.last_completed(&job.name),
+    );
+    if let Some(outcome) = ahead_of_server(rt, label, tick.at, server) {
         return Some(outcome);
     }
     // Checked while holding the lock, so a replica that finished this tick
     // either still holds its completion mark or has recorded it. The
     // recorded mark is what counts when that replica has since died on a
     // session backend (Postgres), whose locks die with their session.
-    match rt
-        .ticks
-        .is_completed(&job.name, tick.at.timestamp_millis())
-        .await
-    {
+    match marked {
         Ok(true) => {
             debug!(job = label, tick = %tick.at, "tick marked completed by a replica");
             return Some(TickOutcome::Skipped);
@@ -171,7 +177,7 @@ async fn refusal(rt: &Runtime, job: &JobSpec, tick: Tick) -> Option<TickOutcome>
             return Some(TickOutcome::Skipped);
         }
     }
-    match rt.ticks.last_completed(&job.name).await {
+    match last {
         Ok(Some(last)) if already_done(rt, tick.at, last) => {
             debug!(job = label, tick = %tick.at, "tick already completed by a replica");
             Some(TickOutcome::Skipped)
@@ -190,8 +196,17 @@ async fn refusal(rt: &Runtime, job: &JobSpec, tick: Tick) -> Option<TickOutcome>
 /// completed one, and every replica with a true clock would skip its ticks
 /// as past until real time caught up. `Some(Skipped)` means do not run;
 /// an unreadable server clock fails closed like the tick store does.
-async fn ahead_of_server(rt: &Runtime, label: &str, tick: DateTime<Utc>) -> Option<TickOutcome> {
-    let server_ms = match rt.ticks.server_time().await {
+///
+/// `server` is a reading taken after the lock was held (see
+/// [`Ticks::server_time`](crate::batch::Ticks::server_time)): shared with
+/// other ticks, but never older than a reading of this tick's own.
+fn ahead_of_server(
+    rt: &Runtime,
+    label: &str,
+    tick: DateTime<Utc>,
+    server: Result<Option<i64>, BackendError>,
+) -> Option<TickOutcome> {
+    let server_ms = match server {
         Ok(Some(ms)) => ms,
         Ok(None) => return None,
         Err(e) => {

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lock_core::{Locker, TickStore};
+use lock_core::Locker;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::batch::Ticks;
 use crate::{SchedulerMetrics, TickOutcome, WallClock};
 
 /// What happened to one tick on this replica, as passed to
@@ -32,7 +33,8 @@ pub(crate) type OutcomeHook = Arc<dyn Fn(&RunReport) + Send + Sync + 'static>;
 
 pub(crate) struct Runtime {
     pub(crate) locker: Locker,
-    pub(crate) ticks: Arc<dyn TickStore>,
+    /// The tick store, with the calls of concurrent ticks batched.
+    pub(crate) ticks: Ticks,
     pub(crate) clock: Arc<dyn WallClock>,
     pub(crate) metrics: SchedulerMetrics,
     pub(crate) tolerance: Duration,

@@ -15,6 +15,7 @@ mod metrics;
 mod model;
 mod renewal;
 mod scheduler;
+mod ticks;
 mod watchdog;
 
 use std::time::Duration;
@@ -119,6 +120,14 @@ pub static ALL: &[Case] = &[
         requires: Requires::PausedClock,
         run: CaseFn::Blocking(model::model_agrees),
     },
+    case!(
+        ticks::tick_store_batch_reads_match_single_calls,
+        Requires::Nothing
+    ),
+    case!(
+        ticks::tick_store_batch_records_match_single_calls,
+        Requires::Nothing
+    ),
     case!(
         scheduler::scheduler_per_tick_exactly_once,
         Requires::Nothing

@@ -1,0 +1,163 @@
+//! The tick store's batch calls: each item answered as its single call
+//! answers it, in order, whether the backend overrides them or not.
+
+use std::time::Duration;
+
+use lock_core::LockName;
+
+use crate::Ctx;
+
+const KEEP: Duration = Duration::from_secs(60);
+/// Every store call of these cases answers within this, or the case fails.
+const CALL_WITHIN: Duration = Duration::from_secs(20);
+
+async fn within<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(CALL_WITHIN, call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not answer within {CALL_WITHIN:?}"))
+}
+
+/// Batches of reads over jobs with and without marks (and a job never
+/// recorded) answer item by item what the single calls answer, in order;
+/// an empty batch answers nothing.
+pub(super) async fn tick_store_batch_reads_match_single_calls(ctx: Ctx) {
+    let Some(store) = within("tick_store", ctx.factory().tick_store())
+        .await
+        .expect("tick store connects")
+    else {
+        return;
+    };
+    let (a, b, never) = (
+        ctx.name("batch-read-a"),
+        ctx.name("batch-read-b"),
+        ctx.name("batch-read-never"),
+    );
+    within("record", store.record_completed(&a, 10_000, KEEP))
+        .await
+        .expect("record a");
+    within("record", store.record_completed(&a, 9_000, KEEP))
+        .await
+        .expect("record a again");
+    within("record", store.record_completed(&b, 20_000, KEEP))
+        .await
+        .expect("record b");
+
+    let jobs = vec![a.clone(), never.clone(), b.clone(), a.clone()];
+    let latest: Vec<Option<i64>> = within("last_completed_many", store.last_completed_many(&jobs))
+        .await
+        .into_iter()
+        .map(|r| r.expect("last_completed_many answers"))
+        .collect();
+    assert_eq!(latest, vec![Some(10_000), None, Some(20_000), Some(10_000)]);
+    for (job, want) in jobs.iter().zip(&latest) {
+        let single = within("last_completed", store.last_completed(job))
+            .await
+            .expect("last_completed answers");
+        assert_eq!(
+            single, *want,
+            "the batch and the single call agree on {job}"
+        );
+    }
+
+    let ticks: Vec<(LockName, i64)> = vec![
+        (a.clone(), 9_000),
+        (a.clone(), 9_500),
+        (never.clone(), 9_000),
+        (b.clone(), 20_000),
+        (b.clone(), 10_000),
+        (a.clone(), 10_000),
+    ];
+    let marked: Vec<bool> = within("is_completed_many", store.is_completed_many(&ticks))
+        .await
+        .into_iter()
+        .map(|r| r.expect("is_completed_many answers"))
+        .collect();
+    assert_eq!(marked, vec![true, false, false, true, false, true]);
+    for ((job, tick), want) in ticks.iter().zip(&marked) {
+        let single = within("is_completed", store.is_completed(job, *tick))
+            .await
+            .expect("is_completed answers");
+        assert_eq!(
+            single, *want,
+            "the batch and the single call agree on {job} at {tick}"
+        );
+    }
+
+    assert!(within("empty", store.last_completed_many(&[]))
+        .await
+        .is_empty());
+    assert!(within("empty", store.is_completed_many(&[]))
+        .await
+        .is_empty());
+    assert!(within("empty", store.record_completed_many(&[], KEEP))
+        .await
+        .is_empty());
+}
+
+/// A batch of records over several jobs, one of them with several ticks
+/// and one older than its stored latest, marks every tick and only ever
+/// raises each job's latest completed tick, as the single calls would.
+pub(super) async fn tick_store_batch_records_match_single_calls(ctx: Ctx) {
+    let Some(store) = within("tick_store", ctx.factory().tick_store())
+        .await
+        .expect("tick store connects")
+    else {
+        return;
+    };
+    let (a, b, c) = (
+        ctx.name("batch-rec-a"),
+        ctx.name("batch-rec-b"),
+        ctx.name("batch-rec-c"),
+    );
+    within("record", store.record_completed(&b, 50_000, KEEP))
+        .await
+        .expect("record b");
+    let ticks: Vec<(LockName, i64)> = vec![
+        (a.clone(), 2_000),
+        (b.clone(), 40_000),
+        (a.clone(), 3_000),
+        (c.clone(), -5),
+        (a.clone(), 1_000),
+    ];
+    let done = within(
+        "record_completed_many",
+        store.record_completed_many(&ticks, KEEP),
+    )
+    .await;
+    assert_eq!(done.len(), ticks.len(), "one result per item");
+    for r in done {
+        r.expect("record_completed_many records");
+    }
+    for (job, want) in [(&a, Some(3_000)), (&b, Some(50_000)), (&c, Some(-5))] {
+        let latest = within("last_completed", store.last_completed(job))
+            .await
+            .expect("last_completed answers");
+        assert_eq!(latest, want, "the latest of {job} only rises");
+    }
+    for (job, tick) in &ticks {
+        assert!(
+            within("is_completed", store.is_completed(job, *tick))
+                .await
+                .expect("is_completed answers"),
+            "{job} at {tick} is marked"
+        );
+    }
+    assert!(
+        !within("is_completed", store.is_completed(&a, 2_500))
+            .await
+            .expect("is_completed answers"),
+        "an unrecorded tick between recorded ones is not marked"
+    );
+    // Recording the same batch again changes nothing.
+    for r in within(
+        "record_completed_many",
+        store.record_completed_many(&ticks, KEEP),
+    )
+    .await
+    {
+        r.expect("a repeated batch records");
+    }
+    let latest = within("last_completed_many", store.last_completed_many(&[a, b, c])).await;
+    let latest: Vec<Option<i64>> = latest.into_iter().map(|r| r.expect("answers")).collect();
+    assert_eq!(latest, vec![Some(3_000), Some(50_000), Some(-5)]);
+}
