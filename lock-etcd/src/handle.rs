@@ -223,4 +223,35 @@ impl TickStore for EtcdBackend {
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
         self.backend().await?.server_time().await
     }
+
+    async fn last_completed_many(
+        &self,
+        jobs: &[LockName],
+    ) -> Vec<Result<Option<i64>, BackendError>> {
+        match self.backend().await {
+            Ok(b) => b.last_completed_many(jobs).await,
+            Err(e) => jobs.iter().map(|_| Err(e.copied())).collect(),
+        }
+    }
+
+    async fn is_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+    ) -> Vec<Result<bool, BackendError>> {
+        match self.backend().await {
+            Ok(b) => b.is_completed_many(ticks).await,
+            Err(e) => ticks.iter().map(|_| Err(e.copied())).collect(),
+        }
+    }
+
+    async fn record_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+        keep: Duration,
+    ) -> Vec<Result<(), BackendError>> {
+        match self.backend().await {
+            Ok(b) => b.record_completed_many(ticks, keep).await,
+            Err(e) => ticks.iter().map(|_| Err(e.copied())).collect(),
+        }
+    }
 }
