@@ -13,6 +13,7 @@ mod sessions;
 mod specific;
 pub mod standby;
 mod standby_refused;
+mod tick_tables;
 mod waiters;
 
 use std::net::SocketAddr;
