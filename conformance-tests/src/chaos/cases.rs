@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{Error, LockGuard, LockName, LockOptions, Locker};
+use lock_core::{BackendErrorKind, Error, LockGuard, LockName, LockOptions, Locker};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::figures::{self, Row};
@@ -46,6 +46,18 @@ pub(super) async fn leak_probe(locker: &Locker, name: &LockName, opts: &LockOpti
             }
             Err(e) => panic!("leak probe failed: {e}"),
         }
+    }
+}
+
+/// Whether a release failed because the server refuses writes for a
+/// while: a Sentinel-promoted primary whose replica the sentinels are
+/// re-linking answers `NOREPLICAS` (min-replicas-to-write). That fails
+/// closed: the key expires with its TTL, which a later leak probe checks.
+pub(super) fn refused_for_now(e: &Error) -> bool {
+    match e {
+        Error::Unavailable { .. } => true,
+        Error::Backend(b) => b.kind() == BackendErrorKind::Unavailable,
+        _ => false,
     }
 }
 
