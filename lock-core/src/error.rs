@@ -243,6 +243,12 @@ impl BackendError {
             None => Self::new(self.kind, self.message.clone()),
         }
     }
+
+    /// This error as the answer of every one of a batch's `len` items
+    /// (see [`BackendError::copied`]).
+    pub fn for_each<T>(&self, len: usize) -> Vec<Result<T, Self>> {
+        (0..len).map(|_| Err(self.copied())).collect()
+    }
 }
 
 impl fmt::Display for BackendError {

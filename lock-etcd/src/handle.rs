@@ -230,7 +230,7 @@ impl TickStore for EtcdBackend {
     ) -> Vec<Result<Option<i64>, BackendError>> {
         match self.backend().await {
             Ok(b) => b.last_completed_many(jobs).await,
-            Err(e) => jobs.iter().map(|_| Err(e.copied())).collect(),
+            Err(e) => e.for_each(jobs.len()),
         }
     }
 
@@ -240,7 +240,7 @@ impl TickStore for EtcdBackend {
     ) -> Vec<Result<bool, BackendError>> {
         match self.backend().await {
             Ok(b) => b.is_completed_many(ticks).await,
-            Err(e) => ticks.iter().map(|_| Err(e.copied())).collect(),
+            Err(e) => e.for_each(ticks.len()),
         }
     }
 
@@ -251,7 +251,7 @@ impl TickStore for EtcdBackend {
     ) -> Vec<Result<(), BackendError>> {
         match self.backend().await {
             Ok(b) => b.record_completed_many(ticks, keep).await,
-            Err(e) => ticks.iter().map(|_| Err(e.copied())).collect(),
+            Err(e) => e.for_each(ticks.len()),
         }
     }
 }

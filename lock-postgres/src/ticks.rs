@@ -223,6 +223,6 @@ impl TickStore for PostgresBackend {
 fn each<T>(batch: Result<Vec<T>, BackendError>, len: usize) -> Vec<Result<T, BackendError>> {
     match batch {
         Ok(answers) => answers.into_iter().map(Ok).collect(),
-        Err(e) => (0..len).map(|_| Err(e.copied())).collect(),
+        Err(e) => e.for_each(len),
     }
 }

@@ -27,14 +27,8 @@ impl RedisBackend {
             return join_all(jobs.iter().map(|job| self.last_completed(job))).await;
         }
         let keys: Vec<String> = jobs.iter().map(|job| shared.keys.tick(job)).collect();
-        let values: Result<Vec<Option<String>>, BackendError> = shared
-            .conn
-            .run("read last ticks", |mut c| async move {
-                redis::cmd("MGET").arg(keys).query_async(&mut c).await
-            })
-            .await;
-        match values {
-            Ok(values) if values.len() == jobs.len() => values
+        match self.mget("read last ticks", keys).await {
+            Ok(values) => values
                 .into_iter()
                 .map(|v| {
                     v.map(|v| {
@@ -45,15 +39,7 @@ impl RedisBackend {
                     .transpose()
                 })
                 .collect(),
-            Ok(values) => {
-                let e = protocol(
-                    "read last ticks",
-                    shared.conn.target(),
-                    format!("{} values for {} keys", values.len(), jobs.len()),
-                );
-                each_err(&e, jobs.len())
-            }
-            Err(e) => each_err(&e, jobs.len()),
+            Err(e) => e.for_each(jobs.len()),
         }
     }
 
@@ -80,25 +66,9 @@ impl RedisBackend {
             .collect();
         // A mark is a string key that expires on its own: `MGET` answers
         // nil for an absent one, as `EXISTS` answers 0.
-        let values: Result<Vec<Option<String>>, BackendError> = shared
-            .conn
-            .run("read tick marks", |mut c| async move {
-                redis::cmd("MGET").arg(marks).query_async(&mut c).await
-            })
-            .await;
-        match values {
-            Ok(values) if values.len() == ticks.len() => {
-                values.into_iter().map(|v| Ok(v.is_some())).collect()
-            }
-            Ok(values) => {
-                let e = protocol(
-                    "read tick marks",
-                    shared.conn.target(),
-                    format!("{} values for {} keys", values.len(), ticks.len()),
-                );
-                each_err(&e, ticks.len())
-            }
-            Err(e) => each_err(&e, ticks.len()),
+        match self.mget("read tick marks", marks).await {
+            Ok(values) => values.into_iter().map(|v| Ok(v.is_some())).collect(),
+            Err(e) => e.for_each(ticks.len()),
         }
     }
 
@@ -137,12 +107,30 @@ impl RedisBackend {
             .await;
         match done {
             Ok(_) => ticks.iter().map(|_| Ok(())).collect(),
-            Err(e) => each_err(&e, ticks.len()),
+            Err(e) => e.for_each(ticks.len()),
         }
     }
-}
 
-/// `e` for every item of a batch of `len`.
-fn each_err<T>(e: &BackendError, len: usize) -> Vec<Result<T, BackendError>> {
-    (0..len).map(|_| Err(e.copied())).collect()
+    /// One `MGET` of `keys`: a value (or nil) per key, in order.
+    async fn mget(
+        &self,
+        what: &'static str,
+        keys: Vec<String>,
+    ) -> Result<Vec<Option<String>>, BackendError> {
+        let conn = &self.shared().conn;
+        let len = keys.len();
+        let values: Vec<Option<String>> = conn
+            .run(what, |mut c| async move {
+                redis::cmd("MGET").arg(keys).query_async(&mut c).await
+            })
+            .await?;
+        if values.len() != len {
+            return Err(protocol(
+                what,
+                conn.target(),
+                format!("{} values for {len} keys", values.len()),
+            ));
+        }
+        Ok(values)
+    }
 }
