@@ -6,7 +6,7 @@
 //! for a seconds-long smoke run, `-- --only memory` for one backend,
 //! `-- --acquire-only` for the acquire+release rows alone, `-- --sched-only`
 //! for the scheduler-at-scale rows alone (with `--only memory` for one
-//! backend's), `-- --pg-sessions 1,2,4,8,16` for the lock session counts of
+//! backend's), `-- --sweep-only` for the renewal-sweep rows alone, `-- --pg-sessions 1,2,4,8,16` for the lock session counts of
 //! the Postgres 10,000-lease rows, `-- --only postgres-sessions` for the
 //! Postgres-only rows alone).
 //! Backends whose server cannot be had are listed as SKIPPED; one whose
@@ -150,6 +150,7 @@ enum Rows {
     All,
     AcquireOnly,
     SchedOnly,
+    SweepOnly,
 }
 
 /// The scheduler-at-scale rows, per tick and leader. A measurement that
@@ -175,6 +176,24 @@ async fn sched_rows(ctx: &Ctx, mode: Mode) -> Vec<Row> {
     rows
 }
 
+/// The renewal-sweep rows, one per scale the mode measures.
+async fn sweep_rows(
+    ctx: &Ctx,
+    source: &FloorSource,
+    mode: Mode,
+    done: impl Fn(Row) -> Row,
+) -> Result<Vec<Row>, BoxError> {
+    let mut rows = Vec::new();
+    for &leases in mode.scales() {
+        let leases = source
+            .max_leases()
+            .await?
+            .map_or(leases, |max| leases.min(max));
+        rows.push(done(measures::renewal_at_scale(ctx, leases, mode).await?));
+    }
+    Ok(rows)
+}
+
 async fn bench_backend(
     factory: Arc<dyn BackendFactory>,
     source: FloorSource,
@@ -186,13 +205,17 @@ async fn bench_backend(
     if only == Rows::SchedOnly {
         return Ok(sched_rows(&ctx, mode).await);
     }
-    let floor = floors::floor_for(&factory, &source).await?;
-    eprintln!("{}: floor = {}", factory.name(), floor.describe());
     let mut rows = Vec::new();
     let done = |row: Row| {
         eprintln!("  {}: {} ({})", row.backend, row.measure, row.setting);
         row
     };
+    if only == Rows::SweepOnly {
+        rows.extend(sweep_rows(&ctx, &source, mode, done).await?);
+        return Ok(rows);
+    }
+    let floor = floors::floor_for(&factory, &source).await?;
+    eprintln!("{}: floor = {}", factory.name(), floor.describe());
     for concurrency in [1, 16] {
         rows.push(done(
             measures::uncontended(&ctx, &floor, "floor", concurrency, mode).await?,
@@ -229,13 +252,7 @@ async fn bench_backend(
     if only == Rows::AcquireOnly {
         return Ok(rows);
     }
-    for &leases in mode.scales() {
-        let leases = source
-            .max_leases()
-            .await?
-            .map_or(leases, |max| leases.min(max));
-        rows.push(done(measures::renewal_at_scale(&ctx, leases, mode).await?));
-    }
+    rows.extend(sweep_rows(&ctx, &source, mode, done).await?);
     rows.push(done(measures::handoff(&ctx, mode).await?));
     rows.push(done(failover::failover(&ctx, mode).await?));
     rows.extend(sched_rows(&ctx, mode).await);
@@ -253,6 +270,8 @@ fn main() -> Result<(), BoxError> {
     let acquire_only = args.iter().any(|a| a == "--acquire-only");
     let rows_wanted = if args.iter().any(|a| a == "--sched-only") {
         Rows::SchedOnly
+    } else if args.iter().any(|a| a == "--sweep-only") {
+        Rows::SweepOnly
     } else if acquire_only {
         Rows::AcquireOnly
     } else {
@@ -294,7 +313,7 @@ fn main() -> Result<(), BoxError> {
         }
     }
     // `--only postgres-sessions` runs these rows alone.
-    if rows_wanted != Rows::SchedOnly
+    if !matches!(rows_wanted, Rows::SchedOnly | Rows::SweepOnly)
         && only
             .as_deref()
             .is_none_or(|o| "postgres".starts_with(o) || o == "postgres-sessions")
