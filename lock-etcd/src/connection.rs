@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Certificate, ConnectOptions, KeyValue, TlsOptions};
 use lock_core::{
-    backend::{LeaseStatus, LossFeed},
+    backend::{LeaseStatus, LossFeed, RenewRequest},
     BackendError, BackendErrorKind, LockName, OwnerToken,
 };
 use tracing::debug;
@@ -206,9 +206,30 @@ impl Inner {
         }
     }
 
+    /// Moves the remembered revision of `name` from `held`'s to `revision`,
+    /// if the entry is still `held` (not released or moved meanwhile).
+    pub(crate) fn advance_revision(&self, name: &LockName, held: &Held, revision: i64) {
+        let mut map = self.held();
+        if let Some(h) = map.get_mut(name) {
+            if h.owner == held.owner && h.lease == held.lease && h.revision == held.revision {
+                h.revision = h.revision.max(revision);
+            }
+        }
+    }
+
     /// The lease this instance holds for `name` under `owner`, if any.
     pub(crate) fn lease_of(&self, name: &LockName, owner: &OwnerToken) -> Option<Held> {
         self.held().get(name).filter(|h| h.owner == *owner).copied()
+    }
+
+    /// For each of `requests`, the lease this instance holds for its name
+    /// and owner, if any: one look at the map for a whole renewal sweep.
+    pub(crate) fn leases_of(&self, requests: &[RenewRequest]) -> Vec<Option<Held>> {
+        let map = self.held();
+        requests
+            .iter()
+            .map(|r| map.get(&r.name).filter(|h| h.owner == r.owner).copied())
+            .collect()
     }
 
     /// Drops the entry for `name` if it belongs to `owner`, returning it.
@@ -285,7 +306,11 @@ impl Inner {
 
 /// The key that holds the lock `name` under `prefix`.
 pub(crate) fn key_in(prefix: &str, name: &LockName) -> String {
-    format!("{prefix}{}", name.as_str())
+    // Built directly: a renewal sweep builds one per lease held.
+    let mut key = String::with_capacity(prefix.len() + name.as_str().len());
+    key.push_str(prefix);
+    key.push_str(name.as_str());
+    key
 }
 
 pub(crate) fn secs(seconds: i64) -> Duration {
@@ -307,7 +332,7 @@ pub(crate) fn classify(
 ) -> LeaseStatus {
     match kv {
         None => LeaseStatus::Expired,
-        Some(kv) if kv.value() != owner.to_hex().as_bytes() => LeaseStatus::Stolen,
+        Some(kv) if kv.value() != owner.to_hex_bytes() => LeaseStatus::Stolen,
         Some(kv) if kv.lease() != lease => LeaseStatus::Held,
         Some(_) if ttl > 0 => LeaseStatus::Held,
         // Our token on the lease we kept alive, but that lease is gone.

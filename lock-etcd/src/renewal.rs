@@ -1,14 +1,17 @@
 //! Renewal: keep-alive then read, one lease or many, and re-leasing for a new TTL.
 //!
 //! Locks on a shared lease cost one keep-alive for all of them; the keys are
-//! still read (one transaction per 128), since only the key shows a theft.
+//! still checked (one transaction per 128), since only the key shows a theft:
+//! first by comparing each key's revision with the write remembered, which
+//! answers with one flag, and only if something changed by reading them.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::proto::PbTxnOpResponse;
+use etcd_client::{Compare, CompareOp, KeyValue, KvClient, PutOptions, Txn, TxnOp, TxnResponse};
 use lock_core::{
     backend::{LeaseStatus, RenewRequest},
     BackendError, BackendErrorKind, LockName, OwnerToken,
@@ -22,6 +25,21 @@ use crate::members::Attempt;
 
 /// etcd's default `--max-txn-ops`: the most reads one batch transaction may carry.
 const MAX_TXN_OPS: usize = 128;
+
+/// The first key-value of each get in a read-only transaction's answer,
+/// moved out of it: a renewal sweep reads thousands, and the client's own
+/// accessor would copy every one.
+fn first_kvs(mut resp: TxnResponse) -> Result<Vec<Option<KeyValue>>, BackendError> {
+    std::mem::take(&mut resp.0.responses)
+        .into_iter()
+        .map(|op| match op.response {
+            Some(PbTxnOpResponse::ResponseRange(range)) => {
+                Ok(range.kvs.into_iter().next().map(KeyValue))
+            }
+            _ => Err(protocol("renew", "batch read answered a non-get")),
+        })
+        .collect()
+}
 
 /// Most attempts to move a key to a new lease while concurrent renewals of
 /// the same owner keep moving it.
@@ -178,8 +196,8 @@ impl Inner {
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         let mut out: Vec<Option<LeaseStatus>> = vec![None; requests.len()];
         let mut batch: Vec<(usize, Held)> = Vec::with_capacity(requests.len());
-        for (i, r) in requests.iter().enumerate() {
-            match self.lease_of(&r.name, &r.owner) {
+        for (i, (r, held)) in requests.iter().zip(self.leases_of(requests)).enumerate() {
+            match held {
                 Some(h) if h.seconds == lease_seconds(r.ttl) => batch.push((i, h)),
                 // Unknown here or a new TTL: rare, renewed on its own.
                 _ => out[i] = Some(self.renew_one(at.clone(), &r.name, &r.owner, r.ttl).await?),
@@ -192,6 +210,20 @@ impl Inner {
         self.renewal_pause_point().await;
         let mut kv = at.client.kv_client();
         for (chunk_no, chunk) in batch.chunks(MAX_TXN_OPS).enumerate() {
+            let ttl_of = |j: usize| ttls.get(chunk_no * MAX_TXN_OPS + j).copied().unwrap_or(0);
+            if self.unchanged(&mut kv, requests, chunk).await? {
+                for (j, (i, held)) in chunk.iter().enumerate() {
+                    if ttl_of(j) > 0 {
+                        out[*i] = Some(LeaseStatus::Held);
+                    } else {
+                        // Our key on the lease we kept alive, but the lease is gone.
+                        let r = &requests[*i];
+                        self.settle(&r.name, &r.owner, held.lease, LeaseStatus::Expired);
+                        out[*i] = Some(LeaseStatus::Expired);
+                    }
+                }
+                continue;
+            }
             let gets: Vec<TxnOp> = chunk
                 .iter()
                 .map(|(i, _)| TxnOp::get(self.key(&requests[*i].name), None))
@@ -200,28 +232,60 @@ impl Inner {
                 .txn(Txn::new().and_then(gets))
                 .await
                 .map_err(|e| convert("renew (batch read)", e))?;
-            let answers = resp.op_responses();
+            let answers = first_kvs(resp)?;
             if answers.len() != chunk.len() {
                 return Err(protocol(
                     "renew",
                     "batch read answered the wrong number of gets",
                 ));
             }
-            for (j, ((i, held), answer)) in chunk.iter().zip(answers).enumerate() {
-                let ttl = ttls.get(chunk_no * MAX_TXN_OPS + j).copied().unwrap_or(0);
-                let kv = match answer {
-                    TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-                    _ => return Err(protocol("renew", "batch read answered a non-get")),
-                };
+            for (j, ((i, held), kv)) in chunk.iter().zip(answers).enumerate() {
                 let r = &requests[*i];
-                let status = classify(kv.as_ref(), &r.owner, held.lease, ttl);
+                let status = classify(kv.as_ref(), &r.owner, held.lease, ttl_of(j));
                 self.settle(&r.name, &r.owner, held.lease, status);
+                if let Some(kv) =
+                    kv.filter(|kv| status == LeaseStatus::Held && kv.lease() == held.lease)
+                {
+                    // Still ours on the same lease but rewritten (an earlier
+                    // attempt's put answered late): compare with that write
+                    // next time, or this chunk would be read at every sweep.
+                    self.advance_revision(&r.name, held, kv.mod_revision());
+                }
                 out[*i] = Some(status);
             }
         }
         out.into_iter()
             .map(|s| s.ok_or_else(|| protocol("renew", "a lease got no status")))
             .collect()
+    }
+
+    /// Whether every key of `chunk` still shows the write this instance
+    /// remembers for it: one transaction of revision compares and no reads,
+    /// so its answer carries no key-values. A key's mod revision changes
+    /// with any write to it and a deleted key has none, so an unchanged
+    /// revision means the key is still ours, on the lease remembered. Most
+    /// sweeps stop here; a chunk with any change is read key by key.
+    async fn unchanged(
+        &self,
+        kv: &mut KvClient,
+        requests: &[RenewRequest],
+        chunk: &[(usize, Held)],
+    ) -> Result<bool, BackendError> {
+        let compares: Vec<Compare> = chunk
+            .iter()
+            .map(|(i, held)| {
+                Compare::mod_revision(
+                    self.key(&requests[*i].name),
+                    CompareOp::Equal,
+                    held.revision,
+                )
+            })
+            .collect();
+        let resp = kv
+            .txn(Txn::new().when(compares))
+            .await
+            .map_err(|e| convert("renew (batch compare)", e))?;
+        Ok(resp.succeeded())
     }
 
     /// Before a sweep keeps leases alive: retries the deletes of releases

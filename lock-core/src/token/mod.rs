@@ -43,10 +43,17 @@ impl OwnerToken {
 
     /// The token as 32 lowercase hexadecimal characters, the form backends store.
     pub fn to_hex(&self) -> String {
-        let mut out = String::with_capacity(32);
-        for b in self.0 {
-            out.push(hex_digit(b >> 4));
-            out.push(hex_digit(b & 0x0f));
+        self.to_hex_bytes().iter().map(|&c| char::from(c)).collect()
+    }
+
+    /// The ASCII bytes of [`OwnerToken::to_hex`], without allocating: for
+    /// comparing a stored value with this token on hot paths such as a
+    /// renewal sweep over thousands of leases.
+    pub fn to_hex_bytes(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = hex_digit(b >> 4);
+            pair[1] = hex_digit(b & 0x0f);
         }
         out
     }
@@ -66,8 +73,8 @@ impl OwnerToken {
     }
 }
 
-fn hex_digit(nibble: u8) -> char {
-    char::from(b"0123456789abcdef"[usize::from(nibble & 0x0f)])
+fn hex_digit(nibble: u8) -> u8 {
+    b"0123456789abcdef"[usize::from(nibble & 0x0f)]
 }
 
 fn hex_value(c: u8) -> Option<u8> {
@@ -104,6 +111,12 @@ mod tests {
         assert_eq!(OwnerToken::from_hex(&token.to_hex()), Some(token));
         assert_eq!(OwnerToken::from_hex("xyz"), None);
         assert_eq!(OwnerToken::from_hex(&"g".repeat(32)), None);
+        assert_eq!(token.to_hex().as_bytes(), &token.to_hex_bytes());
+        let known = OwnerToken::from_bytes([
+            0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xf0, 0x0f, 0x10, 0x01, 0xfe, 0xdc,
+            0xba, 0x98,
+        ]);
+        assert_eq!(known.to_hex(), "0123456789abcdeff00f1001fedcba98");
         for shown in [format!("{token:?}"), format!("{token}"), token.to_string()] {
             assert!(!shown.contains(&token.to_hex()[..9]), "{shown}");
             assert!(shown.contains(&token.to_hex()[..8]), "{shown}");

@@ -60,6 +60,29 @@ impl EtcdSaboteur {
         let resp = self.client.kv_client().get(self.key(name), None).await?;
         Ok(resp.kvs().first().map(|kv| kv.lease()))
     }
+
+    /// Overwrites the lock key's value and keeps the lease it is on, as
+    /// `etcdctl put --ignore-lease` does: the key stays on the holder's
+    /// lease, so only its value (and revision) shows the change.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a cancelled call may or may not have written.
+    pub async fn overwrite_keeping_lease(
+        &self,
+        name: &LockName,
+        value: &str,
+    ) -> Result<(), BoxError> {
+        self.client
+            .kv_client()
+            .put(
+                self.key(name),
+                value,
+                Some(PutOptions::new().with_ignore_lease()),
+            )
+            .await?;
+        Ok(())
+    }
 }
 
 #[async_trait]

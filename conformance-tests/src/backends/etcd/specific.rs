@@ -84,6 +84,9 @@ pub fn add_specific(suite: &mut Suite) {
     add(suite, "batch_renewal_reports_each_lease", |f, c| {
         Box::pin(batch::batch_renewal_reports_each_lease(f, c))
     });
+    add(suite, "batch_renewal_sees_rewrites_on_the_lease", |f, c| {
+        Box::pin(batch::batch_renewal_sees_rewrites_on_the_lease(f, c))
+    });
     add(suite, "retain_during_renewal_keeps_the_mark", |f, c| {
         Box::pin(retain::retain_during_renewal_keeps_the_mark(f, c))
     });

@@ -84,3 +84,52 @@ pub(super) async fn batch_renewal_reports_each_lease(
     sab.clear(&requests[STOLEN].name).await?;
     Ok(())
 }
+
+/// A key rewritten on the lease it is on (`etcdctl put --ignore-lease`)
+/// is caught by the batch renewal: with another value it is stolen, with
+/// the holder's own value (what a late-answered earlier put of the holder
+/// leaves) it stays held, in the renewal after too. The other locks of
+/// the same read transaction stay held.
+pub(super) async fn batch_renewal_sees_rewrites_on_the_lease(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let backend = f.connect().await?;
+    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let ttl = Duration::from_secs(10);
+    let mut requests = Vec::new();
+    for i in 0..3 {
+        let name = ctx.name(&format!("rewrite-{i}"));
+        let owner = OwnerToken::generate()?;
+        let got = backend.try_acquire(&name, &owner, ttl).await?;
+        ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
+            format!("lock {i}: {got:?}")
+        })?;
+        requests.push(RenewRequest { name, owner, ttl });
+    }
+    let lease = sab.lease_of(&requests[0].name).await?;
+    sab.overwrite_keeping_lease(&requests[0].name, "stolen-in-place")
+        .await?;
+    sab.overwrite_keeping_lease(&requests[1].name, &requests[1].owner.to_hex())
+        .await?;
+    let after = sab.lease_of(&requests[0].name).await?;
+    ensure(after == lease, || {
+        format!("the overwrite moved the key from lease {lease:?} to {after:?}")
+    })?;
+    let expected = [LeaseStatus::Stolen, LeaseStatus::Held, LeaseStatus::Held];
+    for round in 0..2 {
+        let statuses = backend.renew_many(&requests).await?;
+        for (i, want) in expected.iter().enumerate() {
+            let got = statuses.get(i).copied();
+            ensure(got == Some(*want), || {
+                format!("round {round}, lock {i}: {got:?}, expected {want:?}")
+            })?;
+        }
+    }
+    for r in &requests[1..] {
+        backend.release(&r.name, &r.owner).await?;
+    }
+    // The stolen-in-place key is nobody's: delete it.
+    sab.expire(&requests[0].name).await?;
+    Ok(())
+}
