@@ -147,14 +147,29 @@ impl Tally {
 pub(crate) struct CountingTicks {
     inner: Arc<dyn TickStore>,
     calls: Arc<AtomicU64>,
+    /// Whether the store answers a batch in one round trip (Postgres, Redis
+    /// and the in-process stores override the batch methods); otherwise the
+    /// trait's default joins single calls, one round trip per item.
+    native_batches: bool,
 }
 
 impl CountingTicks {
-    pub(crate) fn new(inner: Arc<dyn TickStore>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn TickStore>, native_batches: bool) -> Self {
         Self {
             inner,
             calls: Arc::default(),
+            native_batches,
         }
+    }
+
+    /// Counts a batch of `items`: one round trip, or one per item.
+    fn count_batch(&self, items: usize) {
+        let trips = match (items, self.native_batches) {
+            (0, _) => 0,
+            (_, true) => 1,
+            (n, false) => n,
+        };
+        self.calls.fetch_add(trips as u64, Ordering::Relaxed);
     }
 
     /// How many calls went through.
@@ -189,17 +204,11 @@ impl TickStore for CountingTicks {
         self.inner.is_completed(job, tick).await
     }
 
-    // A batch counts as one call: one round trip on a backend that
-    // overrides the batch method (Postgres, Redis). On one that does not
-    // (etcd) the default joins the single calls, which are round trips of
-    // their own that this count leaves out.
     async fn last_completed_many(
         &self,
         jobs: &[LockName],
     ) -> Vec<Result<Option<i64>, BackendError>> {
-        if !jobs.is_empty() {
-            self.count();
-        }
+        self.count_batch(jobs.len());
         self.inner.last_completed_many(jobs).await
     }
 
@@ -207,9 +216,7 @@ impl TickStore for CountingTicks {
         &self,
         ticks: &[(LockName, i64)],
     ) -> Vec<Result<bool, BackendError>> {
-        if !ticks.is_empty() {
-            self.count();
-        }
+        self.count_batch(ticks.len());
         self.inner.is_completed_many(ticks).await
     }
 
@@ -218,9 +225,7 @@ impl TickStore for CountingTicks {
         ticks: &[(LockName, i64)],
         keep: Duration,
     ) -> Vec<Result<(), BackendError>> {
-        if !ticks.is_empty() {
-            self.count();
-        }
+        self.count_batch(ticks.len());
         self.inner.record_completed_many(ticks, keep).await
     }
 
