@@ -31,16 +31,7 @@ pub(super) async fn batch_renewal_reports_each_lease(
     // Long enough that acquiring 300 locks on a loaded machine fits in it
     // (5 s did not, with a load average of 10 on 2 cores).
     let ttl = Duration::from_secs(10);
-    let mut requests = Vec::with_capacity(LEASES);
-    for i in 0..LEASES {
-        let name = ctx.name(&format!("many-{i}"));
-        let owner = OwnerToken::generate()?;
-        let got = backend.try_acquire(&name, &owner, ttl).await?;
-        ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
-            format!("lock {i}: {got:?}")
-        })?;
-        requests.push(RenewRequest { name, owner, ttl });
-    }
+    let requests = acquire_each(&backend, &ctx, "many", LEASES, ttl).await?;
     sab.steal(&requests[STOLEN].name, ttl * 4).await?;
     sab.expire(&requests[EXPIRED].name).await?;
     let expected = |i: usize| match i {
@@ -97,16 +88,7 @@ pub(super) async fn batch_renewal_sees_rewrites_on_the_lease(
     let backend = f.connect().await?;
     let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
     let ttl = Duration::from_secs(10);
-    let mut requests = Vec::new();
-    for i in 0..3 {
-        let name = ctx.name(&format!("rewrite-{i}"));
-        let owner = OwnerToken::generate()?;
-        let got = backend.try_acquire(&name, &owner, ttl).await?;
-        ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
-            format!("lock {i}: {got:?}")
-        })?;
-        requests.push(RenewRequest { name, owner, ttl });
-    }
+    let requests = acquire_each(&backend, &ctx, "rewrite", 3, ttl).await?;
     let lease = sab.lease_of(&requests[0].name).await?;
     sab.overwrite_keeping_lease(&requests[0].name, "stolen-in-place")
         .await?;
@@ -132,4 +114,26 @@ pub(super) async fn batch_renewal_sees_rewrites_on_the_lease(
     // The stolen-in-place key is nobody's: delete it.
     sab.expire(&requests[0].name).await?;
     Ok(())
+}
+
+/// Acquires `count` fresh locks named `<stem>-<i>` for `ttl`, each with its
+/// own owner, as renewal requests.
+async fn acquire_each(
+    backend: &impl LockBackend,
+    ctx: &Ctx,
+    stem: &str,
+    count: usize,
+    ttl: Duration,
+) -> Result<Vec<RenewRequest>, Failed> {
+    let mut requests = Vec::with_capacity(count);
+    for i in 0..count {
+        let name = ctx.name(&format!("{stem}-{i}"));
+        let owner = OwnerToken::generate()?;
+        let got = backend.try_acquire(&name, &owner, ttl).await?;
+        ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
+            format!("lock {stem}-{i}: {got:?}")
+        })?;
+        requests.push(RenewRequest { name, owner, ttl });
+    }
+    Ok(requests)
 }
