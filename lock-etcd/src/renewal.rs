@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use etcd_client::proto::PbTxnOpResponse;
 use etcd_client::{Compare, CompareOp, KeyValue, KvClient, PutOptions, Txn, TxnOp, TxnResponse};
+use futures_util::future::try_join_all;
 use lock_core::{
     backend::{LeaseStatus, RenewRequest},
     BackendError, BackendErrorKind, LockName, OwnerToken,
@@ -208,10 +209,17 @@ impl Inner {
         let ttls = self.keep_alive_leases(&at, &ids).await?;
         #[cfg(feature = "test-util")]
         self.renewal_pause_point().await;
+        // The compares go out together: one wake-up for their answers
+        // instead of one per chunk.
+        let unchanged = try_join_all(batch.chunks(MAX_TXN_OPS).map(|chunk| {
+            let mut kv = at.client.kv_client();
+            async move { self.unchanged(&mut kv, requests, chunk).await }
+        }))
+        .await?;
         let mut kv = at.client.kv_client();
         for (chunk_no, chunk) in batch.chunks(MAX_TXN_OPS).enumerate() {
             let ttl_of = |j: usize| ttls.get(chunk_no * MAX_TXN_OPS + j).copied().unwrap_or(0);
-            if self.unchanged(&mut kv, requests, chunk).await? {
+            if unchanged.get(chunk_no).copied().unwrap_or(false) {
                 for (j, (i, held)) in chunk.iter().enumerate() {
                     if ttl_of(j) > 0 {
                         out[*i] = Some(LeaseStatus::Held);
