@@ -33,7 +33,8 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::waiters::{Subscription, Waiters};
 
-/// Above this many entries, expired ones are purged on acquire.
+/// Expired entries are purged on acquire once the map holds more than this
+/// many entries, and more than twice as many as the last purge left.
 const PURGE_THRESHOLD: usize = 1024;
 
 /// The in-process lock backend. Clones share the same locks.
@@ -81,6 +82,11 @@ impl Shared {
 struct State {
     locks: HashMap<LockName, Entry>,
     waiters: Waiters,
+    /// How many entries the last purge left behind.
+    purged_to: usize,
+    /// Purges run so far, to test that they stay rare.
+    #[cfg(test)]
+    purges: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +134,25 @@ impl State {
 
     fn wake(&mut self, name: &LockName) {
         self.waiters.wake(name);
+    }
+
+    /// Drops expired entries once the map has doubled since the last purge.
+    /// Purging at every acquire above a fixed size would scan every live
+    /// lease per acquire: a scheduler keeping tens of thousands of finished
+    /// ticks' locks as completion marks made each acquire cost a full scan.
+    /// Doubling keeps the cost per acquire constant on average, and the map
+    /// at most about twice its live size.
+    fn purge_if_grown(&mut self, now: Instant) {
+        let bound = self.purged_to.saturating_mul(2).max(PURGE_THRESHOLD);
+        if self.locks.len() <= bound {
+            return;
+        }
+        self.locks.retain(|_, e| e.expires_at > now);
+        self.purged_to = self.locks.len();
+        #[cfg(test)]
+        {
+            self.purges += 1;
+        }
     }
 }
 
@@ -213,9 +238,7 @@ impl LockBackend for MemoryBackend {
     ) -> Result<AcquireAttempt, BackendError> {
         let now = Instant::now();
         let mut st = self.state();
-        if st.locks.len() > PURGE_THRESHOLD {
-            st.locks.retain(|_, e| e.expires_at > now);
-        }
+        st.purge_if_grown(now);
         if st.live(name, now).is_some() {
             return Ok(AcquireAttempt::HeldElsewhere);
         }
@@ -343,6 +366,38 @@ mod tests {
             None,
             "an expired lease is never re-created by renew"
         );
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn purges_stay_rare_with_many_live_leases_and_drop_expired_ones(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let b = MemoryBackend::new();
+        let owner = OwnerToken::generate()?;
+        let long = Duration::from_secs(3600);
+        for i in 0..20_000 {
+            b.try_acquire(&name(&format!("live/{i}")), &owner, long)
+                .await?;
+        }
+        let purges = b.state().purges;
+        // One purge per doubling past the threshold: 1024 -> 20,000 is 5.
+        assert!(
+            purges <= 5,
+            "{purges} purges for 20,000 live acquires: a purge per acquire scans every lease"
+        );
+        for i in 0..30_000 {
+            b.try_acquire(&name(&format!("short/{i}")), &owner, Duration::from_secs(1))
+                .await?;
+            if i % 1000 == 999 {
+                tokio::time::advance(Duration::from_secs(2)).await;
+            }
+        }
+        let len = b.state().locks.len();
+        assert!(
+            len <= 2 * 20_000 + 1000,
+            "{len} entries for 20,000 live leases: expired ones are not purged"
+        );
+        assert_eq!(b.live_leases(), 20_000);
         Ok(())
     }
 
