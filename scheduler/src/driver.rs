@@ -59,8 +59,9 @@ async fn fire(
         launch(rt, job, batch.collect(), leader);
     }
     let mut cursor = start;
+    let mut following = job.schedule.next_after(start);
     loop {
-        let Some(next) = job.schedule.next_after(cursor) else {
+        let Some(next) = following else {
             info!(job = job.label(), "the schedule has no further ticks");
             return;
         };
@@ -74,10 +75,10 @@ async fn fire(
             tokio::time::sleep(clock::until(now, next).min(MAX_NAP)).await;
         }
         let now = rt.clock.now();
-        let due = job.schedule.ticks_between(cursor, now);
-        let Some(&latest) = due.last() else {
-            continue;
-        };
+        // `next` is the first tick after `cursor`, and now is at or past it.
+        let (due, after_now) = job.schedule.due_from(next, now);
+        following = after_now;
+        let latest = due.last().copied().unwrap_or(next);
         let batch = due_batch(rt, job, cursor, &due, now);
         cursor = latest;
         if stop.is_cancelled() {

@@ -134,19 +134,37 @@ impl Schedule {
     /// The ticks in `(after, upto]`, oldest first, at most 10,000 (the newest
     /// are kept when there are more).
     pub fn ticks_between(&self, after: DateTime<Utc>, upto: DateTime<Utc>) -> Vec<DateTime<Utc>> {
-        let mut ticks = std::collections::VecDeque::new();
-        let mut cursor = after;
-        while let Some(next) = self.next_after(cursor) {
-            if next > upto {
-                break;
-            }
-            if ticks.len() == MAX_TICKS_PER_QUERY {
-                ticks.pop_front();
-            }
-            ticks.push_back(next);
-            cursor = next;
+        match self.next_after(after) {
+            Some(first) if first <= upto => self.due_from(first, upto).0,
+            _ => Vec::new(),
         }
-        ticks.into()
+    }
+
+    /// The ticks in `[first, upto]` for a tick `first` at or before `upto`,
+    /// oldest first (at most 10,000, the newest kept), and the first tick
+    /// after `upto`, if any. One evaluation per tick: a loop that waits for
+    /// the returned next tick never evaluates the schedule twice for one
+    /// tick (with many jobs firing every second, evaluations showed in
+    /// profiles).
+    pub(crate) fn due_from(
+        &self,
+        first: DateTime<Utc>,
+        upto: DateTime<Utc>,
+    ) -> (Vec<DateTime<Utc>>, Option<DateTime<Utc>>) {
+        let mut ticks = std::collections::VecDeque::from([first]);
+        let mut cursor = first;
+        loop {
+            match self.next_after(cursor) {
+                Some(next) if next <= upto => {
+                    if ticks.len() == MAX_TICKS_PER_QUERY {
+                        ticks.pop_front();
+                    }
+                    ticks.push_back(next);
+                    cursor = next;
+                }
+                following => return (ticks.into(), following),
+            }
+        }
     }
 }
 
@@ -177,6 +195,23 @@ mod tests {
                 at("2026-01-01T00:00:04Z"),
                 at("2026-01-01T00:00:06Z")
             ]
+        );
+    }
+
+    #[test]
+    fn due_from_gives_the_due_ticks_and_the_one_after() {
+        let s = Schedule::parse("j", "*/2 * * * * *", "UTC").expect("valid");
+        let first = at("2026-01-01T00:00:02Z");
+        assert_eq!(
+            s.due_from(first, at("2026-01-01T00:00:03Z")),
+            (vec![first], Some(at("2026-01-01T00:00:04Z")))
+        );
+        assert_eq!(
+            s.due_from(first, at("2026-01-01T00:00:06Z")),
+            (
+                s.ticks_between(at("2026-01-01T00:00:00Z"), at("2026-01-01T00:00:06Z")),
+                Some(at("2026-01-01T00:00:08Z"))
+            )
         );
     }
 
