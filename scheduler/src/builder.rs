@@ -234,23 +234,23 @@ impl SchedulerBuilder {
             lock_core::LockOptions::new(e.ttl).validate_for(&self.limits())?;
         }
         let mut seen = HashSet::new();
-        let mut jobs = Vec::with_capacity(self.jobs.len());
-        for job in self.jobs.iter().cloned() {
-            if !seen.insert(job.name().to_owned()) {
+        for job in &self.jobs {
+            if !seen.insert(job.name()) {
                 return Err(Error::Config(format!(
                     "two jobs are named {:?}; job names must be unique",
                     job.name()
                 )));
             }
-            jobs.push(Arc::new(job.compile(&self.limits())?));
         }
-        let metrics = match (self.metrics, &self.registry) {
-            (Some(m), _) => m,
+        let metrics = match (&self.metrics, &self.registry) {
+            (Some(m), _) => m.clone(),
             (None, Some(r)) => SchedulerMetrics::register(r)?,
             (None, None) => SchedulerMetrics::default_registry()?,
         };
-        for job in &seen {
-            metrics.declare_job(job);
+        let limits = self.limits();
+        let mut jobs = Vec::with_capacity(self.jobs.len());
+        for job in self.jobs.iter().cloned() {
+            jobs.push(Arc::new(job.compile(&limits, &metrics)?));
         }
         let soft_stop = CancellationToken::new();
         let runtime = Runtime {

@@ -162,7 +162,11 @@ impl Job {
     }
 
     /// Checks every setting and prepares the job to run.
-    pub(crate) fn compile(self, limits: &lock_core::Capabilities) -> Result<JobSpec> {
+    pub(crate) fn compile(
+        self,
+        limits: &lock_core::Capabilities,
+        metrics: &crate::SchedulerMetrics,
+    ) -> Result<JobSpec> {
         let invalid = |reason: String| Error::InvalidJob {
             job: self.name.clone(),
             reason,
@@ -190,6 +194,7 @@ impl Job {
             missed: self.missed,
             handler: self.handler,
             runs: Mutex::default(),
+            metrics: metrics.job(&self.name),
         })
     }
 }
@@ -203,6 +208,7 @@ pub(crate) struct JobSpec {
     pub(crate) handler: Handler,
     /// This job's runs in this process: one batch at a time, see `overlap`.
     pub(crate) runs: Mutex<crate::overlap::Runs>,
+    pub(crate) metrics: crate::metrics::JobMetrics,
 }
 
 impl fmt::Debug for JobSpec {
@@ -228,6 +234,10 @@ mod tests {
         Job::new(name, "* * * * * *", |_| async { Ok(()) })
     }
 
+    fn metrics() -> crate::SchedulerMetrics {
+        crate::SchedulerMetrics::register(&prometheus::Registry::new()).expect("a fresh registry")
+    }
+
     fn reason(r: Result<JobSpec>) -> String {
         match r {
             Err(e @ Error::InvalidJob { .. }) => e.to_string(),
@@ -239,15 +249,20 @@ mod tests {
     fn rejects_bad_names_ttls_and_policies() {
         let any = lock_core::Capabilities::new(lock_core::backend::Expiry::Ttl);
         let zero = &any;
-        assert!(reason(job("has space").compile(zero)).contains("not allowed"));
-        assert!(reason(job("").compile(zero)).contains("empty"));
-        assert!(reason(job(&"a".repeat(MAX_JOB_NAME_LEN + 1)).compile(zero)).contains("at most"));
-        assert!(reason(job("j").with_ttl(Duration::ZERO).compile(zero)).contains("TTL"));
+        assert!(reason(job("has space").compile(zero, &metrics())).contains("not allowed"));
+        assert!(reason(job("").compile(zero, &metrics())).contains("empty"));
+        assert!(
+            reason(job(&"a".repeat(MAX_JOB_NAME_LEN + 1)).compile(zero, &metrics()))
+                .contains("at most")
+        );
+        assert!(
+            reason(job("j").with_ttl(Duration::ZERO).compile(zero, &metrics())).contains("TTL")
+        );
         assert!(reason(
             job("j")
                 .with_ttl(Duration::from_secs(10))
                 .with_max_hold(Duration::from_secs(1))
-                .compile(zero)
+                .compile(zero, &metrics())
         )
         .contains("max_hold"));
         let bounded = lock_core::Capabilities::new(lock_core::backend::Expiry::Session)
@@ -256,27 +271,36 @@ mod tests {
         assert!(reason(
             job("j")
                 .with_ttl(Duration::from_millis(50))
-                .compile(&bounded)
+                .compile(&bounded, &metrics())
         )
         .contains("minimum"));
-        assert!(
-            reason(job("j").with_ttl(Duration::from_secs(30)).compile(&bounded))
-                .contains("maximum")
-        );
+        assert!(reason(
+            job("j")
+                .with_ttl(Duration::from_secs(30))
+                .compile(&bounded, &metrics())
+        )
+        .contains("maximum"));
         let policy = MissedTicks::RunAll {
             window: Duration::ZERO,
             max: 3,
         };
-        assert!(reason(job("j").with_missed_ticks(policy).compile(zero)).contains("window"));
-        assert!(job(&"a".repeat(MAX_JOB_NAME_LEN)).compile(zero).is_ok());
+        assert!(
+            reason(job("j").with_missed_ticks(policy).compile(zero, &metrics())).contains("window")
+        );
+        assert!(job(&"a".repeat(MAX_JOB_NAME_LEN))
+            .compile(zero, &metrics())
+            .is_ok());
     }
 
     #[test]
     fn bad_cron_and_zone_surface_their_own_errors() {
         let any = lock_core::Capabilities::new(lock_core::backend::Expiry::Ttl);
-        let bad_cron = Job::new("j", "every minute", |_| async { Ok(()) }).compile(&any);
+        let bad_cron =
+            Job::new("j", "every minute", |_| async { Ok(()) }).compile(&any, &metrics());
         assert!(matches!(bad_cron, Err(Error::InvalidCron { .. })));
-        let bad_zone = job("j").with_time_zone("Europe/Atlantis").compile(&any);
+        let bad_zone = job("j")
+            .with_time_zone("Europe/Atlantis")
+            .compile(&any, &metrics());
         assert!(matches!(bad_zone, Err(Error::InvalidTimeZone { .. })));
     }
 }

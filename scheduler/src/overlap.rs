@@ -117,12 +117,15 @@ fn next_waiting(rt: &Runtime, job: &JobSpec) -> Option<Tick> {
 
 fn skip(rt: &Runtime, job: &JobSpec, tick: Tick, why: &'static str) {
     warn!(job = job.label(), tick = %tick.at, reason = why, "skipping a tick");
-    rt.report(RunReport {
-        job: job.label().to_owned(),
-        scheduled: tick.at,
-        outcome: TickOutcome::Skipped,
-        catch_up: tick.catch_up,
-    });
+    rt.report(
+        job,
+        RunReport {
+            job: job.label().to_owned(),
+            scheduled: tick.at,
+            outcome: TickOutcome::Skipped,
+            catch_up: tick.catch_up,
+        },
+    );
 }
 
 /// Frees the job if its batch task is dropped before it ends (with the

@@ -35,12 +35,15 @@ pub(crate) async fn run_tick(
     leader: Option<&LeaseHandle>,
 ) -> TickOutcome {
     let outcome = attempt(rt, job, tick, leader).await;
-    rt.report(RunReport {
-        job: job.name.as_str().to_owned(),
-        scheduled: tick.at,
-        outcome,
-        catch_up: tick.catch_up,
-    });
+    rt.report(
+        job,
+        RunReport {
+            job: job.name.as_str().to_owned(),
+            scheduled: tick.at,
+            outcome,
+            catch_up: tick.catch_up,
+        },
+    );
     outcome
 }
 

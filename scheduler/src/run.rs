@@ -44,10 +44,8 @@ pub(crate) async fn execute(
         return TickOutcome::Skipped;
     };
     let lag = rt.clock.now() - tick.at;
-    rt.metrics.observe_lag(
-        label,
-        lag.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6,
-    );
+    job.metrics
+        .observe_lag(lag.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6);
     let started = Instant::now();
     let leader_lost = async {
         match leader {
@@ -81,12 +79,12 @@ pub(crate) async fn execute(
         // means nothing of it runs any more; then free the tick at once.
         let _ = task.await;
         let _ = guard.release().await;
-        rt.metrics
-            .observe_duration(label, started.elapsed().as_secs_f64());
+        job.metrics
+            .observe_duration(started.elapsed().as_secs_f64());
         return TickOutcome::Aborted;
     };
-    rt.metrics
-        .observe_duration(label, started.elapsed().as_secs_f64());
+    job.metrics
+        .observe_duration(started.elapsed().as_secs_f64());
     let outcome = match joined {
         Ok(Ok(())) => TickOutcome::Success,
         Ok(Err(e)) => {

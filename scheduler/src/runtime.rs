@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::Ticks;
+use crate::job::JobSpec;
 use crate::{SchedulerMetrics, TickOutcome, WallClock};
 
 /// What happened to one tick on this replica, as passed to
@@ -88,8 +89,8 @@ impl Runtime {
         self.soft_stop.is_cancelled()
     }
 
-    pub(crate) fn report(&self, report: RunReport) {
-        self.metrics.run(&report.job, report.outcome);
+    pub(crate) fn report(&self, job: &JobSpec, report: RunReport) {
+        job.metrics.run(report.outcome);
         if let Some(hook) = &self.on_outcome {
             hook(&report);
         }
