@@ -1,4 +1,5 @@
-//! Renewal: keep-alive then read, one lease or many, and re-leasing for a new TTL.
+//! Renewal: keep-alive then a revision check of the keys, one lease or many,
+//! and re-leasing for a new TTL.
 //!
 //! Locks on a shared lease cost one keep-alive for all of them; the keys are
 //! still checked (one transaction per 128), since only the key shows a theft:
