@@ -9,7 +9,7 @@ use tracing::warn;
 
 use crate::job::JobSpec;
 use crate::per_tick::{run_tick, Tick};
-use crate::runtime::{RunReport, Runtime};
+use crate::runtime::Runtime;
 use crate::{clock, TickOutcome};
 
 /// A job's runs in this process.
@@ -117,15 +117,7 @@ fn next_waiting(rt: &Runtime, job: &JobSpec) -> Option<Tick> {
 
 fn skip(rt: &Runtime, job: &JobSpec, tick: Tick, why: &'static str) {
     warn!(job = job.label(), tick = %tick.at, reason = why, "skipping a tick");
-    rt.report(
-        job,
-        RunReport {
-            job: job.label().to_owned(),
-            scheduled: tick.at,
-            outcome: TickOutcome::Skipped,
-            catch_up: tick.catch_up,
-        },
-    );
+    rt.report(job, tick, TickOutcome::Skipped);
 }
 
 /// Frees the job if its batch task is dropped before it ends (with the

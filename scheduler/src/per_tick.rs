@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 
 use crate::job::JobSpec;
 use crate::run::execute;
-use crate::runtime::{RunReport, Runtime};
+use crate::runtime::Runtime;
 use crate::TickOutcome;
 
 /// One tick to run, and whether it catches up a missed one.
@@ -35,15 +35,7 @@ pub(crate) async fn run_tick(
     leader: Option<&LeaseHandle>,
 ) -> TickOutcome {
     let outcome = attempt(rt, job, tick, leader).await;
-    rt.report(
-        job,
-        RunReport {
-            job: job.name.as_str().to_owned(),
-            scheduled: tick.at,
-            outcome,
-            catch_up: tick.catch_up,
-        },
-    );
+    rt.report(job, tick, outcome);
     outcome
 }
 

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::batch::Ticks;
 use crate::job::JobSpec;
+use crate::per_tick::Tick;
 use crate::{SchedulerMetrics, TickOutcome, WallClock};
 
 /// What happened to one tick on this replica, as passed to
@@ -89,10 +90,17 @@ impl Runtime {
         self.soft_stop.is_cancelled()
     }
 
-    pub(crate) fn report(&self, job: &JobSpec, report: RunReport) {
-        job.metrics.run(report.outcome);
+    /// Counts how `tick` of `job` ended here, and tells the outcome hook
+    /// (the report is built only when there is one).
+    pub(crate) fn report(&self, job: &JobSpec, tick: Tick, outcome: TickOutcome) {
+        job.metrics.run(outcome);
         if let Some(hook) = &self.on_outcome {
-            hook(&report);
+            hook(&RunReport {
+                job: job.label().to_owned(),
+                scheduled: tick.at,
+                outcome,
+                catch_up: tick.catch_up,
+            });
         }
     }
 }
