@@ -1,5 +1,6 @@
 //! Acquiring: the lock attempt, with the fencing token in the same round
-//! trip once the sequence is known to exist.
+//! trip once the sequence is known to exist; the statements themselves, and
+//! how concurrent attempts share one, are in `attempts`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,25 +10,15 @@ use lock_core::{
     backend::{AcquireAttempt, Lease},
     BackendError, BackendErrorKind, LockName, OwnerToken,
 };
-use tokio_postgres::types::Type;
+use tokio::sync::watch;
 use tracing::warn;
 
+use crate::attempts::LockAnswer;
 use crate::backend::Holding;
 use crate::error::{config, protocol};
 use crate::release::wait_for;
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresBackend};
-
-const TRY_LOCK: &str = "SELECT pg_backend_pid(), \
-     CASE WHEN pg_backend_pid() = $3 THEN pg_try_advisory_lock($1, $2) END";
-
-/// The lock attempt and, only when it succeeded, the fencing token, in one
-/// round trip. The subquery holds a volatile call, so the planner keeps it
-/// apart and `pg_try_advisory_lock` runs once per execution.
-const TRY_LOCK_FENCED: &str = "SELECT s.pid, s.got, \
-     CASE WHEN s.got THEN nextval($4::text::regclass) END \
-     FROM (SELECT pg_backend_pid() AS pid, \
-       CASE WHEN pg_backend_pid() = $3 THEN pg_try_advisory_lock($1, $2) END AS got) s";
 
 impl PostgresBackend {
     /// One acquire attempt ([`LockBackend::try_acquire`](lock_core::LockBackend::try_acquire)).
@@ -47,6 +38,7 @@ impl PostgresBackend {
         }
         let key = cfg.key_for(name);
         let session = self.session_for(key).await?;
+        let (settled, signal) = LockSession::attempt_signal();
         {
             let mut held = self.held();
             if let Some(h) = held.get(&key) {
@@ -66,11 +58,12 @@ impl PostgresBackend {
                     owner: *owner,
                     session: Arc::clone(&session),
                     releasing: false,
+                    attempt: signal,
                 },
             );
         }
         if cfg.fencing && self.inner.fence_ready.load(Ordering::Relaxed) {
-            match self.try_lock_fenced(&session, key, owner).await {
+            match self.try_lock_fenced(&session, key, owner, settled).await {
                 Err(e) if e.message().contains("42P01") => {
                     // The sequence was dropped since: the lock may have been
                     // taken before nextval failed (session locks ignore the
@@ -86,33 +79,47 @@ impl PostgresBackend {
                 }
                 other => return self.still_alive(&session, other),
             }
+            let settled = self.next_attempt(key, owner);
+            return self
+                .try_lock_then_fence(&session, key, owner, settled)
+                .await;
         }
-        let pid = session.pid();
-        let rows = session
-            .query_prepared(
-                "pg_try_advisory_lock",
-                TRY_LOCK,
-                &[
-                    (&key.key1, Type::INT4),
-                    (&key.key2, Type::INT4),
-                    (&pid, Type::INT4),
-                ],
-            )
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
-        if !self.granted(&session, row, key, owner)? {
+        self.try_lock_then_fence(&session, key, owner, settled)
+            .await
+    }
+
+    /// A new signal for a second attempt of `owner` on `key`, kept in its
+    /// holding in place of the first's (which has settled).
+    fn next_attempt(&self, key: AdvisoryKey, owner: &OwnerToken) -> watch::Sender<bool> {
+        let (settled, signal) = LockSession::attempt_signal();
+        if let Some(h) = self.held().get_mut(&key).filter(|h| h.owner == *owner) {
+            h.attempt = signal;
+        }
+        settled
+    }
+
+    /// The plain lock attempt, then (with fencing on) the fencing token in a
+    /// round trip of its own, which creates the sequence if it is missing.
+    async fn try_lock_then_fence(
+        &self,
+        session: &Arc<LockSession>,
+        key: AdvisoryKey,
+        owner: &OwnerToken,
+        settled: watch::Sender<bool>,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let cfg = &self.inner.config;
+        let answer = session.try_lock(key, false, settled).await?;
+        if !self.granted(session, answer, key, owner)? {
             return Ok(AcquireAttempt::HeldElsewhere);
         }
         if !cfg.fencing {
-            return self.still_alive(&session, Ok(AcquireAttempt::Acquired(Lease::new(None))));
+            return self.still_alive(session, Ok(AcquireAttempt::Acquired(Lease::new(None))));
         }
-        match self.fencing_token(&session).await {
+        match self.fencing_token(session).await {
             Ok(token) => {
                 self.inner.fence_ready.store(true, Ordering::Relaxed);
                 let lease = Lease::new(Some(token));
-                self.still_alive(&session, Ok(AcquireAttempt::Acquired(lease)))
+                self.still_alive(session, Ok(AcquireAttempt::Acquired(lease)))
             }
             Err(e) => {
                 self.give_back(key, owner).await;
@@ -145,27 +152,26 @@ impl PostgresBackend {
     fn granted(
         &self,
         session: &LockSession,
-        row: &tokio_postgres::Row,
+        answer: LockAnswer,
         key: AdvisoryKey,
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
-        if let Err(e) = session.check_pid(row) {
+        if let Err(e) = session.check_backend_pid(answer.pid) {
             self.take_holding(key, owner);
             return Err(e);
         }
-        let got: Option<bool> = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
-        if got != Some(true) {
+        if answer.got != Some(true) {
             self.take_holding(key, owner);
         }
-        Ok(got == Some(true))
+        Ok(answer.got == Some(true))
     }
 
     /// Gives back a lock taken without its fencing token (the lease is
     /// unusable), as a release does: waits at most the statement timeout,
     /// and the unlock settles in the background if slower.
     async fn give_back(&self, key: AdvisoryKey, owner: &OwnerToken) {
-        if let Ok(session) = self.begin_release(key, owner) {
-            let unlock = self.start_unlock(session, key, *owner, false);
+        if let Ok(releasing) = self.begin_release(key, owner) {
+            let unlock = self.start_unlock(releasing, key, *owner, false);
             if let Err(e) = wait_for(unlock, self.inner.config.statement_timeout).await {
                 warn!(error = %e, "giving back a lock taken without its fencing token did not complete in time");
             }
@@ -176,32 +182,16 @@ impl PostgresBackend {
     /// token. The caller has recorded the holding for `owner`.
     async fn try_lock_fenced(
         &self,
-        session: &LockSession,
+        session: &Arc<LockSession>,
         key: AdvisoryKey,
         owner: &OwnerToken,
+        settled: watch::Sender<bool>,
     ) -> Result<AcquireAttempt, BackendError> {
-        let cfg = &self.inner.config;
-        let seq = cfg.qualified(&cfg.fence_sequence);
-        let pid = session.pid();
-        let rows = session
-            .query_prepared(
-                "pg_try_advisory_lock with a fencing token",
-                TRY_LOCK_FENCED,
-                &[
-                    (&key.key1, Type::INT4),
-                    (&key.key2, Type::INT4),
-                    (&pid, Type::INT4),
-                    (&seq.as_str(), Type::TEXT),
-                ],
-            )
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
-        if !self.granted(session, row, key, owner)? {
+        let answer = session.try_lock(key, true, settled).await?;
+        if !self.granted(session, answer, key, owner)? {
             return Ok(AcquireAttempt::HeldElsewhere);
         }
-        let token: Option<i64> = row.try_get(2).map_err(|e| protocol(e.to_string()))?;
+        let token = answer.token;
         let token = token
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| protocol(format!("the fencing sequence returned {token:?}")));

@@ -14,6 +14,7 @@ use lock_core::{
 };
 use tracing::{debug, warn};
 
+use crate::attempts::Settled;
 use crate::error::protocol;
 use crate::lifeline::{Lifeline, OnEnd};
 use crate::notify::ReleaseListener;
@@ -64,6 +65,9 @@ pub(crate) struct Holding {
     pub(crate) session: Arc<LockSession>,
     /// An unlock of it is in flight; a second release must not start another.
     pub(crate) releasing: bool,
+    /// Turns true once the attempt that took it can no longer take it after
+    /// an unlock sent now (see `attempts`); an unlock waits for it.
+    pub(crate) attempt: Settled,
 }
 
 impl Inner {

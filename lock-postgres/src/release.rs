@@ -23,10 +23,18 @@ use tokio::time::timeout;
 use tokio_postgres::types::Type;
 use tracing::warn;
 
+use crate::attempts::{settled, Settled};
 use crate::error::{protocol, timed_out};
 use crate::notify::{payload, wait_marker, CHANNEL};
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresBackend};
+
+/// A release that started: the session the key is on, and the signal of
+/// the attempt that took it.
+pub(crate) struct Releasing {
+    session: Arc<LockSession>,
+    attempt: Settled,
+}
 
 /// Why a release could not start.
 pub(crate) enum NotStarted {
@@ -121,7 +129,7 @@ impl PostgresBackend {
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         let key = self.inner.config.key_for(name);
-        let session = match self.begin_release(key, owner) {
+        let releasing = match self.begin_release(key, owner) {
             Ok(s) => s,
             Err(NotStarted::NotHeld) => {
                 warn!(lock = %name, "release of a lock this backend does not hold for this owner; nothing unlocked");
@@ -135,7 +143,7 @@ impl PostgresBackend {
                 ))
             }
         };
-        let unlock = self.start_unlock(session, key, *owner, self.inner.config.release_notify);
+        let unlock = self.start_unlock(releasing, key, *owner, self.inner.config.release_notify);
         #[cfg(feature = "test-util")]
         let wait = self
             .inner
@@ -157,13 +165,13 @@ impl PostgresBackend {
     }
 
     /// Marks `owner`'s holding of `key` as being released and returns its
-    /// session. A holding whose session ended is forgotten: its lock went
-    /// with the session.
+    /// session and its attempt's signal. A holding whose session ended is
+    /// forgotten: its lock went with the session.
     pub(crate) fn begin_release(
         &self,
         key: AdvisoryKey,
         owner: &OwnerToken,
-    ) -> Result<Arc<LockSession>, NotStarted> {
+    ) -> Result<Releasing, NotStarted> {
         let mut held = self.held();
         match held.get_mut(&key) {
             Some(h) if h.owner == *owner => {
@@ -174,7 +182,10 @@ impl PostgresBackend {
                     Err(NotStarted::InFlight)
                 } else {
                     h.releasing = true;
-                    Ok(Arc::clone(&h.session))
+                    Ok(Releasing {
+                        session: Arc::clone(&h.session),
+                        attempt: h.attempt.clone(),
+                    })
                 }
             }
             _ => Err(NotStarted::NotHeld),
@@ -183,16 +194,19 @@ impl PostgresBackend {
 
     /// Runs the unlock of `key`, reserved for `owner` by
     /// [`PostgresBackend::begin_release`], to a known outcome in a task of
-    /// its own; the reservation ends with it.
+    /// its own; the reservation ends with it. The unlock is sent only once
+    /// the attempt that took the key has settled, so it runs after it.
     pub(crate) fn start_unlock(
         &self,
-        session: Arc<LockSession>,
+        releasing: Releasing,
         key: AdvisoryKey,
         owner: OwnerToken,
         announce: bool,
     ) -> JoinHandle<Result<bool, BackendError>> {
         let backend = self.clone();
+        let Releasing { session, attempt } = releasing;
         tokio::spawn(async move {
+            settled(attempt).await;
             let outcome = backend.settle_unlock(&session, key, announce).await;
             backend.take_holding(key, &owner);
             outcome

@@ -15,6 +15,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Row, Statement};
 use tracing::{debug, warn};
 
+use crate::attempts::Lanes;
 use crate::config::{PostgresConfig, RootCert, SslMode};
 use crate::error::{config, convert, pooler, protocol, read_only_session, timed_out};
 use crate::lifeline::{Lifeline, OnEnd, SessionId};
@@ -31,6 +32,8 @@ pub(crate) struct LockSession {
     /// The hot statements (lock, unlock), prepared once per session: their
     /// executions then skip parsing and planning on the server.
     prepared: Mutex<HashMap<&'static str, Statement>>,
+    /// Lock attempts waiting for the statement in flight to answer.
+    lanes: Lanes,
 }
 
 impl std::fmt::Debug for LockSession {
@@ -83,6 +86,7 @@ impl LockSession {
             lifeline,
             driver,
             prepared: Mutex::new(HashMap::new()),
+            lanes: Lanes::new(cfg.qualified(&cfg.fence_sequence)),
         };
         session.batch("setting up the lock session", &setup).await?;
         // Advisory locks are session state of the server the session is on,
@@ -118,6 +122,11 @@ impl LockSession {
     /// The server process id that holds this session's locks.
     pub(crate) fn pid(&self) -> i32 {
         self.pid
+    }
+
+    /// The lanes lock attempts queue in (see `attempts`).
+    pub(crate) fn lanes(&self) -> &Lanes {
+        &self.lanes
     }
 
     /// The session's id within this process.
@@ -249,6 +258,11 @@ impl LockSession {
         let pid: i32 = row
             .try_get(0)
             .map_err(|e| protocol(format!("reading pg_backend_pid(): {e}")))?;
+        self.check_backend_pid(pid)
+    }
+
+    /// As [`LockSession::check_pid`], for a `pg_backend_pid()` already read.
+    pub(crate) fn check_backend_pid(&self, pid: i32) -> Result<(), BackendError> {
         if pid == self.pid {
             return Ok(());
         }

@@ -38,6 +38,11 @@ macro_rules! case {
 /// Every case, in the order they are listed in test output.
 pub static ALL: &[Case] = &[
     case!(exclusion::mutual_exclusion, Requires::Nothing),
+    case!(
+        exclusion::burst_of_acquires_grants_each_name_once,
+        Requires::Nothing
+    ),
+    case!(exclusion::cancelled_burst_leaves_nothing, Requires::Nothing),
     case!(renewal::renewal_keeps_lease_alive, Requires::Nothing),
     case!(renewal::deadline_without_heartbeat, Requires::Nothing),
     case!(
