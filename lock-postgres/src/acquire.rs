@@ -90,7 +90,7 @@ impl PostgresBackend {
 
     /// A new signal for a second attempt of `owner` on `key`, kept in its
     /// holding in place of the first's (which has settled).
-    fn next_attempt(&self, key: AdvisoryKey, owner: &OwnerToken) -> watch::Sender<bool> {
+    fn next_attempt(&self, key: AdvisoryKey, owner: &OwnerToken) -> watch::Sender<()> {
         let (settled, signal) = LockSession::attempt_signal();
         if let Some(h) = self.held().get_mut(&key).filter(|h| h.owner == *owner) {
             h.attempt = signal;
@@ -105,7 +105,7 @@ impl PostgresBackend {
         session: &Arc<LockSession>,
         key: AdvisoryKey,
         owner: &OwnerToken,
-        settled: watch::Sender<bool>,
+        settled: watch::Sender<()>,
     ) -> Result<AcquireAttempt, BackendError> {
         let cfg = &self.inner.config;
         let answer = session.try_lock(key, false, settled).await?;
@@ -185,7 +185,7 @@ impl PostgresBackend {
         session: &Arc<LockSession>,
         key: AdvisoryKey,
         owner: &OwnerToken,
-        settled: watch::Sender<bool>,
+        settled: watch::Sender<()>,
     ) -> Result<AcquireAttempt, BackendError> {
         let answer = session.try_lock(key, true, settled).await?;
         if !self.granted(session, answer, key, owner)? {

@@ -1,13 +1,7 @@
-//! Lock attempts coalesced per lock session: attempts that arrive while
-//! one statement of attempts is in flight on a session go together, as one
-//! statement over arrays of keys (`unnest`), as soon as it answers.
-//!
-//! Why: the end of every statement walks all the locks its session holds
-//! (see `sessions`), so a thousand attempts sent one statement each pay
-//! that walk a thousand times; as one statement they pay it once. A lone
-//! attempt waits for nothing and is sent as the single-key statement, so
-//! one caller sees no difference. There is no linger timer: the batch size
-//! follows the load.
+//! Lock attempts, as a [`Batch`]: attempts on one session that arrive
+//! while one statement of attempts is in flight go together, as one
+//! statement over arrays of keys (`unnest`); a lone attempt is sent as the
+//! single-key statement.
 //!
 //! An attempt that is queued but not yet sent could be overtaken by a
 //! release of the same key (a caller that gave up, whose `Locker` releases
@@ -16,19 +10,19 @@
 //! carries a [`Settled`] signal that its holding keeps, and a release waits
 //! for it before it unlocks.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
-use lock_core::{BackendError, BackendErrorKind};
-use tokio::sync::{oneshot, watch};
+use lock_core::BackendError;
+use tokio::sync::watch;
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
 use crate::error::protocol;
+use crate::lane::{self, Batch, Lane};
+use crate::renew::Alive;
 use crate::session::LockSession;
+use crate::unlocks::Unlocks;
 use crate::AdvisoryKey;
-
-/// The most keys one statement carries; a longer queue goes in several.
-const MAX_BATCH: usize = 1000;
 
 const TRY_LOCK: &str = "SELECT pg_backend_pid(), \
      CASE WHEN pg_backend_pid() = $3 THEN pg_try_advisory_lock($1, $2) END";
@@ -65,62 +59,26 @@ pub(crate) struct LockAnswer {
     pub(crate) token: Option<i64>,
 }
 
-/// Turns true once an attempt's statement has answered or failed (or will
-/// never be sent): from then on an unlock of its key runs after it.
-pub(crate) type Settled = watch::Receiver<bool>;
+/// Closes once an attempt's statement has answered or failed (or will
+/// never be sent): from then on an unlock of its key runs after it. Its
+/// sender is the attempt's, dropped by the lane after the statement.
+pub(crate) type Settled = watch::Receiver<()>;
 
 /// Waits until the attempt behind `settled` can no longer take its lock
 /// after an unlock sent now. Bounded by the attempt's statement timeout.
 pub(crate) async fn settled(mut settled: Settled) {
-    // An error means the sender is gone, which only happens once the
-    // attempt was answered, failed or dropped unsent.
-    let _ = settled.wait_for(|done| *done).await;
+    // Nothing is ever sent: this returns when the sender is dropped.
+    let _ = settled.changed().await;
 }
 
-type Reply = oneshot::Sender<Result<LockAnswer, BackendError>>;
-
-/// One queued attempt: its key, where its answer goes, and its signal.
-struct Queued {
-    key: AdvisoryKey,
-    reply: Reply,
-    settled: watch::Sender<bool>,
-}
-
-/// The attempts of one kind (fenced or not) on one session.
-#[derive(Default)]
-pub(crate) struct Lane {
-    state: Mutex<LaneState>,
-}
-
-#[derive(Default)]
-struct LaneState {
-    queued: Vec<Queued>,
-    flushing: bool,
-}
-
-impl std::fmt::Debug for Lane {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = self.state();
-        f.debug_struct("Lane")
-            .field("queued", &state.queued.len())
-            .field("flushing", &state.flushing)
-            .finish()
-    }
-}
-
-impl Lane {
-    fn state(&self) -> MutexGuard<'_, LaneState> {
-        // Each critical section leaves the state whole: poison carries no half-state.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// The lanes of one session: plain attempts, and attempts that draw a
-/// fencing token from `sequence`.
+/// The lanes of one session (see `lane`): plain attempts, attempts that
+/// draw a fencing token from `sequence`, liveness proofs and unlocks.
 #[derive(Debug)]
 pub(crate) struct Lanes {
-    plain: Lane,
-    fenced: Lane,
+    plain: Lane<Plain>,
+    fenced: Lane<Fenced>,
+    pub(crate) alive: Lane<Alive>,
+    pub(crate) unlocks: Lane<Unlocks>,
     /// The fencing sequence, schema-qualified and quoted.
     sequence: String,
 }
@@ -130,77 +88,95 @@ impl Lanes {
         Self {
             plain: Lane::default(),
             fenced: Lane::default(),
+            alive: Lane::default(),
+            unlocks: Lane::default(),
             sequence,
         }
+    }
+}
+
+/// One attempt: its key, and the sender of its signal, dropped (which
+/// settles it) once its statement answered or failed.
+type Attempt = (AdvisoryKey, watch::Sender<()>);
+
+/// Plain attempts.
+#[derive(Debug)]
+pub(crate) struct Plain;
+
+/// Attempts that draw a fencing token when they take the lock.
+#[derive(Debug)]
+pub(crate) struct Fenced;
+
+impl Batch for Plain {
+    type Item = Attempt;
+    type Answer = LockAnswer;
+
+    fn lane(session: &LockSession) -> &Lane<Self> {
+        &session.lanes().plain
+    }
+
+    async fn run(
+        session: &LockSession,
+        items: &[Attempt],
+    ) -> Result<Vec<LockAnswer>, BackendError> {
+        session.try_lock_batch(items, false).await
+    }
+}
+
+impl Batch for Fenced {
+    type Item = Attempt;
+    type Answer = LockAnswer;
+
+    fn lane(session: &LockSession) -> &Lane<Self> {
+        &session.lanes().fenced
+    }
+
+    async fn run(
+        session: &LockSession,
+        items: &[Attempt],
+    ) -> Result<Vec<LockAnswer>, BackendError> {
+        session.try_lock_batch(items, true).await
     }
 }
 
 impl LockSession {
     /// A new attempt's signal for its holding, and the sender to pass to
     /// [`LockSession::try_lock`].
-    pub(crate) fn attempt_signal() -> (watch::Sender<bool>, Settled) {
-        watch::channel(false)
+    pub(crate) fn attempt_signal() -> (watch::Sender<()>, Settled) {
+        watch::channel(())
     }
 
     /// Tries to take `key` on this session (with `fenced`, drawing a fencing
-    /// token when taken), in the next statement of attempts. `settled` turns
-    /// true once that statement answered or failed.
+    /// token when taken), in the next statement of attempts. `settled` is
+    /// dropped once that statement answered or failed.
     ///
     /// Not cancel safe: the statement goes on without a caller that gives
     /// up, and may take the lock; the caller's holding (with the signal)
-    /// lets a later release unlock it.
+    /// lets a later release unlock it, after the statement.
     pub(crate) async fn try_lock(
         self: &Arc<Self>,
         key: AdvisoryKey,
         fenced: bool,
-        settled: watch::Sender<bool>,
+        settled: watch::Sender<()>,
     ) -> Result<LockAnswer, BackendError> {
-        let (reply, answer) = oneshot::channel();
-        let lane = self.lane(fenced);
-        let start = {
-            let mut state = lane.state();
-            state.queued.push(Queued {
-                key,
-                reply,
-                settled,
-            });
-            !std::mem::replace(&mut state.flushing, true)
-        };
-        if start {
-            let flusher = Flusher {
-                session: Arc::clone(self),
-                fenced,
-                done: false,
-            };
-            // Its own task: a caller that gives up does not stop the others'.
-            tokio::spawn(flusher.run());
-        }
-        answer.await.unwrap_or_else(|_| {
-            Err(BackendError::new(
-                BackendErrorKind::Other,
-                "the lock attempt's statement ended without an answer; try again",
-            ))
-        })
-    }
-
-    fn lane(&self, fenced: bool) -> &Lane {
         if fenced {
-            &self.lanes().fenced
+            lane::call::<Fenced>(self, (key, settled)).await
         } else {
-            &self.lanes().plain
+            lane::call::<Plain>(self, (key, settled)).await
         }
     }
 
-    /// Runs one statement for `keys`: one answer per key, in order.
+    /// Runs one statement for `attempts`: one answer per key, in order.
     async fn try_lock_batch(
         &self,
-        keys: &[AdvisoryKey],
+        attempts: &[Attempt],
         fenced: bool,
     ) -> Result<Vec<LockAnswer>, BackendError> {
+        let keys: Vec<AdvisoryKey> = attempts.iter().map(|(key, _)| *key).collect();
         let pid = self.pid();
         let sequence = self.lanes().sequence.as_str();
         let what = "pg_try_advisory_lock";
-        if let [key] = keys {
+        if let [key] = keys.as_slice() {
             let rows = if fenced {
                 self.query_prepared(
                     what,
@@ -292,63 +268,4 @@ fn read<'a, T: tokio_postgres::types::FromSql<'a>>(
 ) -> Result<Option<T>, BackendError> {
     row.try_get::<_, Option<T>>(i)
         .map_err(|e| protocol(e.to_string()))
-}
-
-/// Sends a lane's queued attempts, statement after statement, until none is
-/// left; dropped midway (the runtime going away), it frees the lane and the
-/// attempts it drops get an error (and are settled: never sent).
-struct Flusher {
-    session: Arc<LockSession>,
-    fenced: bool,
-    /// Set once it found the queue empty and freed the lane itself.
-    done: bool,
-}
-
-impl Flusher {
-    async fn run(mut self) {
-        // Ends when the queue is empty; every round answers at least one
-        // queued attempt, and attempts only queue while their callers wait.
-        loop {
-            let batch: Vec<Queued> = {
-                let mut state = self.session.lane(self.fenced).state();
-                if state.queued.is_empty() {
-                    state.flushing = false;
-                    self.done = true;
-                    return;
-                }
-                let take = state.queued.len().min(MAX_BATCH);
-                state.queued.drain(..take).collect()
-            };
-            let keys: Vec<AdvisoryKey> = batch.iter().map(|q| q.key).collect();
-            let answers = self.session.try_lock_batch(&keys, self.fenced).await;
-            for (i, q) in batch.into_iter().enumerate() {
-                let answer = match &answers {
-                    Ok(all) => all
-                        .get(i)
-                        .copied()
-                        .ok_or_else(|| protocol("pg_try_advisory_lock left a key unanswered")),
-                    Err(e) => Err(e.copied()),
-                };
-                // Settled first: a caller that gave up may be releasing.
-                let _ = q.settled.send(true);
-                // A caller that gave up no longer listens; its holding stays
-                // for the release its `Locker` sends.
-                let _ = q.reply.send(answer);
-            }
-        }
-    }
-}
-
-impl Drop for Flusher {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        // Dropped before the queue emptied: free the lane so the next attempt
-        // starts afresh; the queued attempts were never sent, and dropping
-        // their senders settles them and fails their callers.
-        let mut state = self.session.lane(self.fenced).state();
-        state.flushing = false;
-        state.queued.clear();
-    }
 }

@@ -65,8 +65,8 @@ pub(crate) struct Holding {
     pub(crate) session: Arc<LockSession>,
     /// An unlock of it is in flight; a second release must not start another.
     pub(crate) releasing: bool,
-    /// Turns true once the attempt that took it can no longer take it after
-    /// an unlock sent now (see `attempts`); an unlock waits for it.
+    /// Closes once the attempt that took it can no longer take it after an
+    /// unlock sent now (see `attempts`); an unlock waits for it.
     pub(crate) attempt: Settled,
 }
 

@@ -216,6 +216,7 @@ mod config;
 mod error;
 mod fencing;
 mod key;
+mod lane;
 mod lifeline;
 mod notify;
 mod release;
@@ -226,6 +227,7 @@ mod sessions;
 mod test_util;
 mod tick_batch;
 mod ticks;
+mod unlocks;
 
 pub use backend::PostgresBackend;
 pub use config::{PostgresBuilder, PostgresConfig, SslMode, ENV_VAR, URL_SCHEMES};

@@ -20,13 +20,12 @@ use lock_core::{
 };
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
-use tokio_postgres::types::Type;
 use tracing::warn;
 
 use crate::attempts::{settled, Settled};
-use crate::error::{protocol, timed_out};
-use crate::notify::{payload, wait_marker, CHANNEL};
+use crate::error::timed_out;
 use crate::session::LockSession;
+use crate::unlocks;
 use crate::{AdvisoryKey, PostgresBackend};
 
 /// A release that started: the session the key is on, and the signal of
@@ -46,27 +45,12 @@ pub(crate) enum NotStarted {
     InFlight,
 }
 
-const UNLOCK: &str = "SELECT pg_backend_pid(), \
-     CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END";
-
-/// The unlock and, only when it freed the lock and someone waits for it (a
-/// listener holds its wait marker, so the marker cannot be taken
-/// exclusively), the release announcement, in one round trip (the
-/// notification leaves when the statement commits, and the marker taken
-/// when nobody waits is let go then too).
-const UNLOCK_NOTIFY: &str = "SELECT s.pid, s.freed, \
-     CASE WHEN s.freed AND NOT pg_try_advisory_xact_lock($6) THEN pg_notify($4, $5)::text END \
-     FROM (SELECT pg_backend_pid() AS pid, \
-       CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END AS freed) s";
-
 impl PostgresBackend {
-    /// Unlocks `key` on `session`, waiting at most `limit`; with `announce`,
-    /// the same statement tells waiters (best effort: a waiter that misses
-    /// it finds the lock free at its next poll). The caller holds the key's
-    /// reservation.
+    /// Unlocks `key` on `session`, waiting at most `limit` (see
+    /// [`unlocks::unlock`]). The caller holds the key's reservation.
     pub(crate) async fn unlock(
         &self,
-        session: &LockSession,
+        session: &Arc<LockSession>,
         key: AdvisoryKey,
         announce: bool,
         limit: Duration,
@@ -75,47 +59,7 @@ impl PostgresBackend {
         if let Some(e) = self.inner.faults.unlock_error(key) {
             return Err(e);
         }
-        let pid = session.pid();
-        let text = payload(key);
-        let marker = wait_marker(key);
-        let what = "releasing an advisory lock";
-        let rows = if announce {
-            session
-                .query_prepared_within(
-                    what,
-                    UNLOCK_NOTIFY,
-                    &[
-                        (&key.key1, Type::INT4),
-                        (&key.key2, Type::INT4),
-                        (&pid, Type::INT4),
-                        (&CHANNEL, Type::TEXT),
-                        (&text.as_str(), Type::TEXT),
-                        (&marker, Type::INT8),
-                    ],
-                    limit,
-                )
-                .await?
-        } else {
-            session
-                .query_prepared_within(
-                    what,
-                    UNLOCK,
-                    &[
-                        (&key.key1, Type::INT4),
-                        (&key.key2, Type::INT4),
-                        (&pid, Type::INT4),
-                    ],
-                    limit,
-                )
-                .await?
-        };
-        let row = rows
-            .first()
-            .ok_or_else(|| protocol("pg_advisory_unlock returned no row"))?;
-        session.check_pid(row)?;
-        row.try_get::<_, Option<bool>>(1)
-            .map_err(|e| protocol(e.to_string()))
-            .map(|v| v.unwrap_or(false))
+        unlocks::unlock(session, key, announce, limit).await
     }
 
     /// One release ([`LockBackend::release`](lock_core::LockBackend::release)).
@@ -218,7 +162,7 @@ impl PostgresBackend {
     /// timeouts.
     async fn settle_unlock(
         &self,
-        session: &LockSession,
+        session: &Arc<LockSession>,
         key: AdvisoryKey,
         announce: bool,
     ) -> Result<bool, BackendError> {

@@ -19,6 +19,7 @@ use tokio_postgres::types::Type;
 use tracing::warn;
 
 use crate::error::protocol;
+use crate::lane::{self, Batch, Lane};
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresBackend};
 
@@ -145,7 +146,7 @@ impl PostgresBackend {
         let mut checks = JoinSet::new();
         for (session, idx) in by_session {
             checks.spawn(async move {
-                let answer = alive(&session).await;
+                let answer = lane::call::<Alive>(&session, ()).await;
                 (session, idx, answer)
             });
         }
@@ -182,13 +183,29 @@ impl PostgresBackend {
     }
 }
 
-/// Proves that `session` is alive and still the same server process.
-async fn alive(session: &LockSession) -> Result<(), BackendError> {
-    let rows = session
-        .query_prepared("checking the lock session", ALIVE, &[])
-        .await?;
-    let row = rows
-        .first()
-        .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
-    session.check_pid(row)
+/// Liveness proofs, as a [`Batch`]: renewals and checks on one session that
+/// arrive while a proof is in flight share the next one, sent after they
+/// all began (so it is younger than each of them).
+#[derive(Debug)]
+pub(crate) struct Alive;
+
+impl Batch for Alive {
+    type Item = ();
+    type Answer = ();
+
+    fn lane(session: &LockSession) -> &Lane<Self> {
+        &session.lanes().alive
+    }
+
+    /// Proves that `session` is alive and still the same server process.
+    async fn run(session: &LockSession, items: &[()]) -> Result<Vec<()>, BackendError> {
+        let rows = session
+            .query_prepared("checking the lock session", ALIVE, &[])
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
+        session.check_pid(row)?;
+        Ok(vec![(); items.len()])
+    }
 }

@@ -124,7 +124,12 @@ impl LockSession {
         self.pid
     }
 
-    /// The lanes lock attempts queue in (see `attempts`).
+    /// The bound on each statement, client and server side.
+    pub(crate) fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// The lanes calls queue in (see `lane`).
     pub(crate) fn lanes(&self) -> &Lanes {
         &self.lanes
     }

@@ -1,0 +1,181 @@
+//! Lanes: the calls of one kind on one lock session that arrive while a
+//! statement of that kind is in flight wait for it, then go together as
+//! one statement as soon as it answers.
+//!
+//! Why: the end of every statement walks all the locks its session holds
+//! (see `sessions`), so a thousand calls sent one statement each pay that
+//! walk a thousand times. A lone call waits for nothing, so one caller sees
+//! no difference. There is no linger timer: the batch size follows the load.
+//!
+//! A call is answered by a statement sent after the call was made, never
+//! by one already in flight: a liveness proof must be younger than the
+//! renewal that asked for it.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use lock_core::{BackendError, BackendErrorKind};
+use tokio::sync::oneshot;
+
+use crate::session::LockSession;
+
+/// The most calls one statement carries; a longer queue goes in several.
+const MAX_BATCH: usize = 1000;
+
+/// One kind of call that can go many to a statement.
+pub(crate) trait Batch: Sized + Send + Sync + 'static {
+    /// One call's input. It is dropped only after its statement answered
+    /// or failed (or when it was never sent).
+    type Item: Send + 'static;
+    /// One call's answer.
+    type Answer: Send + 'static;
+
+    /// This kind's lane on `session`.
+    fn lane(session: &LockSession) -> &Lane<Self>;
+
+    /// One statement for `items`: one answer per item, in order.
+    fn run(
+        session: &LockSession,
+        items: &[Self::Item],
+    ) -> impl Future<Output = Result<Vec<Self::Answer>, BackendError>> + Send;
+}
+
+type Reply<B> = oneshot::Sender<Result<<B as Batch>::Answer, BackendError>>;
+
+/// The calls of one kind on one session: those queued, and whether a
+/// statement of them is in flight.
+pub(crate) struct Lane<B: Batch> {
+    state: Mutex<LaneState<B>>,
+}
+
+struct LaneState<B: Batch> {
+    queued: Vec<(B::Item, Reply<B>)>,
+    flushing: bool,
+}
+
+impl<B: Batch> Default for Lane<B> {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(LaneState {
+                queued: Vec::new(),
+                flushing: false,
+            }),
+        }
+    }
+}
+
+impl<B: Batch> std::fmt::Debug for Lane<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("Lane")
+            .field("queued", &state.queued.len())
+            .field("flushing", &state.flushing)
+            .finish()
+    }
+}
+
+impl<B: Batch> Lane<B> {
+    fn state(&self) -> MutexGuard<'_, LaneState<B>> {
+        // Each critical section leaves the state whole: poison carries no half-state.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Queues `item` in `B`'s lane on `session` and waits for its answer;
+/// starts the lane's flushing task if it was idle.
+///
+/// Not cancel safe in general: the statement goes on without a caller that
+/// gives up (each kind says what that leaves behind).
+pub(crate) async fn call<B: Batch>(
+    session: &Arc<LockSession>,
+    item: B::Item,
+) -> Result<B::Answer, BackendError> {
+    let (reply, answer) = oneshot::channel();
+    let start = {
+        let mut state = B::lane(session).state();
+        state.queued.push((item, reply));
+        !std::mem::replace(&mut state.flushing, true)
+    };
+    if start {
+        let flusher = Flusher::<B> {
+            session: Arc::clone(session),
+            kind: PhantomData,
+            done: false,
+        };
+        // Its own task: a caller that gives up does not stop the others'.
+        tokio::spawn(flusher.run());
+    }
+    answer.await.unwrap_or_else(|_| {
+        Err(BackendError::new(
+            BackendErrorKind::Other,
+            "the statement ended without an answer; try again",
+        ))
+    })
+}
+
+/// Sends a lane's queued calls, statement after statement, until none is
+/// left; dropped midway (the runtime going away), it frees the lane, and
+/// the calls it drops get an error.
+struct Flusher<B: Batch> {
+    session: Arc<LockSession>,
+    kind: PhantomData<B>,
+    /// Set once it found the queue empty and freed the lane itself.
+    done: bool,
+}
+
+impl<B: Batch> Flusher<B> {
+    async fn run(mut self) {
+        // Ends when the queue is empty; every round answers at least one
+        // queued call, and calls only queue while their callers wait.
+        loop {
+            let batch: Vec<(B::Item, Reply<B>)> = {
+                let mut state = B::lane(&self.session).state();
+                if state.queued.is_empty() {
+                    state.flushing = false;
+                    self.done = true;
+                    return;
+                }
+                let take = state.queued.len().min(MAX_BATCH);
+                state.queued.drain(..take).collect()
+            };
+            let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let answers = B::run(&self.session, &items).await;
+            // The items go only now that their statement has answered.
+            drop(items);
+            let mut answers = match answers {
+                Ok(all) if all.len() == replies.len() => all.into_iter().map(Ok).collect(),
+                Ok(all) => BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!(
+                        "{} answers to a statement of {} calls",
+                        all.len(),
+                        replies.len()
+                    ),
+                )
+                .for_each(replies.len()),
+                Err(e) => e.for_each(replies.len()),
+            }
+            .into_iter();
+            for reply in replies {
+                if let Some(answer) = answers.next() {
+                    // A caller that gave up no longer listens.
+                    let _ = reply.send(answer);
+                }
+            }
+        }
+    }
+}
+
+impl<B: Batch> Drop for Flusher<B> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Dropped before the queue emptied: free the lane so the next call
+        // starts afresh; the queued calls were never sent.
+        let mut state = B::lane(&self.session).state();
+        state.flushing = false;
+        state.queued.clear();
+    }
+}
