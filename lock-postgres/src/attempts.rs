@@ -1,7 +1,6 @@
-//! Lock attempts, as a [`Batch`]: attempts on one session that arrive
-//! while one statement of attempts is in flight go together, as one
-//! statement over arrays of keys (`unnest`); a lone attempt is sent as the
-//! single-key statement.
+//! Lock attempts, as a [`Batch`]: attempts on one session that queue in its
+//! lane (see `lane`) go together, as one statement over arrays of keys
+//! (`unnest`); a lone attempt is sent as the single-key statement.
 //!
 //! An attempt that is queued but not yet sent could be overtaken by a
 //! release of the same key (a caller that gave up, whose `Locker` releases

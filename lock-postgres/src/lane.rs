@@ -1,11 +1,12 @@
-//! Lanes: the calls of one kind on one lock session that arrive while a
-//! statement of that kind is in flight wait for it, then go together as
-//! one statement as soon as it answers.
+//! Lanes: the calls of one kind on one lock session are sent at once while
+//! fewer than [`IN_FLIGHT`] statements of that kind are in flight; past
+//! that they wait, and go together as one statement as soon as one answers.
 //!
 //! Why: the end of every statement walks all the locks its session holds
 //! (see `sessions`), so a thousand calls sent one statement each pay that
-//! walk a thousand times. A lone call waits for nothing, so one caller sees
-//! no difference. There is no linger timer: the batch size follows the load.
+//! walk a thousand times. A few statements in flight keep a lightly loaded
+//! session pipelined, so a lone call waits for nothing. There is no linger
+//! timer: the batch size follows the load.
 //!
 //! A call is answered by a statement sent after the call was made, never
 //! by one already in flight: a liveness proof must be younger than the
@@ -22,6 +23,9 @@ use crate::session::LockSession;
 
 /// The most calls one statement carries; a longer queue goes in several.
 const MAX_BATCH: usize = 1000;
+
+/// The most statements of one kind in flight on one session.
+pub(crate) const IN_FLIGHT: usize = 4;
 
 /// One kind of call that can go many to a statement.
 pub(crate) trait Batch: Sized + Send + Sync + 'static {
@@ -43,15 +47,15 @@ pub(crate) trait Batch: Sized + Send + Sync + 'static {
 
 type Reply<B> = oneshot::Sender<Result<<B as Batch>::Answer, BackendError>>;
 
-/// The calls of one kind on one session: those queued, and whether a
-/// statement of them is in flight.
+/// The calls of one kind on one session: those queued, and how many
+/// flushers send them.
 pub(crate) struct Lane<B: Batch> {
     state: Mutex<LaneState<B>>,
 }
 
 struct LaneState<B: Batch> {
     queued: Vec<(B::Item, Reply<B>)>,
-    flushing: bool,
+    flushers: usize,
 }
 
 impl<B: Batch> Default for Lane<B> {
@@ -59,7 +63,7 @@ impl<B: Batch> Default for Lane<B> {
         Self {
             state: Mutex::new(LaneState {
                 queued: Vec::new(),
-                flushing: false,
+                flushers: 0,
             }),
         }
     }
@@ -70,7 +74,7 @@ impl<B: Batch> std::fmt::Debug for Lane<B> {
         let state = self.state();
         f.debug_struct("Lane")
             .field("queued", &state.queued.len())
-            .field("flushing", &state.flushing)
+            .field("flushers", &state.flushers)
             .finish()
     }
 }
@@ -83,7 +87,7 @@ impl<B: Batch> Lane<B> {
 }
 
 /// Queues `item` in `B`'s lane on `session` and waits for its answer;
-/// starts the lane's flushing task if it was idle.
+/// starts a flushing task if fewer than [`IN_FLIGHT`] run.
 ///
 /// Not cancel safe in general: the statement goes on without a caller that
 /// gives up (each kind says what that leaves behind).
@@ -95,7 +99,11 @@ pub(crate) async fn call<B: Batch>(
     let start = {
         let mut state = B::lane(session).state();
         state.queued.push((item, reply));
-        !std::mem::replace(&mut state.flushing, true)
+        let start = state.flushers < IN_FLIGHT;
+        if start {
+            state.flushers += 1;
+        }
+        start
     };
     if start {
         let flusher = Flusher::<B> {
@@ -115,12 +123,12 @@ pub(crate) async fn call<B: Batch>(
 }
 
 /// Sends a lane's queued calls, statement after statement, until none is
-/// left; dropped midway (the runtime going away), it frees the lane, and
-/// the calls it drops get an error.
+/// left; dropped midway (the runtime going away), it leaves the lane, and
+/// the last one to leave drops the queued calls, which get an error.
 struct Flusher<B: Batch> {
     session: Arc<LockSession>,
     kind: PhantomData<B>,
-    /// Set once it found the queue empty and freed the lane itself.
+    /// Set once it found the queue empty and left the lane itself.
     done: bool,
 }
 
@@ -132,7 +140,7 @@ impl<B: Batch> Flusher<B> {
             let batch: Vec<(B::Item, Reply<B>)> = {
                 let mut state = B::lane(&self.session).state();
                 if state.queued.is_empty() {
-                    state.flushing = false;
+                    state.flushers = state.flushers.saturating_sub(1);
                     self.done = true;
                     return;
                 }
@@ -172,10 +180,12 @@ impl<B: Batch> Drop for Flusher<B> {
         if self.done {
             return;
         }
-        // Dropped before the queue emptied: free the lane so the next call
-        // starts afresh; the queued calls were never sent.
+        // Dropped before the queue emptied: leave the lane so the next call
+        // starts a flusher; with none left, the queued calls are never sent.
         let mut state = B::lane(&self.session).state();
-        state.flushing = false;
-        state.queued.clear();
+        state.flushers = state.flushers.saturating_sub(1);
+        if state.flushers == 0 {
+            state.queued.clear();
+        }
     }
 }

@@ -13,10 +13,12 @@
 //! because every statement on a session costs more the more locks it holds
 //! (measured: 10,000 acquires took 12.3 s on one session, 0.83 s on 4).
 //! Sessions connect on first use. Clones of a backend share them.
-//! Attempts that arrive while one is in flight on their session wait for it
-//! and then go together, as one statement over an array of keys: a burst of
-//! a thousand attempts (a thousand jobs firing at the same instant) pays a
-//! session's per-statement cost a few times, not a thousand.
+//! Lock attempts, unlocks and liveness proofs that arrive while a few of
+//! the same kind are in flight on their session wait for one of them to
+//! answer and then go together, as one statement (over an array of keys):
+//! a burst of a thousand (a thousand jobs firing at the same instant) pays
+//! a session's per-statement cost a few times, not a thousand. A lone call
+//! waits for nothing.
 //! Because advisory locks are re-entrant within a session, the backend keeps
 //! its own table of which owner token holds which key, and answers "held" to
 //! a second acquire of a key its session already holds: two

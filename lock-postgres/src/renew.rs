@@ -184,8 +184,8 @@ impl PostgresBackend {
 }
 
 /// Liveness proofs, as a [`Batch`]: renewals and checks on one session that
-/// arrive while a proof is in flight share the next one, sent after they
-/// all began (so it is younger than each of them).
+/// queue in its lane (see `lane`) share the next proof, sent after they all
+/// began (so it is younger than each of them).
 #[derive(Debug)]
 pub(crate) struct Alive;
 

@@ -1,7 +1,6 @@
-//! Unlocks, as a [`Batch`]: unlocks on one session that arrive while one
-//! statement of unlocks is in flight go together, as one statement over
-//! arrays of keys (`unnest`); a lone unlock is sent as the single-key
-//! statement. Each key's release announcement, when asked for, is in the
+//! Unlocks, as a [`Batch`]: unlocks on one session that queue in its lane
+//! (see `lane`) go together, as one statement over arrays of keys
+//! (`unnest`); a lone unlock is sent as the single-key statement. Each key's release announcement, when asked for, is in the
 //! same statement.
 
 use std::sync::Arc;
