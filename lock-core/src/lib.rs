@@ -36,6 +36,7 @@ pub mod backend;
 mod background;
 mod error;
 mod heartbeat;
+pub mod lane;
 mod lease;
 mod local;
 mod local_ticks;

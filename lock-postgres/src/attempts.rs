@@ -1,5 +1,5 @@
 //! Lock attempts, as a [`Batch`]: attempts on one session that queue in its
-//! lane (see `lane`) go together, as one statement over arrays of keys
+//! lane ([`lock_core::lane`]) go together, as one statement over arrays of keys
 //! (`unnest`); a lone attempt is sent as the single-key statement.
 //!
 //! An attempt that is queued but not yet sent could be overtaken by a
@@ -11,13 +11,13 @@
 
 use std::sync::Arc;
 
+use lock_core::lane::{self, Batch, Lane};
 use lock_core::BackendError;
 use tokio::sync::watch;
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
 use crate::error::protocol;
-use crate::lane::{self, Batch, Lane};
 use crate::renew::Alive;
 use crate::session::LockSession;
 use crate::unlocks::Unlocks;
@@ -70,8 +70,12 @@ pub(crate) async fn settled(mut settled: Settled) {
     let _ = settled.changed().await;
 }
 
-/// The lanes of one session (see `lane`): plain attempts, attempts that
-/// draw a fencing token from `sequence`, liveness proofs and unlocks.
+/// The lanes of one session ([`lock_core::lane`]): plain attempts, attempts
+/// that draw a fencing token from `sequence`, liveness proofs and unlocks.
+///
+/// Why lanes: the end of every statement walks all the locks its session
+/// holds (see `sessions`), so a thousand calls sent one statement each pay
+/// that walk a thousand times, where one statement over arrays pays it once.
 #[derive(Debug)]
 pub(crate) struct Lanes {
     plain: Lane<Plain>,
@@ -98,6 +102,13 @@ impl Lanes {
 /// settles it) once its statement answered or failed.
 type Attempt = (AdvisoryKey, watch::Sender<()>);
 
+/// The most statements of one kind in flight on one session: a few keep a
+/// lightly loaded session pipelined, so a lone call waits for nothing.
+pub(crate) const IN_FLIGHT: usize = 4;
+
+/// The most calls one statement carries.
+pub(crate) const MAX_BATCH: usize = 1000;
+
 /// Plain attempts.
 #[derive(Debug)]
 pub(crate) struct Plain;
@@ -107,8 +118,11 @@ pub(crate) struct Plain;
 pub(crate) struct Fenced;
 
 impl Batch for Plain {
+    type Host = LockSession;
     type Item = Attempt;
     type Answer = LockAnswer;
+    const IN_FLIGHT: usize = IN_FLIGHT;
+    const MAX_BATCH: usize = MAX_BATCH;
 
     fn lane(session: &LockSession) -> &Lane<Self> {
         &session.lanes().plain
@@ -116,15 +130,18 @@ impl Batch for Plain {
 
     async fn run(
         session: &LockSession,
-        items: &[Attempt],
-    ) -> Result<Vec<LockAnswer>, BackendError> {
-        session.try_lock_batch(items, false).await
+        items: Vec<Attempt>,
+    ) -> Vec<Result<LockAnswer, BackendError>> {
+        lane::each(session.try_lock_batch(&items, false).await, items.len())
     }
 }
 
 impl Batch for Fenced {
+    type Host = LockSession;
     type Item = Attempt;
     type Answer = LockAnswer;
+    const IN_FLIGHT: usize = IN_FLIGHT;
+    const MAX_BATCH: usize = MAX_BATCH;
 
     fn lane(session: &LockSession) -> &Lane<Self> {
         &session.lanes().fenced
@@ -132,9 +149,9 @@ impl Batch for Fenced {
 
     async fn run(
         session: &LockSession,
-        items: &[Attempt],
-    ) -> Result<Vec<LockAnswer>, BackendError> {
-        session.try_lock_batch(items, true).await
+        items: Vec<Attempt>,
+    ) -> Vec<Result<LockAnswer, BackendError>> {
+        lane::each(session.try_lock_batch(&items, true).await, items.len())
     }
 }
 

@@ -218,7 +218,6 @@ mod config;
 mod error;
 mod fencing;
 mod key;
-mod lane;
 mod lifeline;
 mod notify;
 mod release;

@@ -19,7 +19,9 @@ use tokio_postgres::types::Type;
 use tracing::warn;
 
 use crate::error::protocol;
-use crate::lane::{self, Batch, Lane};
+use lock_core::lane::{self, Batch, Lane};
+
+use crate::attempts::{IN_FLIGHT, MAX_BATCH};
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresBackend};
 
@@ -184,28 +186,36 @@ impl PostgresBackend {
 }
 
 /// Liveness proofs, as a [`Batch`]: renewals and checks on one session that
-/// queue in its lane (see `lane`) share the next proof, sent after they all
+/// queue in its lane ([`lock_core::lane`]) share the next proof, sent after they all
 /// began (so it is younger than each of them).
 #[derive(Debug)]
 pub(crate) struct Alive;
 
 impl Batch for Alive {
+    type Host = LockSession;
     type Item = ();
     type Answer = ();
+    const IN_FLIGHT: usize = IN_FLIGHT;
+    const MAX_BATCH: usize = MAX_BATCH;
 
     fn lane(session: &LockSession) -> &Lane<Self> {
         &session.lanes().alive
     }
 
-    /// Proves that `session` is alive and still the same server process.
-    async fn run(session: &LockSession, items: &[()]) -> Result<Vec<()>, BackendError> {
-        let rows = session
-            .query_prepared("checking the lock session", ALIVE, &[])
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
-        session.check_pid(row)?;
-        Ok(vec![(); items.len()])
+    /// One proof for every call.
+    async fn run(session: &LockSession, items: Vec<()>) -> Vec<Result<(), BackendError>> {
+        lane::each(prove(session).await.map(|()| items.clone()), items.len())
     }
+}
+
+/// One statement that proves `session` alive and still the same server
+/// process.
+async fn prove(session: &LockSession) -> Result<(), BackendError> {
+    let rows = session
+        .query_prepared("checking the lock session", ALIVE, &[])
+        .await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
+    session.check_pid(row)
 }

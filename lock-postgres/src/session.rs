@@ -129,7 +129,7 @@ impl LockSession {
         self.statement_timeout
     }
 
-    /// The lanes calls queue in (see `lane`).
+    /// The lanes calls queue in ([`lock_core::lane`]).
     pub(crate) fn lanes(&self) -> &Lanes {
         &self.lanes
     }

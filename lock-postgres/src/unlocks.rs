@@ -1,5 +1,5 @@
 //! Unlocks, as a [`Batch`]: unlocks on one session that queue in its lane
-//! (see `lane`) go together, as one statement over arrays of keys
+//! ([`lock_core::lane`]) go together, as one statement over arrays of keys
 //! (`unnest`); a lone unlock is sent as the single-key statement. Each key's release announcement, when asked for, is in the
 //! same statement.
 
@@ -11,7 +11,9 @@ use tokio::time::timeout;
 use tokio_postgres::types::Type;
 
 use crate::error::{protocol, timed_out};
-use crate::lane::{self, Batch, Lane};
+use lock_core::lane::{self, Batch, Lane};
+
+use crate::attempts::{IN_FLIGHT, MAX_BATCH};
 use crate::notify::{payload, wait_marker, CHANNEL};
 use crate::session::LockSession;
 use crate::AdvisoryKey;
@@ -46,15 +48,18 @@ type Unlock = (AdvisoryKey, bool);
 pub(crate) struct Unlocks;
 
 impl Batch for Unlocks {
+    type Host = LockSession;
     type Item = Unlock;
     type Answer = bool;
+    const IN_FLIGHT: usize = IN_FLIGHT;
+    const MAX_BATCH: usize = MAX_BATCH;
 
     fn lane(session: &LockSession) -> &Lane<Self> {
         &session.lanes().unlocks
     }
 
-    async fn run(session: &LockSession, items: &[Unlock]) -> Result<Vec<bool>, BackendError> {
-        session.unlock_batch(items).await
+    async fn run(session: &LockSession, items: Vec<Unlock>) -> Vec<Result<bool, BackendError>> {
+        lane::each(session.unlock_batch(&items).await, items.len())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The batcher's lanes: coalescing, fresh clock readings, failures.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use lock_core::async_trait;
 use tokio::sync::Semaphore;
@@ -119,7 +120,7 @@ async fn calls_during_a_batch_go_together_in_the_next() {
             async move { t.last_completed(&name(job)).await },
         ));
     }
-    until(|| ticks.latest.state().queued.len() == 3).await;
+    until(|| ticks.lanes.latest.queued() == 3).await;
     store.gate.add_permits(2);
     let first = first
         .await
@@ -138,7 +139,10 @@ async fn calls_during_a_batch_go_together_in_the_next() {
         [1, 3],
         "a lone call at once, the rest as one batch"
     );
-    assert!(!ticks.latest.state().flushing, "the lane is idle again");
+    assert!(
+        ticks.lanes.latest.in_flight() == 0,
+        "the lane is idle again"
+    );
 }
 
 #[tokio::test]
@@ -155,7 +159,7 @@ async fn a_server_reading_is_never_older_than_its_call() {
             tokio::spawn(async move { t.server_time().await })
         })
         .collect();
-    until(|| ticks.clock.state().queued.len() == 3).await;
+    until(|| ticks.lanes.clock.queued() == 3).await;
     store.gate.add_permits(2);
     let first = first
         .await
@@ -193,5 +197,5 @@ async fn a_failed_batch_fails_every_call_in_it() {
     // And a later call starts a new batch.
     let again = ticks.last_completed(&name("d")).await;
     assert!(again.is_err());
-    assert!(!ticks.latest.state().flushing);
+    assert!(ticks.lanes.latest.in_flight() == 0);
 }
