@@ -13,6 +13,29 @@ use crate::{Error, Result};
 /// Most ticks one query returns; bounds work on a clock jump of years.
 const MAX_TICKS_PER_QUERY: usize = 10_000;
 
+/// Zones whose offset is zero at every instant: UTC and its aliases. A
+/// schedule in one of them is evaluated on chrono's `Utc`, with no zone
+/// lookups (each lookup is a search of the zone's transitions, and croner
+/// makes several per evaluation); any other zone takes the general path.
+const ALWAYS_UTC: &[Tz] = &[
+    Tz::UTC,
+    Tz::Etc__UTC,
+    Tz::UCT,
+    Tz::Etc__UCT,
+    Tz::Universal,
+    Tz::Etc__Universal,
+    Tz::Zulu,
+    Tz::Etc__Zulu,
+    Tz::GMT,
+    Tz::Etc__GMT,
+    Tz::GMT0,
+    Tz::Etc__GMT0,
+    Tz::Etc__GMTPlus0,
+    Tz::Etc__GMTMinus0,
+    Tz::Greenwich,
+    Tz::Etc__Greenwich,
+];
+
 /// A parsed cron expression and the time zone it is read in.
 ///
 /// Expressions have 5 fields (`minute hour day month weekday`) or 6 with
@@ -51,6 +74,8 @@ const MAX_TICKS_PER_QUERY: usize = 10_000;
 pub struct Schedule {
     cron: Cron,
     tz: Tz,
+    /// `tz` is one of [`ALWAYS_UTC`].
+    utc: bool,
     expr: String,
 }
 
@@ -91,6 +116,7 @@ impl Schedule {
         })?;
         let schedule = Self {
             cron,
+            utc: ALWAYS_UTC.contains(&tz),
             tz,
             expr: expr.to_owned(),
         };
@@ -115,6 +141,9 @@ impl Schedule {
     /// The first tick strictly after `after`, or `None` if there is none
     /// (before the year 5000).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        if self.utc {
+            return self.cron.find_next_occurrence(&after, false).ok();
+        }
         let local = after.with_timezone(&self.tz);
         self.cron
             .find_next_occurrence(&local, false)
@@ -124,6 +153,9 @@ impl Schedule {
 
     /// The latest tick at or before `at`, if any.
     pub fn latest_at_or_before(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        if self.utc {
+            return self.cron.find_previous_occurrence(&at, true).ok();
+        }
         let local = at.with_timezone(&self.tz);
         self.cron
             .find_previous_occurrence(&local, true)
@@ -244,6 +276,64 @@ mod tests {
             iso(s.next_after(at("2026-01-15T00:00:00Z"))),
             "2026-01-15T14:00:00+00:00"
         );
+    }
+
+    /// The zones taken as UTC have offset zero at every instant sampled,
+    /// 1900 to 2100 (so the list holds no zone with a history).
+    #[test]
+    fn the_zones_taken_as_utc_never_leave_offset_zero() {
+        use chrono::{Offset, TimeZone};
+        use chrono_tz::OffsetComponents;
+        for tz in ALWAYS_UTC {
+            let mut t = at("1900-01-01T00:00:00Z");
+            while t < at("2100-01-01T00:00:00Z") {
+                let offset = tz.offset_from_utc_datetime(&t.naive_utc());
+                assert_eq!(offset.fix().local_minus_utc(), 0, "{} at {t}", tz.name());
+                assert!(offset.dst_offset().is_zero(), "{} at {t}", tz.name());
+                t += chrono::TimeDelta::days(97);
+            }
+        }
+    }
+
+    /// A schedule in a zone taken as UTC gives the ticks the general path
+    /// gives, forwards and backwards, on both sides of every kind of field.
+    #[test]
+    fn the_utc_path_agrees_with_the_zone_path() {
+        for expr in [
+            "* * * * * *",
+            "*/7 * * * * *",
+            "0 */5 * * * *",
+            "0 30 2 * * *",
+            "0 0 9 * * MON-FRI",
+            "0 0 0 29 2 *",
+            "0 0 12 L * *",
+        ] {
+            for zone in ["UTC", "Etc/GMT", "Zulu"] {
+                let fast = Schedule::parse("j", expr, zone).expect("valid");
+                assert!(fast.utc, "{zone}");
+                let general = Schedule {
+                    utc: false,
+                    ..fast.clone()
+                };
+                let mut t = at("2023-12-31T23:59:58Z");
+                for step in 0..400 {
+                    assert_eq!(
+                        fast.next_after(t),
+                        general.next_after(t),
+                        "{expr} in {zone} after {t}"
+                    );
+                    assert_eq!(
+                        fast.latest_at_or_before(t),
+                        general.latest_at_or_before(t),
+                        "{expr} in {zone} at or before {t}"
+                    );
+                    // Irregular steps, from a second to a few months.
+                    t += chrono::TimeDelta::seconds(1 + (step * step * 7_919) % 9_000_000);
+                }
+            }
+        }
+        let berlin = Schedule::parse("j", "* * * * * *", "Europe/Berlin").expect("valid");
+        assert!(!berlin.utc, "a zone with a history takes the general path");
     }
 
     /// Europe/Berlin, 2026-03-29: 02:00 CET jumps to 03:00 CEST.
