@@ -66,6 +66,11 @@ pub use lock_core::{
 /// for writing a backend or a wrapper around one.
 pub use lock_core::backend;
 
+/// Coalescing concurrent calls of one kind into batches (one round trip for
+/// many calls), as the Postgres backend and the scheduler's tick store do;
+/// for writing a backend.
+pub use lock_core::lane;
+
 /// The metrics library the lock and scheduler metrics register with, so a
 /// service can pass a `Registry` and expose it without a dependency of its own.
 pub use prometheus;
