@@ -1,19 +1,18 @@
 //! Unlocks, as a [`Batch`]: unlocks on one session that queue in its lane
 //! ([`lock_core::lane`]) go together, as one statement over arrays of keys
-//! (`unnest`); a lone unlock is sent as the single-key statement. Each key's release announcement, when asked for, is in the
-//! same statement.
+//! (`unnest`); a lone unlock is sent as the single-key statement. Each
+//! key's release announcement, when asked for, is in the same statement.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::lane::{self, Batch, Lane};
 use lock_core::BackendError;
 use tokio::time::timeout;
 use tokio_postgres::types::Type;
 
-use crate::error::{protocol, timed_out};
-use lock_core::lane::{self, Batch, Lane};
-
 use crate::attempts::{IN_FLIGHT, MAX_BATCH};
+use crate::error::{protocol, timed_out};
 use crate::notify::{payload, wait_marker, CHANNEL};
 use crate::session::LockSession;
 use crate::AdvisoryKey;

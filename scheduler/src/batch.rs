@@ -100,13 +100,7 @@ impl Batch for ServerTime {
     async fn run(host: &Lanes, items: Vec<()>) -> Vec<Result<Option<i64>, BackendError>> {
         // One reading serves every caller: they all began before it was taken.
         let reading = host.store.server_time().await;
-        items
-            .iter()
-            .map(|()| match &reading {
-                Ok(ms) => Ok(*ms),
-                Err(e) => Err(e.copied()),
-            })
-            .collect()
+        lane::each(reading.map(|ms| vec![ms; items.len()]), items.len())
     }
 }
 
