@@ -5,7 +5,9 @@
 //! renews thousands of leases in a handful of round trips: leases due within
 //! an eighth of an interval of each other are renewed together, after which their
 //! schedules stay aligned. When each lease next needs attention is kept in a
-//! deadline heap ([`schedule`]), so a wake-up looks only at the leases due.
+//! deadline heap ([`schedule`]), so a wake-up looks only at the leases due;
+//! while a batch's renewal is in flight, the heap holds one entry for the
+//! whole batch (its earliest deadline), not one per lease.
 
 mod schedule;
 
@@ -23,7 +25,7 @@ use crate::background::Background;
 use crate::lease::LeaseState;
 use crate::metrics::RenewalOutcome;
 use crate::{BackendErrorKind, LeaseStatus, LockBackend, LossReason, RenewRequest};
-use schedule::Schedule;
+use schedule::{Key, Schedule};
 
 /// Most leases renewed in one `renew_many` call.
 const MAX_BATCH: usize = 1000;
@@ -222,6 +224,10 @@ impl HeartbeatHandle {
 /// released before the heartbeat ever looks at it: hashed with foldhash).
 type Entries = HashMap<u64, Entry, foldhash::fast::RandomState>;
 
+/// The renewal calls in flight, by batch id: the leases each one renews
+/// that have not ended since it was sent. Removed when the call answers.
+type Batches = HashMap<u64, Vec<u64>, foldhash::fast::RandomState>;
+
 struct Entry {
     lease: Arc<LeaseState>,
     next_renew: Instant,
@@ -248,12 +254,17 @@ type RenewResult = (
     Result<LeaseStatus, (BackendErrorKind, String)>,
 );
 
+/// One renewal call's answers, with the id of its batch.
+type BatchResult = (u64, Vec<RenewResult>);
+
 struct Heartbeat {
     backend: Arc<dyn LockBackend>,
     batch: bool,
     entries: Entries,
+    batches: Batches,
     schedule: Schedule,
     next_generation: u64,
+    next_batch: u64,
     /// The largest batching slack of any lease tracked so far: a sweep looks
     /// at leases due up to this far ahead.
     max_slack: Duration,
@@ -263,7 +274,7 @@ struct Heartbeat {
     /// Buffers kept between drains of the command queue.
     spare: Vec<Command>,
     tracked: Vec<u64>,
-    in_flight: JoinSet<Vec<RenewResult>>,
+    in_flight: JoinSet<BatchResult>,
     shared: Arc<Shared>,
     background: Background,
 }
@@ -279,8 +290,10 @@ impl Heartbeat {
             backend,
             batch,
             entries: Entries::default(),
+            batches: Batches::default(),
             schedule: Schedule::default(),
             next_generation: 1,
+            next_batch: 0,
             max_slack: Duration::ZERO,
             idle_rounds: 0,
             spare: Vec::new(),
@@ -320,9 +333,11 @@ impl Heartbeat {
             self.reschedule(id);
         }
         self.tracked = tracked;
-        let entries = &self.entries;
+        let (entries, batches) = (&self.entries, &self.batches);
         self.schedule
-            .compact(entries.len(), |id, g| is_current(entries, id, g));
+            .compact(entries.len() + batches.len(), |key, g| {
+                is_current(entries, batches, key, g)
+            });
         any
     }
 
@@ -350,7 +365,35 @@ impl Heartbeat {
         self.next_generation = self.next_generation.wrapping_add(1);
         entry.generation = generation;
         if let Some(at) = entry.attention() {
-            self.schedule.push(at, id, generation);
+            self.schedule.push(at, Key::Lease(id), generation);
+        }
+    }
+
+    /// Starts watching the renewal call that renews `ids`, all now in
+    /// flight: one schedule entry at the earliest of their deadlines.
+    /// Returns the batch's id.
+    fn watch_batch(&mut self, ids: Vec<u64>) -> u64 {
+        let batch = self.next_batch;
+        self.next_batch = self.next_batch.wrapping_add(1);
+        self.batches.insert(batch, ids);
+        self.reschedule_batch(batch);
+        batch
+    }
+
+    /// Puts batch `batch`'s earliest deadline in the schedule, or stops
+    /// watching it if none of its leases is left.
+    fn reschedule_batch(&mut self, batch: u64) {
+        let Some(ids) = self.batches.get(&batch) else {
+            return;
+        };
+        let earliest = ids
+            .iter()
+            .filter_map(|id| self.entries.get(id).and_then(Entry::attention))
+            .min();
+        if ids.is_empty() {
+            self.batches.remove(&batch);
+        } else if let Some(at) = earliest {
+            self.schedule.push(at, Key::Batch(batch), 0);
         }
     }
 
@@ -387,7 +430,10 @@ impl Heartbeat {
                     // was in flight takes no result: apply the queue first.
                     self.drain();
                     match done {
-                        Ok(results) => results.into_iter().for_each(|r| self.apply_result(r)),
+                        Ok((batch, results)) => {
+                            self.batches.remove(&batch);
+                            results.into_iter().for_each(|r| self.apply_result(r));
+                        }
                         Err(e) => warn!(error = %e, "a renewal task failed"),
                     }
                 }
@@ -442,8 +488,9 @@ impl Heartbeat {
 
     /// The earliest instant at which some lease needs attention.
     fn next_wake(&mut self) -> Option<Instant> {
-        let entries = &self.entries;
-        self.schedule.next(|id, g| is_current(entries, id, g))
+        let (entries, batches) = (&self.entries, &self.batches);
+        self.schedule
+            .next(|key, g| is_current(entries, batches, key, g))
     }
 
     /// Handles every lease whose attention is due: ends the ones past a
@@ -453,14 +500,25 @@ impl Heartbeat {
         let mut ended = Vec::new();
         let mut due = Vec::new();
         let mut later = Vec::new();
+        let mut watched = Vec::new();
         let bound = now.checked_add(self.max_slack).unwrap_or(now);
         loop {
-            let entries = &self.entries;
-            let Some(id) = self
+            let (entries, batches) = (&self.entries, &self.batches);
+            let Some(key) = self
                 .schedule
-                .pop_due(bound, |id, g| is_current(entries, id, g))
+                .pop_due(bound, |key, g| is_current(entries, batches, key, g))
             else {
                 break;
+            };
+            let id = match key {
+                Key::Lease(id) => id,
+                Key::Batch(batch) => {
+                    self.sweep_batch(batch, now, &mut ended);
+                    // Back into the schedule once this sweep is over, at
+                    // the earliest deadline of the leases left in it.
+                    watched.push(batch);
+                    continue;
+                }
             };
             let Some(e) = self.entries.get(&id) else {
                 continue;
@@ -500,32 +558,64 @@ impl Heartbeat {
             }
         }
         if !due.is_empty() {
-            self.dispatch(&due);
+            // The leases whose renewal was sent are watched through their
+            // batch; the others go back into the schedule as they are.
+            let unsent = self.dispatch(due);
+            later.extend(unsent);
         }
-        for id in later.into_iter().chain(due) {
+        for id in later {
             self.reschedule(id);
+        }
+        for batch in watched {
+            self.reschedule_batch(batch);
         }
     }
 
-    fn dispatch(&mut self, due: &[u64]) {
+    /// Ends the leases of in-flight batch `batch` that are past a deadline,
+    /// and drops them (and the ones forgotten or answered) from the batch.
+    fn sweep_batch(&mut self, batch: u64, now: Instant, ended: &mut Vec<u64>) {
+        let Some(ids) = self.batches.get_mut(&batch) else {
+            return;
+        };
+        let entries = &self.entries;
+        ids.retain(|id| match entries.get(id) {
+            Some(e) if e.in_flight => {
+                let valid = e.lease.check_valid(now).is_ok();
+                if !valid {
+                    ended.push(*id);
+                }
+                valid
+            }
+            _ => false,
+        });
+    }
+
+    /// Sends the renewals of `due`, in batches if the backend takes them.
+    /// Returns the leases whose renewal could not begin.
+    fn dispatch(&mut self, due: Vec<u64>) -> Vec<u64> {
         let mut leases = Vec::with_capacity(due.len());
+        let mut unsent = Vec::new();
         for id in due {
-            if let Some(e) = self.entries.get_mut(id) {
-                if e.lease.begin_renewal() {
+            match self.entries.get_mut(&id) {
+                Some(e) if e.lease.begin_renewal() => {
                     e.in_flight = true;
                     leases.push(Arc::clone(&e.lease));
                 }
+                Some(_) => unsent.push(id),
+                None => {}
             }
         }
         if self.batch {
             for chunk in leases.chunks(MAX_BATCH) {
                 let chunk = chunk.to_vec();
+                let batch = self.watch_batch(chunk.iter().map(|l| l.id).collect());
                 let backend = Arc::clone(&self.backend);
                 self.in_flight
-                    .spawn(async move { renew_batch(backend, chunk).await });
+                    .spawn(async move { (batch, renew_batch(backend, chunk).await) });
             }
         } else {
             for lease in leases {
+                let batch = self.watch_batch(vec![lease.id]);
                 let backend = Arc::clone(&self.backend);
                 self.in_flight.spawn(async move {
                     let sent_at = Instant::now();
@@ -534,10 +624,11 @@ impl Heartbeat {
                         .await
                         .map_err(|e| (e.kind(), e.to_string()));
                     lease.end_renewal();
-                    vec![(lease.id, sent_at, r)]
+                    (batch, vec![(lease.id, sent_at, r)])
                 });
             }
         }
+        unsent
     }
 
     fn apply_result(&mut self, (id, sent_at, result): RenewResult) {
@@ -591,6 +682,7 @@ impl Heartbeat {
         self.drain();
         let now = Instant::now();
         self.schedule.clear();
+        self.batches.clear();
         for (_, entry) in self.entries.drain() {
             let lease = entry.lease;
             if lease.finish(now) != Err(LossReason::Stolen) {
@@ -622,9 +714,13 @@ fn idle_sleep(span: Option<Duration>, rounds: u32) -> Duration {
     grown.min(MAX_IDLE_SLEEP.max(span))
 }
 
-/// Whether `generation` is lease `id`'s current entry in the schedule.
-fn is_current(entries: &Entries, id: u64, generation: u64) -> bool {
-    entries.get(&id).is_some_and(|e| e.generation == generation)
+/// Whether an entry for `key` at `generation` is still current: its lease's
+/// latest, or a batch whose call has not answered.
+fn is_current(entries: &Entries, batches: &Batches, key: Key, generation: u64) -> bool {
+    match key {
+        Key::Lease(id) => entries.get(&id).is_some_and(|e| e.generation == generation),
+        Key::Batch(batch) => batches.contains_key(&batch),
+    }
 }
 
 /// Releases `lease` in a task the `Locker`'s shutdown waits for.

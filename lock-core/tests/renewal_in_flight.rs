@@ -1,0 +1,181 @@
+//! Deadlines while a batch renewal is in flight: the heartbeat watches the
+//! call, not each lease in it, and must still end every lease at its own
+//! local deadline, keep the ones an answer arrives in time for, and never
+//! end a lease early. All on tokio's paused clock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, RenewRequest};
+use lock_core::{
+    async_trait, BackendError, Capabilities, LockBackend, LockGuard, LockName, LockOptions, Locker,
+    LossReason, OwnerToken,
+};
+use lock_memory::MemoryBackend;
+use prometheus::Registry;
+use tokio::sync::Notify;
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+/// A bound on each test, in the paused clock's time: a lease whose deadline
+/// nobody watches would otherwise hang the test.
+const BOUND: Duration = Duration::from_secs(600);
+
+/// The in-process backend, whose batch renewals wait while `stalled` is set
+/// until `answer` is notified, and which records each batch's size.
+#[derive(Debug, Clone, Default)]
+struct Stalling {
+    inner: MemoryBackend,
+    stalled: Arc<AtomicBool>,
+    answer: Arc<Notify>,
+    batches: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Stalling {
+    fn batches(&self) -> Vec<usize> {
+        self.batches.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl LockBackend for Stalling {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.inner.try_acquire(name, owner, ttl).await
+    }
+
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.inner.renew(name, owner, ttl).await
+    }
+
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.inner.check(name, owner).await
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.inner.release(name, owner).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        if let Ok(mut b) = self.batches.lock() {
+            b.push(requests.len());
+        }
+        if self.stalled.load(Ordering::SeqCst) {
+            self.answer.notified().await;
+        }
+        self.inner.renew_many(requests).await
+    }
+}
+
+fn locker(backend: &Stalling) -> Locker {
+    Locker::builder()
+        .with_backend(backend.clone())
+        .with_registry(&Registry::new())
+        .build()
+        .expect("a fresh registry takes the metrics")
+}
+
+/// 3 s TTL, renewed every second: renewals due within 125 ms (an eighth of
+/// the interval) of each other share a batch.
+fn opts() -> LockOptions {
+    LockOptions::new(Duration::from_secs(3))
+}
+
+/// Takes `first` at the current instant and `second` 100 ms later, so their
+/// renewals share one batch but their deadlines are 100 ms apart.
+async fn two_leases(locker: &Locker) -> (LockGuard, LockGuard, Instant) {
+    let start = Instant::now();
+    let first = LockName::new("in-flight/first").expect("a valid name");
+    let second = LockName::new("in-flight/second").expect("a valid name");
+    let a = locker.try_lock(&first, &opts()).await.expect("uncontended");
+    sleep(Duration::from_millis(100)).await;
+    let b = locker
+        .try_lock(&second, &opts())
+        .await
+        .expect("uncontended");
+    (a, b, start)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_never_answers_ends_each_lease_at_its_own_deadline() {
+    timeout(BOUND, async {
+        let backend = Stalling::default();
+        backend.stalled.store(true, Ordering::SeqCst);
+        let locker = locker(&backend);
+        let (a, b, start) = two_leases(&locker).await;
+
+        assert_eq!(a.lost().await, LossReason::BackendError);
+        let a_ended = Instant::now();
+        assert_eq!(backend.batches(), vec![2], "one renewal call for both");
+        assert!(
+            a_ended - start > Duration::from_secs(1) && a_ended - start < Duration::from_secs(3),
+            "the first lease ended at its local deadline, before its TTL: {:?}",
+            a_ended - start
+        );
+        assert!(b.is_held(), "the second lease's deadline is 100 ms later");
+
+        assert_eq!(b.lost().await, LossReason::BackendError);
+        assert_eq!(
+            Instant::now() - a_ended,
+            Duration::from_millis(100),
+            "each lease ends at its own deadline, watched through the batch"
+        );
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_after_one_lease_ended_keeps_the_others_of_its_batch() {
+    timeout(BOUND, async {
+        let backend = Stalling::default();
+        backend.stalled.store(true, Ordering::SeqCst);
+        let locker = locker(&backend);
+        let (a, b, start) = two_leases(&locker).await;
+
+        assert_eq!(a.lost().await, LossReason::BackendError);
+        // The answer arrives between the two deadlines.
+        backend.stalled.store(false, Ordering::SeqCst);
+        backend.answer.notify_waiters();
+        sleep(Duration::from_millis(10)).await;
+        assert!(b.is_held(), "renewed by the batch's late answer");
+
+        // Well past the second lease's first deadline, renewed every second.
+        sleep_until(start + Duration::from_secs(6)).await;
+        assert!(b.is_held());
+        assert!(!a.is_held());
+        let batches = backend.batches();
+        assert_eq!(batches.first(), Some(&2));
+        assert!(
+            batches.len() >= 4 && batches[1..].iter().all(|&n| n == 1),
+            "the ended lease is never renewed again: {batches:?}"
+        );
+        b.release().await.expect("held");
+    })
+    .await
+    .expect("the test ran past its bound");
+}
