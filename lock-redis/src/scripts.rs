@@ -32,9 +32,7 @@ impl Lua {
     /// The script as one `EVAL` with its body, for a pipeline in which a
     /// `NOSCRIPT` retry would repeat what follows it.
     pub(crate) fn eval(&self, keys: &[String], args: &[String]) -> redis::Cmd {
-        let mut c = redis::cmd("EVAL");
-        c.arg(self.body).arg(keys.len()).arg(keys).arg(args);
-        c
+        script_command("EVAL", self.body, keys, args)
     }
 
     /// Runs the script with `keys` and `args`, by SHA, falling back to the body.
@@ -44,18 +42,30 @@ impl Lua {
         keys: &[String],
         args: &[String],
     ) -> RedisResult<T> {
-        let command = |verb: &str, script: &str| {
-            let mut c = redis::cmd(verb);
-            c.arg(script).arg(keys.len()).arg(keys).arg(args);
-            c
-        };
-        match command("EVALSHA", &self.sha).query_async(conn).await {
+        match script_command("EVALSHA", &self.sha, keys, args)
+            .query_async(conn)
+            .await
+        {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                command("EVAL", self.body).query_async(conn).await
+                script_command("EVAL", self.body, keys, args)
+                    .query_async(conn)
+                    .await
             }
             other => other,
         }
     }
+}
+
+/// `<verb> <script> <number of keys> <keys> <args>`, built in buffers sized
+/// for it up front: grown argument by argument, they were reallocated
+/// several times per call, a good part of the client's cost per lock.
+fn script_command(verb: &str, script: &str, keys: &[String], args: &[String]) -> redis::Cmd {
+    // The key count is at most 20 digits.
+    let bytes =
+        verb.len() + script.len() + 20 + keys.iter().chain(args).map(String::len).sum::<usize>();
+    let mut c = redis::Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+    c.arg(verb).arg(script).arg(keys.len()).arg(keys).arg(args);
+    c
 }
 
 /// Takes the lock and draws a fencing token in one step, or does nothing.
@@ -181,6 +191,8 @@ return 0
 #[derive(Debug, Clone)]
 pub(crate) struct KeySpace {
     prefix: String,
+    /// [`KeySpace::fence`], built once: every fenced acquire names it.
+    fence: String,
     cluster: bool,
 }
 
@@ -188,6 +200,7 @@ impl KeySpace {
     pub(crate) fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
+            fence: format!("{prefix}#fence"),
             cluster: false,
         }
     }
@@ -195,8 +208,8 @@ impl KeySpace {
     /// The cluster layout under `prefix`.
     pub(crate) fn cluster(prefix: &str) -> Self {
         Self {
-            prefix: prefix.to_owned(),
             cluster: true,
+            ..Self::new(prefix)
         }
     }
 
@@ -207,7 +220,12 @@ impl KeySpace {
 
     /// The key holding the owner token of `name`.
     pub(crate) fn lock(&self, name: &LockName) -> String {
-        format!("{}{}", self.prefix, name.as_str())
+        // Not `format!`: its machinery costs several times this on every
+        // acquire and release.
+        let mut key = String::with_capacity(self.prefix.len() + name.as_str().len());
+        key.push_str(&self.prefix);
+        key.push_str(name.as_str());
+        key
     }
 
     /// The pub/sub channel announcing releases of `name`, or an empty string
@@ -225,7 +243,7 @@ impl KeySpace {
     /// increasing per name as required, without one key per name ever used
     /// (per-tick lock names are unique and would leak counters forever).
     pub(crate) fn fence(&self) -> String {
-        format!("{}#fence", self.prefix)
+        self.fence.clone()
     }
 
     /// The fencing counter `name`'s acquire increments: [`KeySpace::fence`],
@@ -241,16 +259,28 @@ impl KeySpace {
 
     /// The last completed tick of `job`.
     pub(crate) fn tick(&self, job: &LockName) -> String {
+        // Read and written by every replica on every tick: built without
+        // `format!`, as lock keys are.
+        let mut key = String::with_capacity(self.prefix.len() + job.as_str().len() + 30);
+        key.push_str(&self.prefix);
+        key.push_str("#tick:");
         if self.cluster {
-            format!("{}#tick:{{{}}}", self.prefix, job.as_str())
+            key.push('{');
+            key.push_str(job.as_str());
+            key.push('}');
         } else {
-            format!("{}#tick:{}", self.prefix, job.as_str())
+            key.push_str(job.as_str());
         }
+        key
     }
 
     /// The mark of one completed tick; it expires on its own.
     pub(crate) fn tick_mark(&self, job: &LockName, tick: i64) -> String {
-        format!("{}#{tick}", self.tick(job))
+        use std::fmt::Write;
+        let mut key = self.tick(job);
+        // Writing an integer to a String cannot fail.
+        let _ = write!(key, "#{tick}");
+        key
     }
 }
 

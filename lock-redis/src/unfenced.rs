@@ -40,15 +40,20 @@ pub(crate) async fn acquire(
     let got: i64 = conn
         .run("acquire", |mut c| async move {
             if !skip_set_get {
-                let previous: Result<Option<String>, RedisError> = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(&token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ms)
-                    .arg("GET")
-                    .query_async(&mut c)
-                    .await;
+                // Sized up front, as the scripts' commands are (see
+                // `scripts::script_command`): the TTL is at most 20 digits.
+                let size = "SETNXPXGET".len() + key.len() + token.len() + 20;
+                let previous: Result<Option<String>, RedisError> =
+                    redis::Cmd::with_capacity(7, size)
+                        .arg("SET")
+                        .arg(&key)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ms)
+                        .arg("GET")
+                        .query_async(&mut c)
+                        .await;
                 match previous {
                     Ok(None) => return Ok(1),
                     Ok(Some(v)) => return Ok(i64::from(v == token)),
