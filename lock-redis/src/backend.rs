@@ -7,21 +7,20 @@ use std::time::Duration;
 
 use lock_core::{
     async_trait,
-    backend::{
-        AcquireAttempt, Expiry, Lease, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
-    },
+    backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
     BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken,
 };
 
 use tracing::{debug, warn};
 
 use crate::ack::{self, ReplicaAck};
+use crate::attempts::{self, Attempts};
 use crate::cluster;
 use crate::connection::{Connection, Source};
 use crate::error::{config, protocol};
 use crate::notify::ReleaseNotifier;
-use crate::scripts::{KeySpace, ACQUIRE, RELEASE, RENEW, RENEW_MANY};
-use crate::unfenced::{self, SetGetRefused};
+use crate::scripts::{KeySpace, RELEASE, RENEW, RENEW_MANY};
+use crate::unfenced::SetGetRefused;
 use crate::RedisBuilder;
 
 /// Locks in one Redis primary (fixed, or found through Sentinel) or in a
@@ -61,7 +60,10 @@ pub(crate) struct Shared {
     replica_ack: Option<ReplicaAck>,
     /// Whether acquires draw fencing tokens.
     pub(crate) fencing: bool,
-    set_get_refused: SetGetRefused,
+    pub(crate) set_get_refused: SetGetRefused,
+    /// Lock attempts coalesced while others are in flight (not in cluster
+    /// mode, nor with replica acknowledgement).
+    pub(crate) attempts: Attempts,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -111,6 +113,7 @@ impl RedisBackend {
                 replica_ack,
                 fencing: config.fencing_tokens(),
                 set_get_refused: SetGetRefused::default(),
+                attempts: Attempts::default(),
             }),
         }
     }
@@ -234,28 +237,11 @@ impl LockBackend for RedisBackend {
         if let Some(a) = &self.shared.replica_ack {
             return ack::acquire(&self.shared, a, name, owner, ms).await;
         }
-        if !self.shared.fencing {
-            let refused = &self.shared.set_get_refused;
-            return unfenced::acquire(&self.shared, refused, name, owner, ms).await;
+        if self.shared.keys.is_cluster() {
+            // A script's keys must share a slot: one attempt per command.
+            return attempts::alone(&self.shared, name, owner, ms).await;
         }
-        let (key, fence, token) = (
-            self.shared.keys.lock(name),
-            self.shared.keys.fence_for(name),
-            owner.to_hex(),
-        );
-        let conn = &self.shared.conn;
-        let got: i64 = conn
-            .run("acquire", |mut c| async move {
-                ACQUIRE
-                    .run(&mut c, &[key, fence], &[token, ms.to_string()])
-                    .await
-            })
-            .await?;
-        match u64::try_from(got) {
-            Ok(0) => Ok(AcquireAttempt::HeldElsewhere),
-            Ok(token) => Ok(AcquireAttempt::Acquired(Lease::new(Some(token)))),
-            Err(_) => Err(protocol("acquire", conn.target(), got)),
-        }
+        attempts::acquire(&self.shared, name, owner, ms).await
     }
 
     async fn renew(
@@ -303,6 +289,9 @@ impl LockBackend for RedisBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
+        // An attempt of this owner still queued must not take the lock
+        // after this release (see `attempts`).
+        self.shared.attempts.settled(owner).await;
         let keys = &self.shared.keys;
         let (key, channel, token) = (keys.lock(name), keys.channel(name), owner.to_hex());
         let conn = &self.shared.conn;

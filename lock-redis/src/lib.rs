@@ -15,6 +15,14 @@
 //!   of them ever creates a key.
 //! - **Batch renewal**: one script renews every lease a `Locker` holds in one
 //!   round trip.
+//! - **Batched acquires**: an acquire made while another is in flight on the
+//!   connection joins a queue, and acquires queued together go as one script
+//!   over all their keys, each decided as the single acquire decides it (a
+//!   scheduler's jobs firing at the same instant take their tick locks in a
+//!   few round trips, not one each). A release waits until a queued acquire
+//!   of the same owner has been answered, so an abandoned acquire never takes
+//!   its lock after its release. Not in cluster mode (a script's keys must
+//!   share a slot), nor with replica acknowledgement.
 //! - **Release notification**: waiters subscribe to the name's channel on one
 //!   shared subscriber connection; where pub/sub is refused or down they poll.
 //! - Scripts are sent by SHA; after `SCRIPT FLUSH` or a restart the call is
@@ -257,6 +265,7 @@
 #![forbid(unsafe_code)]
 
 mod ack;
+mod attempts;
 mod backend;
 mod cluster;
 mod cluster_keys;

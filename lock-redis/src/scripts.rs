@@ -104,6 +104,52 @@ return 1
     )
 });
 
+/// [`ACQUIRE`] over many locks, for attempts that queued while others were
+/// in flight (see `attempts`): `KEYS[1]` is the counter, `KEYS[2..]` the
+/// locks; `ARGV` holds owner token and TTL pairs in lock order. Returns a
+/// token (or 0, held) per lock. Each lock is decided as [`ACQUIRE`] decides
+/// it; one that fails (a refused `INCR`) fails the whole call, which leaves
+/// the locks taken before it to their callers' releases, as a lost reply
+/// would.
+pub(crate) static ACQUIRE_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local out = {}
+for j = 1, #KEYS - 1 do
+  local key, owner = KEYS[j + 1], ARGV[2 * j - 1]
+  local v = redis.call('get', key)
+  if v and v ~= owner then
+    out[j] = 0
+  else
+    out[j] = redis.call('incr', KEYS[1])
+    redis.call('set', key, owner, 'PX', ARGV[2 * j])
+  end
+end
+return out
+",
+    )
+});
+
+/// [`ACQUIRE_UNFENCED`] over many locks: `ARGV` holds owner token and TTL
+/// pairs in key order. Returns 1 (acquired) or 0 (held) per lock.
+pub(crate) static ACQUIRE_MANY_UNFENCED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local out = {}
+for j, key in ipairs(KEYS) do
+  local v = redis.call('get', key)
+  if v and v ~= ARGV[2 * j - 1] then
+    out[j] = 0
+  else
+    redis.call('set', key, ARGV[2 * j - 1], 'PX', ARGV[2 * j])
+    out[j] = 1
+  end
+end
+return out
+",
+    )
+});
+
 /// Extends the lease if the token matches. Returns 1 held (extended),
 /// 0 expired (no key), 2 stolen (another token); never creates a key.
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {

@@ -3,12 +3,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lock_core::backend::{AcquireAttempt, Lease};
-use lock_core::{BackendError, LockName, OwnerToken};
+use lock_core::BackendError;
 use redis::RedisError;
 
 use crate::backend::Shared;
-use crate::error::protocol;
 use crate::scripts::ACQUIRE_UNFENCED;
 
 /// Whether the server refused `SET NX GET` once (before Redis 7.0), so that
@@ -16,9 +14,10 @@ use crate::scripts::ACQUIRE_UNFENCED;
 #[derive(Debug, Default)]
 pub(crate) struct SetGetRefused(AtomicBool);
 
-/// Takes `name` for `ms` milliseconds unless another owner holds it.
+/// Takes `key` for `ms` milliseconds for `token` unless another owner holds
+/// it: 1 acquired, 0 held.
 ///
-/// A key that already holds `owner` is this very attempt re-sent after a
+/// A key that already holds `token` is this very attempt re-sent after a
 /// lost reply (owner tokens are never reused), so it counts as acquired: the
 /// server's TTL then runs from the first write, which came after this call
 /// started, as the lease's local deadline assumes.
@@ -29,15 +28,14 @@ pub(crate) struct SetGetRefused(AtomicBool);
 /// before its TTL ends, as with every acquire.
 pub(crate) async fn acquire(
     shared: &Shared,
-    refused: &SetGetRefused,
-    name: &LockName,
-    owner: &OwnerToken,
+    key: String,
+    token: String,
     ms: u64,
-) -> Result<AcquireAttempt, BackendError> {
-    let (key, token) = (shared.keys.lock(name), owner.to_hex());
-    let conn = &shared.conn;
+) -> Result<i64, BackendError> {
+    let refused = &shared.set_get_refused;
     let skip_set_get = refused.0.load(Ordering::Relaxed);
-    let got: i64 = conn
+    shared
+        .conn
         .run("acquire", |mut c| async move {
             if !skip_set_get {
                 // Sized up front, as the scripts' commands are (see
@@ -65,12 +63,7 @@ pub(crate) async fn acquire(
                 .run(&mut c, &[key], &[token, ms.to_string()])
                 .await
         })
-        .await?;
-    match got {
-        0 => Ok(AcquireAttempt::HeldElsewhere),
-        1 => Ok(AcquireAttempt::Acquired(Lease::new(None))),
-        other => Err(protocol("acquire", conn.target(), other)),
-    }
+        .await
 }
 
 /// `ERR syntax error`: how servers before 7.0 answer `SET` with both `NX`

@@ -7,6 +7,7 @@
 //! they flush scripts, pause and restart their server.
 
 mod access;
+mod attempts;
 pub mod cluster;
 mod cluster_cases;
 mod cluster_factory;

@@ -16,7 +16,7 @@ use prometheus::Registry;
 use redis::aio::MultiplexedConnection;
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{access, faults, resent, RedisFactory, TTL};
+use super::{access, attempts, faults, resent, RedisFactory, TTL};
 use crate::{BoxError, Suite};
 
 /// Slack on upper time bounds, as in the conformance profile.
@@ -34,12 +34,20 @@ macro_rules! body {
 /// Adds every Redis-specific trial, run against `factory`'s private server
 /// (or servers of their own, for the tests that pause or restart one).
 pub(super) fn register(suite: &mut Suite, factory: &Arc<RedisFactory>) {
-    let tests: [(&str, Body); 12] = [
+    let tests: [(&str, Body); 14] = [
         (
             "resent_acquire_is_granted_again",
             body!(resent::resent_acquire_is_granted_again),
         ),
         ("theft_by_plain_set", body!(theft_by_plain_set)),
+        (
+            "concurrent_attempts_share_commands",
+            body!(attempts::concurrent_attempts_share_commands),
+        ),
+        (
+            "release_waits_for_a_queued_attempt",
+            body!(attempts::release_waits_for_a_queued_attempt),
+        ),
         (
             "expiry_by_del_and_pexpire",
             body!(expiry_by_del_and_pexpire),

@@ -1,0 +1,226 @@
+//! Lock attempts that arrive together share script calls, and a release
+//! never lets a queued attempt of its owner take the lock after it:
+//! `redis::concurrent_attempts_share_commands` and
+//! `redis::release_waits_for_a_queued_attempt`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::backend::{AcquireAttempt, ReleaseOutcome};
+use lock_core::{LockBackend, LockName, OwnerToken};
+use lock_redis::RedisBackend;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::RwLock;
+use tokio::task::JoinSet;
+use tokio::time::{sleep, timeout};
+
+use super::specific::{ensure, plain, tracing_line};
+use super::{config_for, server, RedisFactory, TTL};
+use crate::BoxError;
+
+/// Names tried at once in `concurrent_attempts_share_commands`, each by two
+/// owners.
+const NAMES: usize = 150;
+
+/// Starts recording every command on the server (its slow log, with a
+/// threshold of 0), forgetting what was recorded before.
+async fn record_commands(c: &mut MultiplexedConnection) -> Result<(), BoxError> {
+    for (setting, value) in [
+        ("slowlog-log-slower-than", "0"),
+        ("slowlog-max-len", "100000"),
+    ] {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(setting)
+            .arg(value)
+            .query_async(c)
+            .await?;
+    }
+    let () = redis::cmd("SLOWLOG").arg("RESET").query_async(c).await?;
+    Ok(())
+}
+
+/// The commands recorded since [`record_commands`] that can take a lock
+/// (`SET`, `EVAL`, `EVALSHA`), as clients sent them: the slow log also
+/// lists the commands a script calls, with the address `?:0`, and those are
+/// left out (`INFO commandstats` counts both alike).
+async fn acquiring_commands(c: &mut MultiplexedConnection) -> Result<usize, BoxError> {
+    type Entry = (i64, i64, i64, Vec<String>, String, String);
+    let log: Vec<Entry> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(c)
+        .await?;
+    Ok(log
+        .iter()
+        .filter(|(_, _, _, args, addr, _)| {
+            addr != "?:0"
+                && args.first().is_some_and(|cmd| {
+                    ["set", "eval", "evalsha"].contains(&cmd.to_ascii_lowercase().as_str())
+                })
+        })
+        .count())
+}
+
+/// 300 concurrent attempts on 150 names, two owners each: exactly one owner
+/// wins each name, the key holds the winner's token, fencing tokens are
+/// distinct, and the server runs far fewer commands than attempts (with and
+/// without fencing tokens). A server of its own, so that nobody else's
+/// commands are counted.
+pub(super) async fn concurrent_attempts_share_commands(
+    f: Arc<RedisFactory>,
+) -> Result<(), BoxError> {
+    let srv = server::start_plain()?;
+    let url = format!("redis://127.0.0.1:{}", srv.port());
+    let mut raw = plain(&url).await?;
+    for fenced in [true, false] {
+        let backend = config_for(&url)?
+            .with_key_prefix(f.prefix())
+            .with_fencing_tokens(fenced)
+            .connect()
+            .await?;
+        backend.ping().await?;
+        record_commands(&mut raw).await?;
+        let mut tries = JoinSet::new();
+        // Every attempt waits at the gate until all are spawned, so they
+        // come together rather than as fast as this loop spawns them.
+        let gate = Arc::new(RwLock::new(()));
+        let closed = gate.write().await;
+        for i in 0..NAMES * 2 {
+            let (backend, gate) = (backend.clone(), Arc::clone(&gate));
+            let name = LockName::new(format!("attempts/{fenced}/{}", i % NAMES))?;
+            let owner = OwnerToken::generate()?;
+            tries.spawn(async move {
+                drop(gate.read().await);
+                let got = backend.try_acquire(&name, &owner, TTL).await;
+                (name, owner, got)
+            });
+        }
+        drop(closed);
+        let mut winners: HashMap<LockName, (OwnerToken, Option<u64>)> = HashMap::new();
+        while let Some(joined) = timeout(TTL, tries.join_next()).await? {
+            let (name, owner, got) = joined?;
+            match got? {
+                AcquireAttempt::Acquired(lease) => {
+                    let earlier = winners.insert(name.clone(), (owner, lease.fencing_token));
+                    ensure(earlier.is_none(), format!("{name} granted twice"))?;
+                }
+                AcquireAttempt::HeldElsewhere => {}
+                other => return Err(format!("{name}: unexpected {other:?}").into()),
+            }
+        }
+        let commands = acquiring_commands(&mut raw).await?;
+        ensure(
+            winners.len() == NAMES,
+            format!("{} of {NAMES} names granted", winners.len()),
+        )?;
+        let mut tokens = HashSet::new();
+        for (name, (owner, token)) in &winners {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(backend.key_for(name))
+                .query_async(&mut raw)
+                .await?;
+            ensure(
+                value.as_deref() == Some(owner.to_hex().as_str()),
+                format!("{name} holds another token than its winner's"),
+            )?;
+            ensure(
+                token.is_some() == fenced && token.is_none_or(|t| tokens.insert(t)),
+                format!("{name}: fencing token {token:?} (fencing {fenced}) missing or repeated"),
+            )?;
+            backend.release(name, owner).await?;
+        }
+        ensure(
+            commands <= NAMES * 2 / 4,
+            format!(
+                "{} attempts took {commands} commands: concurrent attempts are not sharing them",
+                NAMES * 2
+            ),
+        )?;
+        tracing_line(&format!(
+            "fencing {fenced}: {} concurrent attempts in {commands} commands",
+            NAMES * 2
+        ));
+    }
+    Ok(())
+}
+
+/// Fillers stalled in flight on a stopped server (SIGSTOP), a queued
+/// attempt abandoned by its caller, and at once its owner's release (as a
+/// `Locker` sends for an abandoned acquire): once the server runs again the
+/// release must come after the attempt it was sent for, freeing the lock the
+/// attempt took, not before it, leaving a lock nobody holds until its TTL.
+pub(super) async fn release_waits_for_a_queued_attempt(
+    f: Arc<RedisFactory>,
+) -> Result<(), BoxError> {
+    let srv = server::start_plain()?;
+    let url = format!("redis://127.0.0.1:{}", srv.port());
+    // An operation timeout far above the stop below, so that nothing gives
+    // up while the server is stopped.
+    let backend: RedisBackend = config_for(&url)?
+        .with_key_prefix(f.prefix())
+        .with_operation_timeout(Duration::from_secs(10))
+        .connect()
+        .await?;
+    backend.ping().await?;
+    let mut raw = plain(&url).await?;
+    // The first fillers are each sent as a command of their own while the
+    // backend has room for more in flight (16 alone, then a few script
+    // calls); once those are stuck on the stopped server, the rest queue,
+    // the victim among them. 30 ms apart so that each is sent before the
+    // next comes (a late one only joins a batch in flight, and the case then
+    // proves less; it cannot fail for it).
+    const SENT: usize = 24;
+    srv.pause()?;
+    let mut fillers = JoinSet::new();
+    for i in 0..SENT + 4 {
+        let backend = backend.clone();
+        let name = LockName::new(format!("queued/filler-{i}"))?;
+        let owner = OwnerToken::generate()?;
+        fillers.spawn(async move { backend.try_acquire(&name, &owner, TTL).await });
+        if i < SENT {
+            sleep(Duration::from_millis(30)).await;
+        }
+    }
+    let victim = LockName::new("queued/victim")?;
+    let owner = OwnerToken::generate()?;
+    let attempt = {
+        let (backend, victim) = (backend.clone(), victim.clone());
+        tokio::spawn(async move { backend.try_acquire(&victim, &owner, TTL).await })
+    };
+    sleep(Duration::from_millis(20)).await;
+    attempt.abort();
+    ensure(
+        attempt.await.is_err_and(|e| e.is_cancelled()),
+        "the victim's attempt answered while the server was stopped",
+    )?;
+    let release = {
+        let (backend, victim) = (backend.clone(), victim.clone());
+        tokio::spawn(async move { backend.release(&victim, &owner).await })
+    };
+    sleep(Duration::from_millis(20)).await;
+    srv.resume()?;
+    let released = timeout(TTL, release)
+        .await
+        .map_err(|_| "the release did not finish within a TTL of the thaw")???;
+    while let Some(filler) = timeout(TTL, fillers.join_next()).await? {
+        ensure(
+            matches!(filler??, AcquireAttempt::Acquired(_)),
+            "a filler on a name of its own was refused",
+        )?;
+    }
+    let left: Option<String> = redis::cmd("GET")
+        .arg(backend.key_for(&victim))
+        .query_async(&mut raw)
+        .await?;
+    ensure(
+        left.is_none(),
+        "the abandoned attempt took the lock after its owner's release: nobody holds it until its TTL",
+    )?;
+    ensure(
+        released == ReleaseOutcome::Released,
+        format!("the release ran before the attempt it was sent for ({released:?})"),
+    )?;
+    Ok(())
+}
