@@ -10,12 +10,17 @@ use super::*;
 struct Gated {
     gate: Semaphore,
     batches: Mutex<Vec<usize>>,
+    /// The task each batch ran in.
+    tasks: Mutex<Vec<Option<tokio::task::Id>>>,
+    /// The items the lane said were queued.
+    queued: Mutex<Vec<u32>>,
     fail: AtomicBool,
     /// Answer one item too few.
     short: AtomicBool,
     one: Lane<One>,
     two: Lane<Two>,
     small: Lane<Small>,
+    bounded: Lane<Bounded>,
 }
 
 impl Default for Gated {
@@ -23,11 +28,14 @@ impl Default for Gated {
         Self {
             gate: Semaphore::new(0),
             batches: Mutex::default(),
+            tasks: Mutex::default(),
+            queued: Mutex::default(),
             fail: AtomicBool::default(),
             short: AtomicBool::default(),
             one: Lane::default(),
             two: Lane::default(),
             small: Lane::default(),
+            bounded: Lane::default(),
         }
     }
 }
@@ -40,12 +48,23 @@ impl Gated {
             .clone()
     }
 
+    fn tasks(&self) -> Vec<Option<tokio::task::Id>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Logs the batch, waits for a permit, then doubles each item.
     async fn pass(&self, items: Vec<u32>) -> Vec<Result<u32, BackendError>> {
         self.batches
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(items.len());
+        self.tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tokio::task::try_id());
         let result = match self.gate.acquire().await {
             Ok(permit) => {
                 permit.forget();
@@ -84,6 +103,12 @@ macro_rules! kind {
             fn lane(host: &Gated) -> &Lane<Self> {
                 &host.$field
             }
+            fn queued(host: &Gated, item: &mut u32) {
+                host.queued
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(*item);
+            }
             async fn run(host: &Gated, items: Vec<u32>) -> Vec<Result<u32, BackendError>> {
                 host.pass(items).await
             }
@@ -94,6 +119,26 @@ macro_rules! kind {
 kind!(One, one, 1, 1024);
 kind!(Two, two, 2, 1024);
 kind!(Small, small, 1, 3);
+
+/// One in flight; a queued call waits at most [`BOUND`].
+struct Bounded;
+
+const BOUND: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Batch for Bounded {
+    type Host = Gated;
+    type Item = u32;
+    type Answer = u32;
+    fn lane(host: &Gated) -> &Lane<Self> {
+        &host.bounded
+    }
+    fn queued_limit(_: &Gated) -> Option<std::time::Duration> {
+        Some(BOUND)
+    }
+    async fn run(host: &Gated, items: Vec<u32>) -> Vec<Result<u32, BackendError>> {
+        host.pass(items).await
+    }
+}
 
 type Answered = tokio::task::JoinHandle<Result<u32, BackendError>>;
 
@@ -113,8 +158,12 @@ async fn until(what: &str, done: impl Fn() -> bool) {
     panic!("{what}: not so after 1,000 yields");
 }
 
+/// The call's answer; an error if it has none within 10 s (a lane that
+/// lost a call).
 async fn answer(task: Answered) -> Result<u32, String> {
-    task.await
+    tokio::time::timeout(std::time::Duration::from_secs(10), task)
+        .await
+        .map_err(|_| "no answer within 10 s".to_string())?
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()))
 }
@@ -238,6 +287,35 @@ async fn a_batch_with_too_few_answers_fails_every_call_in_it() {
 }
 
 #[tokio::test]
+async fn a_call_sent_at_once_runs_in_its_callers_task_and_queued_ones_in_the_lanes() {
+    let host = Arc::new(Gated::default());
+    let first = spawn::<One>(&host, 1);
+    let caller = first.id();
+    until("the first batch is sent", || host.batches() == [1]).await;
+    let rest: Vec<_> = (2..=3).map(|n| spawn::<One>(&host, n)).collect();
+    let queued_callers: Vec<_> = rest.iter().map(|t| t.id()).collect();
+    until("two calls queue", || host.one.queued() == 2).await;
+    host.gate.add_permits(2);
+    assert_eq!(answer(first).await, Ok(2));
+    for (task, n) in rest.into_iter().zip(2..) {
+        assert_eq!(answer(task).await, Ok(n * 2));
+    }
+    let tasks = host.tasks();
+    assert_eq!(
+        tasks.first(),
+        Some(&Some(caller)),
+        "no task for a lone call"
+    );
+    let queued = host.queued.lock().map(|q| q.clone()).unwrap_or_default();
+    assert_eq!(queued, [2, 3], "the kind hears of queued calls only");
+    let lane_task = tasks.get(1).copied().flatten();
+    assert!(
+        lane_task.is_some_and(|t| t != caller && !queued_callers.contains(&t)),
+        "the queued batch runs in a task of its own: {tasks:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_caller_that_gives_up_stops_nobody_else() {
     let host = Arc::new(Gated::default());
     let first = spawn::<One>(&host, 1);
@@ -245,15 +323,65 @@ async fn a_caller_that_gives_up_stops_nobody_else() {
     let quitter = spawn::<One>(&host, 2);
     let stayer = spawn::<One>(&host, 3);
     until("two calls queue", || host.one.queued() == 2).await;
+    // The first caller's own batch goes with it; the queue goes at once.
     first.abort();
+    until("the queue is sent", || host.batches() == [1, 2]).await;
     quitter.abort();
-    host.gate.add_permits(2);
+    host.gate.add_permits(1);
     assert_eq!(answer(stayer).await, Ok(6));
     assert_eq!(
         host.batches(),
         [1, 2],
-        "the batches went on without their callers"
+        "the batch of two went on without one of its callers"
     );
+    until("the lane is idle", || host.one.in_flight() == 0).await;
+}
+
+#[tokio::test]
+async fn a_lone_caller_that_gives_up_leaves_the_lane_idle() {
+    let host = Arc::new(Gated::default());
+    let lone = spawn::<Two>(&host, 1);
+    until("its batch is sent", || host.batches() == [1]).await;
+    assert_eq!(host.two.in_flight(), 1);
+    lone.abort();
+    until("the lane is idle", || host.two.in_flight() == 0).await;
+    host.gate.add_permits(1);
+    assert_eq!(
+        call::<Two>(&host, 4).await.map_err(|e| e.to_string()),
+        Ok(8)
+    );
+    assert_eq!(host.batches(), [1, 1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_call_waits_at_most_its_kinds_bound_and_a_call_sent_at_once_its_batchs() {
+    let host = Arc::new(Gated::default());
+    let started = tokio::time::Instant::now();
+    let first = spawn::<Bounded>(&host, 1);
+    until("the first batch is sent", || host.batches() == [1]).await;
+    let queued = spawn::<Bounded>(&host, 2);
+    until("a call queues", || host.bounded.queued() == 1).await;
+    let got = tokio::time::timeout(BOUND * 3, queued)
+        .await
+        .map_err(|_| "still waiting at three times the bound".to_string())
+        .and_then(|task| task.map_err(|e| e.to_string()));
+    assert!(
+        got.as_ref().is_ok_and(|r| r
+            .as_ref()
+            .is_err_and(|e| e.kind() == BackendErrorKind::Timeout)),
+        "{got:?}"
+    );
+    assert_eq!(started.elapsed(), BOUND, "given up at the bound");
+    assert!(
+        !first.is_finished(),
+        "the call sent at once has no bound of the lane's"
+    );
+    host.gate.add_permits(2);
+    assert_eq!(answer(first).await, Ok(2));
+    until("the queued call is sent all the same", || {
+        host.batches() == [1, 1]
+    })
+    .await;
 }
 
 #[test]
