@@ -1,7 +1,7 @@
-//! Lock attempts: up to [`ALONE`] at a time are sent straight away, each as
-//! its single-key command; past that they go through a lane
-//! ([`lock_core::lane`], a [`Batch`]), where those that queue while others
-//! are in flight go together, as one script over all their keys.
+//! Lock attempts, as a [`Batch`]: up to [`IN_FLIGHT`] at a time are sent
+//! at once, each as its single-key command; those that come past that
+//! queue in the lane ([`lock_core::lane`]) and go together, as one script
+//! over all their keys.
 //!
 //! Why: the jobs of a scheduler that fire at the same instant each take a
 //! tick lock, and a thousand single commands cost the client a thousand
@@ -12,80 +12,53 @@
 //! release for the same owner (a caller that gave up, whose `Locker`
 //! releases the token it tried): the release would find nothing, and the
 //! attempt would then take a lock that nobody releases before its TTL runs
-//! out. So every attempt is registered as pending until its command has
-//! answered or failed (or it will never be sent), and a release of its owner
-//! waits for that first ([`Attempts::settled`]).
+//! out. So every queued attempt is registered as pending until its command
+//! has answered or failed (or it will never be sent), and a release of its
+//! owner waits for that first ([`Attempts::settled`]). An attempt sent at
+//! once needs no registration: its command is ahead of any later release
+//! on the connection.
 //!
 //! Redis Cluster keeps one attempt per command (a script's keys must share a
 //! slot), and acknowledged acquires have their own pipeline (`ack`).
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lock_core::backend::{AcquireAttempt, Lease};
-use lock_core::lane::{self, Batch, Lane};
+use lock_core::lane::{self, Batch, Lane, Settled, Unsettled};
 use lock_core::{BackendError, LockName, OwnerToken};
-use tokio::sync::watch;
 
 use crate::backend::Shared;
 use crate::error::{protocol, timed_out};
 use crate::scripts::{ACQUIRE, ACQUIRE_MANY, ACQUIRE_MANY_UNFENCED};
 use crate::unfenced;
 
-/// The most attempts sent straight away, each its own command, before the
-/// rest go through the lanes. Sending one costs the caller nothing but the
-/// command; going through a lane costs a task and a channel per batch, a
-/// registration per attempt and, while script calls are in flight, a wait
-/// for one of them, which only pays off when many attempts come at once (a
-/// scheduler's tick locks). With only 1 sent alone, 16 tasks looping on
-/// acquire and release ran 20-30 % slower than with every attempt alone.
-pub(crate) const ALONE: usize = 16;
-
-/// The most script calls of one kind in flight on one connection, past the
-/// attempts sent alone: attempts that come while these are in flight make
-/// one call, not one each.
-const IN_FLIGHT: usize = 2;
+/// The most attempt commands in flight on one connection: up to this many
+/// attempts are sent at once, each its own command; attempts that come
+/// past it queue and make one script call, not one each. Sending one costs
+/// the caller nothing but the command, where a queued attempt costs a task
+/// and a channel per script call, a registration, and a wait for a command
+/// in flight to answer, which only pays off when many come at once (a
+/// scheduler's tick locks). With 1 or 2, 16 tasks looping on acquire and
+/// release ran 20-30 % slower than with every attempt sent at once.
+const IN_FLIGHT: usize = 16;
 
 /// The most attempts one script call carries: about a millisecond of the
 /// server's time, during which it serves nobody else.
 const MAX_BATCH: usize = 1000;
 
-/// The attempt lanes of one backend, the attempts in them not yet settled,
-/// and how many are being sent alone.
+/// The attempt lane of one backend, and the queued attempts not yet
+/// settled.
 #[derive(Debug, Default)]
 pub(crate) struct Attempts {
-    plain: Lane<Plain>,
-    fenced: Lane<Fenced>,
+    lane: Lane<Acquires>,
     pending: Arc<Pending>,
-    alone: AtomicUsize,
 }
 
-/// One of the [`ALONE`] slots for attempts sent straight away, given back
-/// on drop.
-struct AloneSlot<'a>(&'a AtomicUsize);
-
-impl<'a> AloneSlot<'a> {
-    fn take(count: &'a AtomicUsize) -> Option<Self> {
-        if count.fetch_add(1, Ordering::AcqRel) < ALONE {
-            Some(Self(count))
-        } else {
-            count.fetch_sub(1, Ordering::AcqRel);
-            None
-        }
-    }
-}
-
-impl Drop for AloneSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Attempts whose command has not answered yet, by owner, so that a release
-/// of that owner can wait for its attempt.
+/// Queued attempts whose command has not answered yet, by owner, so that a
+/// release of that owner can wait for its attempt.
 #[derive(Debug, Default)]
 struct Pending {
     next: AtomicU64,
@@ -94,9 +67,6 @@ struct Pending {
     len: AtomicUsize,
     by_owner: Mutex<HashMap<OwnerToken, (u64, Settled), foldhash::fast::RandomState>>,
 }
-
-/// Closes when an attempt has settled: its sender is dropped then.
-type Settled = watch::Receiver<()>;
 
 impl Pending {
     fn by_owner(
@@ -107,8 +77,8 @@ impl Pending {
     }
 }
 
-/// Registers one attempt as pending for as long as it lives; dropped once
-/// its command answered or failed, or when it is never sent.
+/// Registers one queued attempt as pending for as long as it lives;
+/// dropped once its command answered or failed, or when it is never sent.
 #[derive(Debug)]
 struct PendingGuard {
     pending: Arc<Pending>,
@@ -116,22 +86,22 @@ struct PendingGuard {
     id: u64,
     /// Dropped after [`Drop::drop`] has unregistered the attempt, which
     /// wakes every release waiting for it.
-    _settled: watch::Sender<()>,
+    _unsettled: Unsettled,
 }
 
 impl PendingGuard {
     fn register(pending: &Arc<Pending>, owner: OwnerToken) -> Self {
-        let (settled, signal) = watch::channel(());
+        let (unsettled, settled) = lane::settle();
         let id = pending.next.fetch_add(1, Ordering::Relaxed);
         let mut by_owner = pending.by_owner();
-        by_owner.insert(owner, (id, signal));
+        by_owner.insert(owner, (id, settled));
         pending.len.store(by_owner.len(), Ordering::Release);
         drop(by_owner);
         Self {
             pending: Arc::clone(pending),
             owner,
             id,
-            _settled: settled,
+            _unsettled: unsettled,
         }
     }
 }
@@ -150,18 +120,20 @@ impl Drop for PendingGuard {
     }
 }
 
-/// One attempt: the lock's key, the owner token as sent, the TTL in ms.
+/// One attempt: the lock's key, its owner, the owner token as sent, the
+/// TTL in ms, and its registration once queued.
 #[derive(Debug)]
 pub(crate) struct Attempt {
     key: String,
+    owner: OwnerToken,
     token: String,
     ms: u64,
-    pending: PendingGuard,
+    pending: Option<PendingGuard>,
 }
 
 impl Attempts {
     /// Waits until no attempt of `owner` can still take a lock after a
-    /// command sent now. Returns at once when none is pending. Bounded by
+    /// command sent now. Returns at once when none is queued. Bounded by
     /// the operation timeouts of the attempt's batch and of those queued
     /// before it.
     ///
@@ -172,113 +144,92 @@ impl Attempts {
         if self.pending.len.load(Ordering::Acquire) == 0 {
             return;
         }
-        let signal = self.pending.by_owner().get(owner).map(|(_, s)| s.clone());
-        if let Some(mut signal) = signal {
-            // Nothing is ever sent: this returns when the sender is dropped.
-            let _ = signal.changed().await;
+        let settled = self.pending.by_owner().get(owner).map(|(_, s)| s.clone());
+        if let Some(settled) = settled {
+            settled.wait().await;
         }
     }
 }
 
 /// Tries to take `name` for `owner` for `ms` milliseconds: at once when
-/// fewer than [`ALONE`] attempts are being sent, else through a lane (in the
-/// next script call of queued attempts); within the operation timeout
-/// either way.
+/// fewer than [`IN_FLIGHT`] attempts are in flight, else in the next script
+/// call of queued attempts; within the operation timeout either way (a
+/// queued one counted from when it queued).
 ///
 /// # Cancel safety
 ///
 /// Not cancel safe, as no acquire is: a dropped call's attempt may still be
-/// sent and take the lock. Sent alone, it is ahead of any later release on
-/// the connection; queued, a release of `owner` waits for it.
+/// sent and take the lock. Sent at once, it is ahead of any later release
+/// on the connection; queued, a release of `owner` waits for it.
 pub(crate) async fn acquire(
     shared: &Arc<Shared>,
     name: &LockName,
     owner: &OwnerToken,
     ms: u64,
 ) -> Result<AcquireAttempt, BackendError> {
-    if let Some(_slot) = AloneSlot::take(&shared.attempts.alone) {
-        return alone(shared, name, owner, ms).await;
-    }
     let attempt = Attempt {
         key: shared.keys.lock(name),
+        owner: *owner,
         token: owner.to_hex(),
         ms,
-        pending: PendingGuard::register(&shared.attempts.pending, *owner),
+        pending: None,
     };
-    let (target, limit) = (shared.conn.target(), shared.conn.op_timeout());
-    if shared.fencing {
-        let got = within(limit, target, lane::call::<Fenced>(shared, attempt)).await?;
-        fenced_answer(got, target)
-    } else {
-        match within(limit, target, lane::call::<Plain>(shared, attempt)).await? {
-            0 => Ok(AcquireAttempt::HeldElsewhere),
-            1 => Ok(AcquireAttempt::Acquired(Lease::new(None))),
-            other => Err(protocol("acquire", target, other)),
-        }
-    }
+    let got = lane::call::<Acquires>(shared, attempt).await?;
+    answer(shared.fencing, got, shared.conn.target())
 }
 
 /// Tries to take `name` for `owner` for `ms` milliseconds with a command
-/// of its own: `SET NX PX GET` without fencing tokens, the acquire script
-/// with them. Not cancel safe (see [`acquire`]).
+/// of its own, for Redis Cluster. Not cancel safe (see [`acquire`]).
 pub(crate) async fn alone(
     shared: &Shared,
     name: &LockName,
     owner: &OwnerToken,
     ms: u64,
 ) -> Result<AcquireAttempt, BackendError> {
-    let (key, token) = (shared.keys.lock(name), owner.to_hex());
-    let conn = &shared.conn;
-    if !shared.fencing {
-        return match unfenced::acquire(shared, key, token, ms).await? {
-            0 => Ok(AcquireAttempt::HeldElsewhere),
-            1 => Ok(AcquireAttempt::Acquired(Lease::new(None))),
-            other => Err(protocol("acquire", conn.target(), other)),
-        };
-    }
-    let fence = shared.keys.fence_for(name);
-    let got: i64 = conn
+    let fence = shared.fencing.then(|| shared.keys.fence_for(name));
+    let got = single(shared, shared.keys.lock(name), fence, owner.to_hex(), ms).await?;
+    answer(shared.fencing, got, shared.conn.target())
+}
+
+/// One attempt as its single-key command: `SET NX PX GET` without fencing
+/// tokens, the acquire script (with the `fence` counter's key) with them.
+async fn single(
+    shared: &Shared,
+    key: String,
+    fence: Option<String>,
+    token: String,
+    ms: u64,
+) -> Result<i64, BackendError> {
+    let Some(fence) = fence else {
+        return unfenced::acquire(shared, key, token, ms).await;
+    };
+    shared
+        .conn
         .run("acquire", |mut c| async move {
             ACQUIRE
                 .run(&mut c, &[key, fence], &[token, ms.to_string()])
                 .await
         })
-        .await?;
-    fenced_answer(got, conn.target())
-}
-
-/// The acquire script's answer: a fencing token, or 0 when held elsewhere.
-fn fenced_answer(got: i64, target: &str) -> Result<AcquireAttempt, BackendError> {
-    match u64::try_from(got) {
-        Ok(0) => Ok(AcquireAttempt::HeldElsewhere),
-        Ok(token) => Ok(AcquireAttempt::Acquired(Lease::new(Some(token)))),
-        Err(_) => Err(protocol("acquire", target, got)),
-    }
-}
-
-/// `answer` within `limit`. A queued attempt waits for a batch in flight
-/// before its own is sent, so without this bound a stalled server could
-/// hold it for two operation timeouts. Given up here, the attempt is still
-/// sent, and a release of its owner waits for it.
-async fn within<T>(
-    limit: Duration,
-    target: &str,
-    answer: impl Future<Output = Result<T, BackendError>>,
-) -> Result<T, BackendError> {
-    tokio::time::timeout(limit, answer)
         .await
-        .unwrap_or_else(|_| Err(timed_out("acquire", target, limit)))
 }
 
-/// Attempts without a fencing token.
-#[derive(Debug)]
-struct Plain;
+/// An attempt's answer: with fencing tokens, the token or 0 when held
+/// elsewhere; without, 1 when taken and 0 when held elsewhere.
+fn answer(fencing: bool, got: i64, target: &str) -> Result<AcquireAttempt, BackendError> {
+    match (fencing, u64::try_from(got)) {
+        (_, Ok(0)) => Ok(AcquireAttempt::HeldElsewhere),
+        (true, Ok(token)) => Ok(AcquireAttempt::Acquired(Lease::new(Some(token)))),
+        (false, Ok(1)) => Ok(AcquireAttempt::Acquired(Lease::new(None))),
+        _ => Err(protocol("acquire", target, got)),
+    }
+}
 
-/// Attempts that draw a fencing token when they take the lock.
+/// Lock attempts on one connection, with fencing tokens when the backend
+/// draws them.
 #[derive(Debug)]
-struct Fenced;
+struct Acquires;
 
-impl Batch for Plain {
+impl Batch for Acquires {
     type Host = Shared;
     type Item = Attempt;
     type Answer = i64;
@@ -286,84 +237,60 @@ impl Batch for Plain {
     const MAX_BATCH: usize = MAX_BATCH;
 
     fn lane(shared: &Shared) -> &Lane<Self> {
-        &shared.attempts.plain
+        &shared.attempts.lane
     }
 
-    async fn run(shared: &Shared, mut items: Vec<Attempt>) -> Vec<Result<i64, BackendError>> {
-        if items.len() == 1 {
-            if let Some(Attempt {
-                key,
-                token,
-                ms,
-                pending,
-            }) = items.pop()
-            {
-                let got = unfenced::acquire(shared, key, token, ms).await;
-                drop(pending);
-                return vec![got];
-            }
-        }
-        let len = items.len();
-        let (keys, args, settled) = split(items);
-        let answer = shared
-            .conn
-            .run("acquire batch", |mut c| async move {
-                ACQUIRE_MANY_UNFENCED.run(&mut c, &keys, &args).await
-            })
-            .await;
-        drop(settled);
-        lane::each(answer, len)
+    /// Given up at this bound, a queued attempt is still sent, and a
+    /// release of its owner waits for it.
+    fn queued_limit(shared: &Shared) -> Option<Duration> {
+        Some(shared.conn.op_timeout())
     }
-}
 
-impl Batch for Fenced {
-    type Host = Shared;
-    type Item = Attempt;
-    type Answer = i64;
-    const IN_FLIGHT: usize = IN_FLIGHT;
-    const MAX_BATCH: usize = MAX_BATCH;
+    fn timed_out(shared: &Shared, limit: Duration) -> BackendError {
+        timed_out("acquire", shared.conn.target(), limit)
+    }
 
-    fn lane(shared: &Shared) -> &Lane<Self> {
-        &shared.attempts.fenced
+    fn queued(shared: &Shared, attempt: &mut Attempt) {
+        attempt.pending = Some(PendingGuard::register(
+            &shared.attempts.pending,
+            attempt.owner,
+        ));
+    }
+
+    async fn run_one(shared: &Shared, a: Attempt) -> Result<i64, BackendError> {
+        let fence = shared.fencing.then(|| shared.keys.fence());
+        let got = single(shared, a.key, fence, a.token, a.ms).await;
+        drop(a.pending);
+        got
     }
 
     async fn run(shared: &Shared, items: Vec<Attempt>) -> Vec<Result<i64, BackendError>> {
         let len = items.len();
-        let (mut keys, args, settled) = split(items);
-        let fence = shared.keys.fence();
-        let answer = if keys.len() == 1 {
-            keys.push(fence);
-            shared
-                .conn
-                .run("acquire", |mut c| async move {
-                    ACQUIRE.run(&mut c, &keys, &args).await.map(|t| vec![t])
-                })
-                .await
+        let mut keys = Vec::with_capacity(len + 1);
+        let mut args = Vec::with_capacity(len * 2);
+        // The registrations outlive the command.
+        let mut pending = Vec::with_capacity(len);
+        if shared.fencing {
+            keys.push(shared.keys.fence());
+        }
+        for a in items {
+            keys.push(a.key);
+            args.push(a.token);
+            args.push(a.ms.to_string());
+            pending.push(a.pending);
+        }
+        let script = if shared.fencing {
+            &ACQUIRE_MANY
         } else {
-            keys.insert(0, fence);
-            shared
-                .conn
-                .run("acquire batch", |mut c| async move {
-                    ACQUIRE_MANY.run(&mut c, &keys, &args).await
-                })
-                .await
+            &ACQUIRE_MANY_UNFENCED
         };
-        drop(settled);
+        let answer = shared
+            .conn
+            .run("acquire batch", |mut c| async move {
+                script.run(&mut c, &keys, &args).await
+            })
+            .await;
+        drop(pending);
         lane::each(answer, len)
     }
-}
-
-/// The keys, the (token, TTL) argument pairs and the pending registrations
-/// of `items`, in order; the registrations must outlive the command.
-fn split(items: Vec<Attempt>) -> (Vec<String>, Vec<String>, Vec<PendingGuard>) {
-    let mut keys = Vec::with_capacity(items.len() + 1);
-    let mut args = Vec::with_capacity(items.len() * 2);
-    let mut settled = Vec::with_capacity(items.len());
-    for a in items {
-        keys.push(a.key);
-        args.push(a.token);
-        args.push(a.ms.to_string());
-        settled.push(a.pending);
-    }
-    (keys, args, settled)
 }

@@ -166,11 +166,10 @@ pub(super) async fn release_waits_for_a_queued_attempt(
     backend.ping().await?;
     let mut raw = plain(&url).await?;
     // The first fillers are each sent as a command of their own while the
-    // backend has room for more in flight (16 alone, then a few script
-    // calls); once those are stuck on the stopped server, the rest queue,
-    // the victim among them. 30 ms apart so that each is sent before the
-    // next comes (a late one only joins a batch in flight, and the case then
-    // proves less; it cannot fail for it).
+    // backend has room for more in flight (16); once those are stuck on the
+    // stopped server, the rest queue, the victim among them. 30 ms apart so
+    // that each is sent before the next comes (one that comes early only
+    // queues sooner; the case cannot fail for it).
     const SENT: usize = 24;
     srv.pause()?;
     let mut fillers = JoinSet::new();
