@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use lock_core::{
     backend::{AcquireAttempt, Lease},
+    lane::{self, Unsettled},
     BackendError, BackendErrorKind, LockName, OwnerToken,
 };
-use tokio::sync::watch;
 use tracing::warn;
 
 use crate::attempts::LockAnswer;
@@ -38,7 +38,7 @@ impl PostgresBackend {
         }
         let key = cfg.key_for(name);
         let session = self.session_for(key).await?;
-        let (settled, signal) = LockSession::attempt_signal();
+        let (unsettled, settled) = lane::settle();
         {
             let mut held = self.held();
             if let Some(h) = held.get(&key) {
@@ -58,12 +58,12 @@ impl PostgresBackend {
                     owner: *owner,
                     session: Arc::clone(&session),
                     releasing: false,
-                    attempt: signal,
+                    attempt: settled,
                 },
             );
         }
         if cfg.fencing && self.inner.fence_ready.load(Ordering::Relaxed) {
-            match self.try_lock_fenced(&session, key, owner, settled).await {
+            match self.try_lock_fenced(&session, key, owner, unsettled).await {
                 Err(e) if e.message().contains("42P01") => {
                     // The sequence was dropped since: the lock may have been
                     // taken before nextval failed (session locks ignore the
@@ -79,23 +79,23 @@ impl PostgresBackend {
                 }
                 other => return self.still_alive(&session, other),
             }
-            let settled = self.next_attempt(key, owner);
+            let unsettled = self.next_attempt(key, owner);
             return self
-                .try_lock_then_fence(&session, key, owner, settled)
+                .try_lock_then_fence(&session, key, owner, unsettled)
                 .await;
         }
-        self.try_lock_then_fence(&session, key, owner, settled)
+        self.try_lock_then_fence(&session, key, owner, unsettled)
             .await
     }
 
     /// A new signal for a second attempt of `owner` on `key`, kept in its
     /// holding in place of the first's (which has settled).
-    fn next_attempt(&self, key: AdvisoryKey, owner: &OwnerToken) -> watch::Sender<()> {
-        let (settled, signal) = LockSession::attempt_signal();
+    fn next_attempt(&self, key: AdvisoryKey, owner: &OwnerToken) -> Unsettled {
+        let (unsettled, settled) = lane::settle();
         if let Some(h) = self.held().get_mut(&key).filter(|h| h.owner == *owner) {
-            h.attempt = signal;
+            h.attempt = settled;
         }
-        settled
+        unsettled
     }
 
     /// The plain lock attempt, then (with fencing on) the fencing token in a
@@ -105,10 +105,10 @@ impl PostgresBackend {
         session: &Arc<LockSession>,
         key: AdvisoryKey,
         owner: &OwnerToken,
-        settled: watch::Sender<()>,
+        unsettled: Unsettled,
     ) -> Result<AcquireAttempt, BackendError> {
         let cfg = &self.inner.config;
-        let answer = session.try_lock(key, false, settled).await?;
+        let answer = session.try_lock(key, false, unsettled).await?;
         if !self.granted(session, answer, key, owner)? {
             return Ok(AcquireAttempt::HeldElsewhere);
         }
@@ -185,9 +185,9 @@ impl PostgresBackend {
         session: &Arc<LockSession>,
         key: AdvisoryKey,
         owner: &OwnerToken,
-        settled: watch::Sender<()>,
+        unsettled: Unsettled,
     ) -> Result<AcquireAttempt, BackendError> {
-        let answer = session.try_lock(key, true, settled).await?;
+        let answer = session.try_lock(key, true, unsettled).await?;
         if !self.granted(session, answer, key, owner)? {
             return Ok(AcquireAttempt::HeldElsewhere);
         }

@@ -6,18 +6,18 @@
 //! release of the same key (a caller that gave up, whose `Locker` releases
 //! the token it tried): the release's unlock would run first, find nothing,
 //! and the attempt would then take a lock nobody releases. So each attempt
-//! carries a [`Settled`] signal that its holding keeps, and a release waits
-//! for it before it unlocks.
+//! carries an [`Unsettled`] whose [`Settled`](lock_core::lane::Settled)
+//! its holding keeps, and a release waits for it before it unlocks.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use lock_core::lane::{self, Batch, Lane};
+use lock_core::lane::{self, Batch, Lane, Unsettled};
 use lock_core::BackendError;
-use tokio::sync::watch;
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
-use crate::error::protocol;
+use crate::error::{protocol, timed_out};
 use crate::renew::Alive;
 use crate::session::LockSession;
 use crate::unlocks::Unlocks;
@@ -58,18 +58,6 @@ pub(crate) struct LockAnswer {
     pub(crate) token: Option<i64>,
 }
 
-/// Closes once an attempt's statement has answered or failed (or will
-/// never be sent): from then on an unlock of its key runs after it. Its
-/// sender is the attempt's, dropped by the lane after the statement.
-pub(crate) type Settled = watch::Receiver<()>;
-
-/// Waits until the attempt behind `settled` can no longer take its lock
-/// after an unlock sent now. Bounded by the attempt's statement timeout.
-pub(crate) async fn settled(mut settled: Settled) {
-    // Nothing is ever sent: this returns when the sender is dropped.
-    let _ = settled.changed().await;
-}
-
 /// The lanes of one session ([`lock_core::lane`]): plain attempts, attempts
 /// that draw a fencing token from `sequence`, liveness proofs and unlocks.
 ///
@@ -98,9 +86,9 @@ impl Lanes {
     }
 }
 
-/// One attempt: its key, and the sender of its signal, dropped (which
-/// settles it) once its statement answered or failed.
-type Attempt = (AdvisoryKey, watch::Sender<()>);
+/// One attempt: its key, and what settles it when dropped, once its
+/// statement answered or failed.
+type Attempt = (AdvisoryKey, Unsettled);
 
 /// The most statements of one kind in flight on one session: a few keep a
 /// lightly loaded session pipelined, so a lone call waits for nothing.
@@ -128,6 +116,14 @@ impl Batch for Plain {
         &session.lanes().plain
     }
 
+    fn queued_limit(session: &LockSession) -> Option<Duration> {
+        Some(session.statement_timeout())
+    }
+
+    fn timed_out(_: &LockSession, limit: Duration) -> BackendError {
+        timed_out("pg_try_advisory_lock", limit)
+    }
+
     async fn run(
         session: &LockSession,
         items: Vec<Attempt>,
@@ -147,6 +143,14 @@ impl Batch for Fenced {
         &session.lanes().fenced
     }
 
+    fn queued_limit(session: &LockSession) -> Option<Duration> {
+        Some(session.statement_timeout())
+    }
+
+    fn timed_out(_: &LockSession, limit: Duration) -> BackendError {
+        timed_out("pg_try_advisory_lock", limit)
+    }
+
     async fn run(
         session: &LockSession,
         items: Vec<Attempt>,
@@ -156,14 +160,8 @@ impl Batch for Fenced {
 }
 
 impl LockSession {
-    /// A new attempt's signal for its holding, and the sender to pass to
-    /// [`LockSession::try_lock`].
-    pub(crate) fn attempt_signal() -> (watch::Sender<()>, Settled) {
-        watch::channel(())
-    }
-
     /// Tries to take `key` on this session (with `fenced`, drawing a fencing
-    /// token when taken), in the next statement of attempts. `settled` is
+    /// token when taken), in the next statement of attempts. `unsettled` is
     /// dropped once that statement answered or failed.
     ///
     /// Not cancel safe: the statement goes on without a caller that gives
@@ -173,12 +171,12 @@ impl LockSession {
         self: &Arc<Self>,
         key: AdvisoryKey,
         fenced: bool,
-        settled: watch::Sender<()>,
+        unsettled: Unsettled,
     ) -> Result<LockAnswer, BackendError> {
         if fenced {
-            lane::call::<Fenced>(self, (key, settled)).await
+            lane::call::<Fenced>(self, (key, unsettled)).await
         } else {
-            lane::call::<Plain>(self, (key, settled)).await
+            lane::call::<Plain>(self, (key, unsettled)).await
         }
     }
 

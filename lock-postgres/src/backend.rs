@@ -10,11 +10,11 @@ use lock_core::{
     backend::{
         AcquireAttempt, Expiry, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest,
     },
+    lane::Settled,
     BackendError, Capabilities, LockBackend, LockName, LossReason, OwnerToken,
 };
 use tracing::{debug, warn};
 
-use crate::attempts::Settled;
 use crate::error::protocol;
 use crate::lifeline::{Lifeline, OnEnd};
 use crate::notify::ReleaseListener;

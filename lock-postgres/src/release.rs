@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    backend::ReleaseOutcome, BackendError, BackendErrorKind, LockName, LossReason, OwnerToken,
+    backend::ReleaseOutcome, lane::Settled, BackendError, BackendErrorKind, LockName, LossReason,
+    OwnerToken,
 };
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tracing::warn;
 
-use crate::attempts::{settled, Settled};
 use crate::error::timed_out;
 use crate::session::LockSession;
 use crate::unlocks;
@@ -150,7 +150,7 @@ impl PostgresBackend {
         let backend = self.clone();
         let Releasing { session, attempt } = releasing;
         tokio::spawn(async move {
-            settled(attempt).await;
+            attempt.wait().await;
             let outcome = backend.settle_unlock(&session, key, announce).await;
             backend.take_holding(key, &owner);
             outcome
