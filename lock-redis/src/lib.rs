@@ -132,7 +132,14 @@
 //!   [`cluster_key_slot`] gives a key's slot, as `CLUSTER KEYSLOT` does.
 //! - **Routing.** Each script goes to the primary of its lock key's slot;
 //!   `MOVED` and `ASK` redirects (a slot being migrated) are followed by the
-//!   client, within the operation timeout. The counter lives in the same
+//!   client. Answers that mean the cluster did not run the command
+//!   (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, no node reachable for the
+//!   slot) are sent again with a short backoff until the operation timeout:
+//!   after a failover the nodes may keep redirecting to the dead primary
+//!   for a while, and a renewal then ends as not decided (an
+//!   [`Unavailable`](lock_core::BackendErrorKind::Unavailable) or
+//!   [`Timeout`](lock_core::BackendErrorKind::Timeout) error, retried by the
+//!   heartbeat while the lease is valid), never as lost. The counter lives in the same
 //!   slot, so it moves with the lock when the slot is migrated, and tokens
 //!   stay strictly increasing per name. Because the client may send an
 //!   acquire again after an I/O error, the acquire script grants a key that
@@ -269,6 +276,7 @@ mod attempts;
 mod backend;
 mod cluster;
 mod cluster_keys;
+mod cluster_link;
 mod config;
 mod connection;
 mod error;
