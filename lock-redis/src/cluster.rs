@@ -10,18 +10,23 @@ use lock_core::backend::{LeaseStatus, RenewRequest};
 use lock_core::BackendError;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::cluster_keys::key_slot;
+use crate::cluster_link::ClusterLink;
 use crate::connection::Connection;
 use crate::error::{config, protocol};
 use crate::scripts::RENEW_MANY;
 
 /// How often the cluster client follows a `MOVED`/`ASK` redirect or
-/// re-sends after a dropped connection before it gives up. A slot that
-/// moves during a call costs one redirect; the operation timeout bounds the
-/// whole call anyway.
+/// re-sends after a dropped connection before it hands the error back. A
+/// slot that moves during a call costs one redirect; answers that keep
+/// redirecting (a failover the nodes are still converging on) are sent
+/// again by [`ClusterLink`] with backoff, within the operation timeout. Not
+/// raised instead: redis-rs follows `MOVED` at once, so more tries would be
+/// spent as fast as the answers come, and before every try it computes a
+/// wait of `10 * 2^try` ms in `u64`, which overflows (a panic in a debug
+/// build) past 60 tries.
 const REDIRECTS: u32 = 3;
 /// Bounds of the client's wait between two such attempts, in ms: short,
 /// since a renewal has only a third of the TTL to succeed.
@@ -33,7 +38,7 @@ const MAX_RETRY_WAIT_MS: u64 = 100;
 #[derive(Clone)]
 pub(crate) enum Link {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
 }
 
 impl ConnectionLike for Link {

@@ -11,6 +11,7 @@ use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tracing::debug;
 
 use crate::cluster::Link;
+use crate::cluster_link::ClusterLink;
 use crate::error::{from_redis, timed_out};
 use crate::sentinel::Resolver;
 
@@ -91,13 +92,17 @@ impl Connection {
         }
         if let Source::Cluster(client) = &self.source {
             // The cluster client follows redirects and reconnects to nodes
-            // by itself; it fetches the slot map from the seeds here.
+            // by itself; it fetches the slot map from the seeds here. Our
+            // link sends again what the cluster did not run, for as long as
+            // a call may take.
             let cluster = client
                 .get_async_connection()
                 .await
                 .map_err(|e| from_redis(e, op, &self.target))?;
             let mut slot = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
-            return Ok(slot.get_or_insert(Link::Cluster(cluster)).clone());
+            return Ok(slot
+                .get_or_insert(Link::Cluster(ClusterLink::new(cluster, self.op_timeout)))
+                .clone());
         }
         let client = self.source.client().await?;
         // No retries inside the manager: a failed connect fails this call at

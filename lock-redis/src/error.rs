@@ -94,6 +94,17 @@ fn classify(err: &RedisError) -> (BackendErrorKind, Option<&'static str>) {
             | ServerErrorKind::TryAgain
             | ServerErrorKind::ClusterDown,
         ) => (BackendErrorKind::Unavailable, None),
+        // The cluster did not run the command: its slot map is changing (a
+        // failover or a migration) or no node could be reached for the
+        // slot. Not decided, so callers retry within their deadline.
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => (
+            BackendErrorKind::Unavailable,
+            Some("the cluster redirected the command until the timeout; its slots are moving (a failover or a resharding)"),
+        ),
+        ErrorKind::ClusterConnectionNotFound => (
+            BackendErrorKind::Unavailable,
+            Some("no cluster node could be reached for the key's slot"),
+        ),
         ErrorKind::Server(ServerErrorKind::ReadOnly) => (
             BackendErrorKind::Unavailable,
             Some("the server is a read-only replica; locks need the primary"),
@@ -182,6 +193,25 @@ mod tests {
         assert_eq!(
             from_redis(tls, "connect", "rediss://h:1").kind(),
             BackendErrorKind::Config
+        );
+    }
+
+    #[test]
+    fn cluster_redirects_are_not_decided() {
+        for kind in [
+            ErrorKind::Server(ServerErrorKind::Moved),
+            ErrorKind::Server(ServerErrorKind::Ask),
+            ErrorKind::Server(ServerErrorKind::TryAgain),
+            ErrorKind::Server(ServerErrorKind::ClusterDown),
+            ErrorKind::ClusterConnectionNotFound,
+        ] {
+            let e = from_redis(RedisError::from((kind, "x")), "renew", "cluster");
+            assert!(e.kind().is_unavailable(), "{kind:?} -> {:?}", e.kind());
+        }
+        let cross = RedisError::from((ErrorKind::Server(ServerErrorKind::CrossSlot), "x"));
+        assert_eq!(
+            from_redis(cross, "renew", "cluster").kind(),
+            BackendErrorKind::Other
         );
     }
 }

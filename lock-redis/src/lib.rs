@@ -132,7 +132,14 @@
 //!   [`cluster_key_slot`] gives a key's slot, as `CLUSTER KEYSLOT` does.
 //! - **Routing.** Each script goes to the primary of its lock key's slot;
 //!   `MOVED` and `ASK` redirects (a slot being migrated) are followed by the
-//!   client, within the operation timeout. The counter lives in the same
+//!   client. Answers that mean the cluster did not run the command
+//!   (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, no node reachable for the
+//!   slot) are sent again with a short backoff until the operation timeout:
+//!   after a failover the nodes may keep redirecting to the dead primary
+//!   for a while, and a renewal then ends as not decided (an
+//!   [`Unavailable`](lock_core::BackendErrorKind::Unavailable) or
+//!   [`Timeout`](lock_core::BackendErrorKind::Timeout) error, retried by the
+//!   heartbeat while the lease is valid), never as lost. The counter lives in the same
 //!   slot, so it moves with the lock when the slot is migrated, and tokens
 //!   stay strictly increasing per name. Because the client may send an
 //!   acquire again after an I/O error, the acquire script grants a key that
@@ -155,10 +162,13 @@
 //!   (below). Fencing tokens are per slot and are **not failover-safe**.
 //!   In the fault suite (3 primaries, 3 replicas, `cluster-node-timeout`
 //!   1000 ms, loopback): a primary SIGKILLed with six locks that its replica
-//!   had acknowledged (`WAIT`): calls to its slots failed closed meanwhile,
-//!   no contender was granted one of them, all six were still the holder's
-//!   after the promotion, and the first new lock in those slots came 1.9
-//!   and 2.6 s after the kill (two runs). A slot moved by hand (`SETSLOT`
+//!   had acknowledged (`WAIT`): calls to its slots failed closed meanwhile
+//!   (as not decided, each within the operation timeout), no contender was
+//!   granted one of them, all six were still the holder's after the
+//!   promotion (a client idle since the kill found them held 6 to 39 ms
+//!   after it, through nodes still redirecting to the dead primary), and
+//!   the first new lock in those slots came 2.1 to 2.8 s after the kill
+//!   (ten runs on a loaded 2-core machine). A slot moved by hand (`SETSLOT`
 //!   IMPORTING/MIGRATING, `MIGRATE`, `SETSLOT NODE`) while its lock was
 //!   held: the holder renewed through `ASK` and `MOVED`, no contender was
 //!   granted the lock, and the next token was higher.
@@ -269,6 +279,7 @@ mod attempts;
 mod backend;
 mod cluster;
 mod cluster_keys;
+mod cluster_link;
 mod config;
 mod connection;
 mod error;

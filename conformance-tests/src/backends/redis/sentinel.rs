@@ -24,6 +24,24 @@ const QUORUM: usize = 2;
 const DOWN_AFTER_MS: u64 = 1_000;
 /// How long a failover may take before another sentinel may retry it.
 const FAILOVER_TIMEOUT_MS: u64 = 4_000;
+/// How long a sentinel stays in TILT mode, in ms (Redis: 30 s).
+///
+/// A sentinel whose timer runs 2 s late (the process starved of CPU, or
+/// blocked in the `fsync` of its config file behind a build's writes, as on
+/// the shared CI machine) enters TILT: it keeps watching but takes no
+/// action, and ignores what `INFO` tells it, for the TILT period. A
+/// `SENTINEL FAILOVER` caught by it waits out the whole period (measured
+/// here: a 2.5 s `SIGSTOP` of the sentinel just after the request made the
+/// sentinels agree after 33.8 s instead of 1.2 s), and one caught while it
+/// waits for the promoted replica's `INFO` is aborted when TILT ends, as
+/// the failover timeout has passed by then (`-failover-abort-slave-timeout`;
+/// a requested failover is never retried by the sentinels). Stalls on that
+/// machine are a fact of the environment, not the fault under test; TILT
+/// stays on, so a stalled sentinel still distrusts what it saw, but for 5 s.
+const TILT_PERIOD_MS: u64 = 5_000;
+/// `SENTINEL FAILOVER` requests [`SentinelSet::failover`] makes in all when
+/// the sentinels abort the earlier ones.
+const FAILOVER_REQUESTS: usize = 3;
 /// Every data server (each may be promoted) refuses writes with no replica
 /// acknowledging within 5 s: the old primary, once a failover repointed its
 /// replicas, then stops granting locks instead of granting them until the
@@ -123,16 +141,29 @@ impl SentinelSet {
     /// Asks a sentinel to fail over now (`SENTINEL FAILOVER`, no agreement
     /// needed) and waits until every sentinel names a new primary that
     /// reports `role:master`. Returns `(old, new)` ports.
+    ///
+    /// A requested failover that the sentinel aborts (see
+    /// [`TILT_PERIOD_MS`]) is requested again, up to [`FAILOVER_REQUESTS`]
+    /// times in all, within `within`.
     pub fn failover(&self, within: Duration) -> Result<(u16, u16), BoxError> {
         let old = self.primary_port()?;
-        let first = self.sentinels.first().ok_or("no sentinel")?;
-        let mut c = connect(first.port())?;
-        let _: String = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg(MASTER_NAME)
-            .query(&mut c)?;
-        let new = self.wait_new_primary(old, within)?;
-        Ok((old, new))
+        let asked = self.sentinels.first().ok_or("no sentinel")?.port();
+        let until = Instant::now() + within;
+        for request in 1..=FAILOVER_REQUESTS {
+            request_failover(asked)?;
+            if let Some(new) = self.wait_for_switch(old, Some(asked), until, within)? {
+                return Ok((old, new));
+            }
+            eprintln!(
+                "    [redis_sentinel] requested failover {request} of {FAILOVER_REQUESTS} was aborted: {}",
+                self.sentinel_events()
+            );
+        }
+        Err(format!(
+            "the sentinels aborted {FAILOVER_REQUESTS} requested failovers; sentinel logs:\n{}",
+            self.sentinel_logs()
+        )
+        .into())
     }
 
     /// Kills the primary (SIGKILL) and waits until the sentinels agree on
@@ -147,7 +178,20 @@ impl SentinelSet {
     /// Waits until every sentinel names the same primary other than `old`
     /// and it reports `role:master`; returns its port.
     pub fn wait_new_primary(&self, old: u16, within: Duration) -> Result<u16, BoxError> {
-        let until = Instant::now() + within;
+        self.wait_for_switch(old, None, Instant::now() + within, within)?
+            .ok_or_else(|| "no failover to wait for".into())
+    }
+
+    /// [`SentinelSet::wait_new_primary`] until `until`; with `asked`, ends
+    /// with `None` as soon as that sentinel has no failover in progress and
+    /// still names `old` (it aborted the one it was asked for).
+    fn wait_for_switch(
+        &self,
+        old: u16,
+        asked: Option<u16>,
+        until: Instant,
+        within: Duration,
+    ) -> Result<Option<u16>, BoxError> {
         loop {
             let named: Vec<Option<u16>> = self
                 .sentinels
@@ -159,12 +203,20 @@ impl SentinelSet {
                     && named.iter().all(|n| *n == Some(*p))
                     && role(*p).is_ok_and(|r| r == "master")
                 {
-                    return Ok(*p);
+                    return Ok(Some(*p));
+                }
+            }
+            if let Some(port) = asked {
+                if master_addr(port).is_ok_and(|p| p == old)
+                    && failover_in_progress(port).is_ok_and(|busy| !busy)
+                {
+                    return Ok(None);
                 }
             }
             if Instant::now() >= until {
                 return Err(format!(
-                    "the sentinels did not agree on a new primary within {within:?} (they name {named:?}; old {old})"
+                    "the sentinels did not agree on a new primary within {within:?} (they name {named:?}; old {old}); sentinel logs:\n{}",
+                    self.sentinel_logs()
                 )
                 .into());
             }
@@ -190,21 +242,35 @@ impl SentinelSet {
                 Err(e) => last = e.to_string(),
             }
             if Instant::now() >= until {
-                let logs: Vec<String> = self
-                    .sentinels
-                    .iter()
-                    .map(|s| {
-                        std::fs::read_to_string(s.dir().join("server.log")).unwrap_or_default()
-                    })
-                    .collect();
                 return Err(format!(
                     "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
-                    logs.join("\n---\n")
+                    self.sentinel_logs()
                 )
                 .into());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The latest TILT and failover-abort lines of the sentinels' logs.
+    fn sentinel_events(&self) -> String {
+        let logs = self.sentinel_logs();
+        let events: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("tilt") || l.contains("-failover-abort"))
+            .collect();
+        events[events.len().saturating_sub(4)..].join("; ")
+    }
+
+    /// Every sentinel's log, for a failure message: the `+`/`-` events
+    /// there say which step of a failover stalled or was aborted.
+    fn sentinel_logs(&self) -> String {
+        let logs: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| std::fs::read_to_string(s.dir().join("server.log")).unwrap_or_default())
+            .collect();
+        logs.join("\n---\n")
     }
 
     fn settled(&self, primary: u16, replicas: &[u16]) -> Result<bool, BoxError> {
@@ -253,7 +319,7 @@ pub fn start_sentinel(
         ),
     )?;
     let config = config.to_string_lossy().into_owned();
-    ServerProcess::start(ServerSpec {
+    let sentinel = ServerProcess::start(ServerSpec {
         program,
         args: [
             config.as_str(),
@@ -269,7 +335,41 @@ pub fn start_sentinel(
         .to_vec(),
         run_as: None,
         ready_timeout: Duration::from_secs(10),
-    })
+    })?;
+    // Runtime-only setting (`SENTINEL DEBUG`, Redis 7.0): no config line.
+    let mut c = connect(sentinel.port())?;
+    let _: String = redis::cmd("SENTINEL")
+        .arg("DEBUG")
+        .arg("TILT-PERIOD")
+        .arg(TILT_PERIOD_MS)
+        .query(&mut c)?;
+    Ok(sentinel)
+}
+
+/// Sends `SENTINEL FAILOVER` to the sentinel on `port`; one already in
+/// progress (`INPROG`) counts as sent.
+fn request_failover(port: u16) -> Result<(), BoxError> {
+    let mut c = connect(port)?;
+    match redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query::<String>(&mut c)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == Some("INPROG") => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the sentinel on `port` has a failover of [`MASTER_NAME`] under way.
+fn failover_in_progress(port: u16) -> Result<bool, BoxError> {
+    let mut c = connect(port)?;
+    let m: HashMap<String, String> = redis::cmd("SENTINEL")
+        .arg("MASTER")
+        .arg(MASTER_NAME)
+        .query(&mut c)?;
+    Ok(m.get("flags")
+        .is_some_and(|f| f.split(',').any(|f| f == "failover_in_progress")))
 }
 
 fn connect(port: u16) -> Result<redis::Connection, BoxError> {
