@@ -1,11 +1,14 @@
 //! The cluster connection commands run on: redis-rs's cluster connection,
 //! plus re-sending while the cluster answers "not here" or "not now".
 
+use std::future::Future;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use redis::{
+    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -66,25 +69,37 @@ fn next_wait(started: Instant, wait: Duration, patience: Duration) -> Option<Dur
     (started.elapsed().saturating_add(wait) < patience).then_some(wait)
 }
 
+/// `send`'s answer, sent again with backoff while it says the command did
+/// not run, for at most `patience`.
+async fn resend<T, F, Fut>(patience: Duration, mut send: F) -> RedisResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let started = Instant::now();
+    let mut wait = FIRST_RESEND_WAIT;
+    loop {
+        match send().await {
+            Err(e) if not_run_yet(&e) => {
+                let Some(nap) = next_wait(started, wait, patience) else {
+                    return Err(e);
+                };
+                debug!(error = %e, wait = ?nap, "the cluster did not run the command; sending it again");
+                tokio::time::sleep(nap).await;
+                wait = wait.saturating_mul(2).min(MAX_RESEND_WAIT);
+            }
+            other => return other,
+        }
+    }
+}
+
 impl ConnectionLike for ClusterLink {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let mut wait = FIRST_RESEND_WAIT;
-            loop {
-                match self.conn.req_packed_command(cmd).await {
-                    Err(e) if not_run_yet(&e) => {
-                        let Some(nap) = next_wait(started, wait, self.patience) else {
-                            return Err(e);
-                        };
-                        debug!(error = %e, wait = ?nap, "the cluster did not run the command; sending it again");
-                        tokio::time::sleep(nap).await;
-                        wait = wait.saturating_mul(2).min(MAX_RESEND_WAIT);
-                    }
-                    other => return other,
-                }
-            }
-        })
+        let conn = &self.conn;
+        Box::pin(resend(self.patience, move || {
+            let mut conn = conn.clone();
+            async move { conn.req_packed_command(cmd).await }
+        }))
     }
 
     fn req_packed_commands<'a>(
@@ -93,23 +108,11 @@ impl ConnectionLike for ClusterLink {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let mut wait = FIRST_RESEND_WAIT;
-            loop {
-                match self.conn.req_packed_commands(pipeline, offset, count).await {
-                    Err(e) if not_run_yet(&e) => {
-                        let Some(nap) = next_wait(started, wait, self.patience) else {
-                            return Err(e);
-                        };
-                        debug!(error = %e, wait = ?nap, "the cluster did not run the pipeline; sending it again");
-                        tokio::time::sleep(nap).await;
-                        wait = wait.saturating_mul(2).min(MAX_RESEND_WAIT);
-                    }
-                    other => return other,
-                }
-            }
-        })
+        let conn = &self.conn;
+        Box::pin(resend(self.patience, move || {
+            let mut conn = conn.clone();
+            async move { conn.req_packed_commands(pipeline, offset, count).await }
+        }))
     }
 
     fn get_db(&self) -> i64 {
