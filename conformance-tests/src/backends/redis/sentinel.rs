@@ -143,7 +143,7 @@ impl SentinelSet {
     /// reports `role:master`. Returns `(old, new)` ports.
     ///
     /// A requested failover that the sentinel aborts (see
-    /// [`TILT_PERIOD_MS`]) is requested again, up to [`FAILOVER_REQUESTS`]
+    /// `TILT_PERIOD_MS`) is requested again, up to `FAILOVER_REQUESTS`
     /// times in all, within `within`.
     pub fn failover(&self, within: Duration) -> Result<(u16, u16), BoxError> {
         let old = self.primary_port()?;
