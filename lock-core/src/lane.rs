@@ -79,12 +79,6 @@ pub trait Batch: Sized + Send + Sync + 'static {
     const IN_FLIGHT: usize = 1;
     /// The most calls one batch carries; a longer queue goes in several.
     const MAX_BATCH: usize = 1024;
-    /// The most of the [`Batch::IN_FLIGHT`] batches that may be single calls
-    /// run in their callers' tasks. Past it, a call queues even while there
-    /// is room, and a lane task sends it with whatever queued meanwhile: in
-    /// a burst, where calls arrive one after another, each call sent at once
-    /// is one batch more than the burst needed.
-    const AT_ONCE: usize = 1;
 
     /// This kind's lane on `host`.
     fn lane(host: &Self::Host) -> &Lane<Self>;
@@ -185,8 +179,6 @@ struct LaneState<B: Batch> {
     /// Slots taken: by calls sent at once (a [`Slot`]) and by lane tasks
     /// (a [`Flusher`]).
     flushers: usize,
-    /// Of those, the slots of calls sent at once.
-    at_once: usize,
 }
 
 impl<B: Batch> Default for Lane<B> {
@@ -195,7 +187,6 @@ impl<B: Batch> Default for Lane<B> {
             state: Mutex::new(LaneState {
                 queued: Vec::new(),
                 flushers: 0,
-                at_once: 0,
             }),
         }
     }
@@ -232,8 +223,7 @@ impl<B: Batch> Lane<B> {
 
 /// Sends `item` in `B`'s next batch on `host` and waits for its answer: at
 /// once, as a batch of one run in this task, when fewer than
-/// [`Batch::IN_FLIGHT`] batches (and [`Batch::AT_ONCE`] calls sent at once)
-/// are in flight and none is queued; else
+/// [`Batch::IN_FLIGHT`] batches are in flight and none is queued; else
 /// queued, to go with the others in the next batch a lane task sends, and
 /// waited for at most [`Batch::queued_limit`].
 ///
@@ -249,8 +239,7 @@ pub async fn call<B: Batch>(host: &Arc<B::Host>, item: B::Item) -> Result<B::Ans
         if room {
             state.flushers += 1;
         }
-        if room && state.queued.is_empty() && state.at_once < B::AT_ONCE.max(1) {
-            state.at_once += 1;
+        if room && state.queued.is_empty() {
             Ok(item)
         } else {
             let mut item = item;
@@ -319,7 +308,6 @@ impl<B: Batch> Drop for Slot<'_, B> {
     fn drop(&mut self) {
         {
             let mut state = B::lane(self.host).state();
-            state.at_once = state.at_once.saturating_sub(1);
             if state.queued.is_empty() {
                 state.flushers = state.flushers.saturating_sub(1);
                 return;

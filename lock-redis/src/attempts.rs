@@ -1,4 +1,4 @@
-//! Lock attempts, as a [`Batch`]: up to [`AT_ONCE`] at a time are sent
+//! Lock attempts, as a [`Batch`]: up to [`IN_FLIGHT`] at a time are sent
 //! at once, each as its single-key command; those that come past that
 //! queue in the lane ([`lock_core::lane`]) and go together, as one script
 //! over all their keys.
@@ -35,18 +35,15 @@ use crate::error::{protocol, timed_out};
 use crate::scripts::{ACQUIRE, ACQUIRE_MANY, ACQUIRE_MANY_UNFENCED};
 use crate::unfenced;
 
-/// The most attempts sent at once on one connection, each its own command;
-/// attempts that come past it queue and make one script call, not one
-/// each, with [`SCRIPTS_IN_FLIGHT`] such calls in flight. Sending one costs
+/// The most attempt commands in flight on one connection: up to this many
+/// attempts are sent at once, each its own command; attempts that come
+/// past it queue and make one script call, not one each. Sending one costs
 /// the caller nothing but the command, where a queued attempt costs a task
 /// and a channel per script call, a registration, and a wait for a command
 /// in flight to answer, which only pays off when many come at once (a
 /// scheduler's tick locks). With 1 or 2, 16 tasks looping on acquire and
 /// release ran 20-30 % slower than with every attempt sent at once.
-const AT_ONCE: usize = 16;
-
-/// The most script calls of queued attempts in flight on one connection.
-const SCRIPTS_IN_FLIGHT: usize = 2;
+const IN_FLIGHT: usize = 16;
 
 /// The most attempts one script call carries: about a millisecond of the
 /// server's time, during which it serves nobody else.
@@ -155,7 +152,7 @@ impl Attempts {
 }
 
 /// Tries to take `name` for `owner` for `ms` milliseconds: at once when
-/// fewer than [`AT_ONCE`] attempts are in flight, else in the next script
+/// fewer than [`IN_FLIGHT`] attempts are in flight, else in the next script
 /// call of queued attempts; within the operation timeout either way (a
 /// queued one counted from when it queued).
 ///
@@ -236,9 +233,8 @@ impl Batch for Acquires {
     type Host = Shared;
     type Item = Attempt;
     type Answer = i64;
-    const IN_FLIGHT: usize = AT_ONCE + SCRIPTS_IN_FLIGHT;
+    const IN_FLIGHT: usize = IN_FLIGHT;
     const MAX_BATCH: usize = MAX_BATCH;
-    const AT_ONCE: usize = AT_ONCE;
 
     fn lane(shared: &Shared) -> &Lane<Self> {
         &shared.attempts.lane

@@ -316,27 +316,6 @@ async fn a_call_sent_at_once_runs_in_its_callers_task_and_queued_ones_in_the_lan
 }
 
 #[tokio::test]
-async fn past_at_once_a_call_goes_through_a_lane_task_even_with_room() {
-    let host = Arc::new(Gated::default());
-    let first = spawn::<Two>(&host, 1);
-    until("the first batch is sent", || host.batches() == [1]).await;
-    let second = spawn::<Two>(&host, 2);
-    let caller = second.id();
-    until("a second batch is sent beside it", || {
-        host.batches() == [1, 1]
-    })
-    .await;
-    let ran_in = host.tasks().get(1).copied().flatten();
-    assert!(
-        ran_in.is_some_and(|t| t != caller),
-        "one call at a time is sent at once (AT_ONCE = 1): {ran_in:?}"
-    );
-    host.gate.add_permits(2);
-    assert_eq!(answer(first).await, Ok(2));
-    assert_eq!(answer(second).await, Ok(4));
-}
-
-#[tokio::test]
 async fn a_caller_that_gives_up_stops_nobody_else() {
     let host = Arc::new(Gated::default());
     let first = spawn::<One>(&host, 1);
