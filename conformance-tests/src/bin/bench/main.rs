@@ -20,6 +20,7 @@ mod pg;
 mod report;
 mod sched;
 mod sched_tally;
+mod server_work;
 mod stats;
 
 use std::sync::Arc;
@@ -155,13 +156,16 @@ enum Rows {
 
 /// The scheduler-at-scale rows, per tick and leader. A measurement that
 /// errors becomes a FAILED row of its own, so the other rows still show.
-async fn sched_rows(ctx: &Ctx, mode: Mode) -> Vec<Row> {
+async fn sched_rows(ctx: &Ctx, source: &FloorSource, mode: Mode) -> Vec<Row> {
     let mut rows = Vec::new();
     for leader in [false, true] {
         let kind = if leader { "leader" } else { "per-tick" };
-        let row = match tokio::time::timeout(sched::TIME_BOUND, sched::at_scale(ctx, leader, mode))
-            .await
-            .unwrap_or_else(|_| Err("did not finish in time".into()))
+        let row = match tokio::time::timeout(
+            sched::TIME_BOUND,
+            sched::at_scale(ctx, source, leader, mode),
+        )
+        .await
+        .unwrap_or_else(|_| Err("did not finish in time".into()))
         {
             Ok(row) => row,
             Err(e) => Row::new(
@@ -203,7 +207,7 @@ async fn bench_backend(
 ) -> Result<Vec<Row>, BoxError> {
     let ctx = Ctx::new(Arc::clone(&factory), run_id, "bench");
     if only == Rows::SchedOnly {
-        return Ok(sched_rows(&ctx, mode).await);
+        return Ok(sched_rows(&ctx, &source, mode).await);
     }
     let mut rows = Vec::new();
     let done = |row: Row| {
@@ -255,7 +259,7 @@ async fn bench_backend(
     rows.extend(sweep_rows(&ctx, &source, mode, done).await?);
     rows.push(done(measures::handoff(&ctx, mode).await?));
     rows.push(done(failover::failover(&ctx, mode).await?));
-    rows.extend(sched_rows(&ctx, mode).await);
+    rows.extend(sched_rows(&ctx, &source, mode).await);
     Ok(rows)
 }
 

@@ -16,9 +16,11 @@ use scheduler::{
 };
 use tokio::time::Instant;
 
+use crate::floors::FloorSource;
 use crate::measures::{cpu_time, run_queue_wait};
 use crate::report::Row;
 use crate::sched_tally::{CountingTicks, Ended, Started, Tally};
+use crate::server_work::ServerWork;
 use crate::Mode;
 
 /// How long each replica's shutdown may take before its runs are aborted.
@@ -157,8 +159,15 @@ async fn leads(replica: &Replica, limit: Duration) -> Result<(), BoxError> {
 /// One row: the scheduler at scale on `ctx`'s backend, in leader mode if
 /// `leader`, else per tick. A duplicate run always fails the row; a missed
 /// tick or a lag p99 over 100 ms fails it in full mode only.
-pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row, BoxError> {
+pub(crate) async fn at_scale(
+    ctx: &Ctx,
+    source: &FloorSource,
+    leader: bool,
+    mode: Mode,
+) -> Result<Row, BoxError> {
     let backend = ctx.factory().name().to_owned();
+    let server = ServerWork::of(source);
+    let server_before = server.read().await?;
     let (jobs, seconds) = size(&backend, mode);
     let kind = if leader { "leader" } else { "per-tick" };
     // A service's defaults, where the backend allows them: the suite's short
@@ -229,7 +238,16 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
             stop_errors.push(e.to_string());
         }
     }
+    let server_after = server.read_after(&server_before).await?;
     let runs = logs.started.lock().map(|l| l.clone()).unwrap_or_default();
+    // Every tick the run fired, the first and last second's included: the
+    // server's counters cover the whole run.
+    let ticks_run = runs
+        .iter()
+        .map(|r| (r.job, r.tick))
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let server_figures = server.per_tick(&server_before, &server_after, ticks_run, REPLICAS);
     let ended = logs.ended.lock().map(|l| l.clone()).unwrap_or_default();
     let tally = Tally::of(&runs, &ended, &names, from, until);
     let mut calls = [0.0; 5];
@@ -264,7 +282,7 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
             format!("{measure}: {}; {setting}", failures.join(", ")),
         )
     };
-    Ok(row
+    let row = row
         .figure("jobs", jobs.to_string())
         .figure("replicas", REPLICAS.to_string())
         .figure("seconds", seconds.to_string())
@@ -293,7 +311,11 @@ pub(crate) async fn at_scale(ctx: &Ctx, leader: bool, mode: Mode) -> Result<Row,
                 .map(|c| format!("{c:.2}"))
                 .collect::<Vec<_>>()
                 .join("/"),
-        ))
+        );
+    let row = server_figures
+        .into_iter()
+        .fold(row, |row, (name, value)| row.figure(name, value));
+    Ok(row)
 }
 
 /// Why the row fails, if it does.
