@@ -166,12 +166,14 @@ impl LockerBuilder {
     }
 }
 
-/// Whether an attempt records a denial in metrics (a waiting acquire records
-/// only its final outcome, not every poll).
+/// Which kind of attempt: a single `try_lock` validates its options and
+/// counts a denial; an attempt within `lock`'s wait does neither (its options
+/// were validated once before the wait, and it records only its final
+/// outcome, not every poll).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum CountDenials {
-    Yes,
-    No,
+enum AttemptKind {
+    Once,
+    InWait,
 }
 
 impl Locker {
@@ -297,9 +299,14 @@ impl Locker {
     ///
     /// Cancel safe: if the future is dropped after the backend granted the
     /// lock, the lock is released in the background.
-    pub async fn try_lock(&self, name: &LockName, opts: &LockOptions) -> Result<LockGuard> {
-        self.validate(opts)?;
-        self.attempt(name, opts, CountDenials::Yes).await
+    pub fn try_lock<'a>(
+        &'a self,
+        name: &'a LockName,
+        opts: &'a LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + 'a {
+        // The attempt's own future, not an `async fn` wrapped around it: one
+        // state machine less to move and poll on every call.
+        self.attempt(name, opts, AttemptKind::Once)
     }
 
     /// Acquires `name`, waiting while it is held (here or elsewhere) until the
@@ -367,7 +374,7 @@ impl Locker {
             local_freed.as_mut().enable();
             // Only a local denial waits for a local release: a remote denial
             // drops this attempt's own claim, which would wake us at once.
-            let held_locally = match self.attempt(name, opts, CountDenials::No).await {
+            let held_locally = match self.attempt(name, opts, AttemptKind::InWait).await {
                 Err(Error::HeldLocally { .. }) => true,
                 Err(Error::HeldElsewhere { .. }) => false,
                 // An outage within a bounded wait is retried until the
@@ -497,14 +504,17 @@ impl Locker {
         &self,
         name: &LockName,
         opts: &LockOptions,
-        count: CountDenials,
+        kind: AttemptKind,
     ) -> Result<LockGuard> {
+        if kind == AttemptKind::Once {
+            self.validate(opts)?;
+        }
         if self.inner.background.is_closing() {
             return Err(Error::ShutDown { name: name.clone() });
         }
         let Some(claim) = self.inner.claims.claim(name) else {
             let metrics = self.inner.metrics.label(label_of(name, opts));
-            if count == CountDenials::Yes {
+            if kind == AttemptKind::Once {
                 metrics.acquisition(AcquireOutcome::HeldLocally);
             }
             return Err(Error::HeldLocally { name: name.clone() });
@@ -528,7 +538,7 @@ impl Locker {
             Ok(AcquireAttempt::Acquired(lease)) => lease,
             Ok(_) => {
                 cleanup.disarm();
-                if count == CountDenials::Yes {
+                if kind == AttemptKind::Once {
                     metrics.acquisition(AcquireOutcome::HeldElsewhere);
                 }
                 return Err(Error::HeldElsewhere { name: name.clone() });

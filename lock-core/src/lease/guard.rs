@@ -157,6 +157,8 @@ impl LockGuard {
         // Borrowed, not cloned: a reference count less per release.
         let state = &self.handle.state;
         let now = Instant::now();
+        // `finish` also stops the held-time metrics: at this ending, or at
+        // the earlier one that ended the lease first.
         let outcome = match (&state.backend, state.finish(now)) {
             (None, done) => done.map_err(|r| state.lost_error(r)),
             (Some(backend), Err(reason)) => {
@@ -178,7 +180,6 @@ impl LockGuard {
                 Err(e) => Err(Error::Backend(e)),
             },
         };
-        state.end_hold(now);
         self.finished = true;
         debug!(lock = %state.name, ok = outcome.is_ok(), "lock released");
         outcome
@@ -233,10 +234,9 @@ impl LockGuard {
     fn end_on_drop(&self) {
         let state = &self.handle.state;
         // Every handle learns now that the lease is over; a deadline that had
-        // already passed is counted as the loss it was.
-        let now = Instant::now();
-        let _ = state.finish(now);
-        state.end_hold(now);
+        // already passed is counted as the loss it was. The held-time
+        // metrics stop with the ending, as in `release`.
+        let _ = state.finish(Instant::now());
         if let Some(hb) = &self.heartbeat {
             hb.forget_and_release(Arc::clone(state));
         }
