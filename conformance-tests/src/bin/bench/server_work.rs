@@ -10,7 +10,10 @@
 //!   is one. A session reports its counts when idle, at most once a second
 //!   and at the latest when it ends, so the second reading waits until the
 //!   replicas' sessions have ended.
-//! - memory and etcd: not counted.
+//! - etcd: gRPC messages received (`grpc_server_msg_received_total` on
+//!   the first endpoint's `/metrics`), keep-alives on a lease's stream
+//!   included; a single member, or the figure covers one member only.
+//! - memory: not counted.
 //!
 //! Both readings include everything else the server did meanwhile, so run
 //! the bench against a server nothing else uses.
@@ -43,6 +46,8 @@ pub(crate) struct Reading {
 pub(crate) enum ServerWork {
     Redis(String),
     Postgres(String),
+    /// `host:port` of a plain-text etcd endpoint.
+    Etcd(String),
     NotCounted,
 }
 
@@ -52,7 +57,11 @@ impl ServerWork {
         match source {
             FloorSource::Redis { url, .. } => Self::Redis(url.clone()),
             FloorSource::Postgres { url } => Self::Postgres(url.clone()),
-            FloorSource::Trait | FloorSource::Etcd { .. } => Self::NotCounted,
+            FloorSource::Etcd { endpoints } => endpoints
+                .first()
+                .and_then(|e| e.strip_prefix("http://"))
+                .map_or(Self::NotCounted, |e| Self::Etcd(e.to_owned())),
+            FloorSource::Trait => Self::NotCounted,
         }
     }
 
@@ -88,6 +97,10 @@ impl ServerWork {
                     sessions: u64::try_from(row.get::<_, i64>(1))?,
                 })
             }
+            Self::Etcd(addr) => Ok(Reading {
+                total: etcd_messages(&metrics_page(addr).await?),
+                ..Reading::default()
+            }),
             Self::NotCounted => Ok(Reading::default()),
         }
     }
@@ -128,6 +141,7 @@ impl ServerWork {
         let total = match self {
             Self::Redis(_) => "server commands/tick/replica",
             Self::Postgres(_) => "server transactions/tick/replica",
+            Self::Etcd(_) => "server gRPC messages/tick/replica",
             Self::NotCounted => return Vec::new(),
         };
         let mut out = vec![(total, per(before.total, after.total))];
@@ -136,6 +150,36 @@ impl ServerWork {
         }
         out
     }
+}
+
+/// The `/metrics` page of the etcd member at `addr` (`host:port`), over a
+/// plain HTTP/1.0 request: one page, read to the end.
+async fn metrics_page(addr: &str) -> Result<String, BoxError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page).await?;
+        Ok::<_, std::io::Error>(page)
+    };
+    let page = tokio::time::timeout(SESSIONS_END_WITHIN, read)
+        .await
+        .map_err(|_| format!("etcd {addr} /metrics did not answer"))??;
+    Ok(page)
+}
+
+/// gRPC messages received, summed over every method, from a Prometheus
+/// text page.
+fn etcd_messages(page: &str) -> u64 {
+    page.lines()
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
 }
 
 /// Commands and script calls from `INFO commandstats` (lines like
@@ -181,5 +225,14 @@ mod tests {
         let r = redis_reading(info);
         assert_eq!(r.total, 15);
         assert_eq!(r.scripts, Some(3));
+    }
+
+    #[test]
+    fn grpc_messages_are_summed_over_methods() {
+        let page = "# HELP grpc_server_msg_received_total Total ...\n\
+            grpc_server_msg_received_total{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 12\n\
+            grpc_server_msg_received_total{grpc_method=\"LeaseKeepAlive\",grpc_service=\"etcdserverpb.Lease\",grpc_type=\"bidi_stream\"} 3\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Txn\"} 12\n";
+        assert_eq!(etcd_messages(page), 15);
     }
 }
