@@ -6,6 +6,8 @@ mod postgres;
 mod redis;
 mod rslock;
 
+pub(crate) use postgres::query_one as postgres_query_one;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -20,11 +20,9 @@
 
 use std::time::Duration;
 
+use crate::floors::{postgres_query_one, FloorSource};
 use conformance_tests::BoxError;
 use tokio::time::Instant;
-use tokio_postgres::NoTls;
-
-use crate::floors::FloorSource;
 
 /// How long the replicas' Postgres sessions may take to end after their
 /// schedulers are dropped.
@@ -78,19 +76,14 @@ impl ServerWork {
                 Ok(redis_reading(&info))
             }
             Self::Postgres(url) => {
-                let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-                let driver = tokio::spawn(connection);
-                let row = client
-                    .query_one(
-                        "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database \
-                                 WHERE datname = current_database()), \
-                                (SELECT count(*) FROM pg_stat_activity \
-                                 WHERE datname = current_database() AND pid <> pg_backend_pid())",
-                        &[],
-                    )
-                    .await?;
-                drop(client);
-                let _ = driver.await;
+                let row = postgres_query_one(
+                    url,
+                    "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database \
+                             WHERE datname = current_database()), \
+                            (SELECT count(*) FROM pg_stat_activity \
+                             WHERE datname = current_database() AND pid <> pg_backend_pid())",
+                )
+                .await?;
                 Ok(Reading {
                     total: u64::try_from(row.get::<_, i64>(0))?,
                     scripts: None,

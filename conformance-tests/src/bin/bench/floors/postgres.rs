@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use async_trait::async_trait;
 use conformance_tests::BoxError;
 use lock_core::LockName;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::Floor;
 
@@ -46,19 +46,25 @@ impl PgFloor {
 /// The size of the server's shared lock table:
 /// `max_locks_per_transaction × (max_connections + max_prepared_transactions)`.
 pub(crate) async fn lock_table_slots(url: &str) -> Result<usize, BoxError> {
+    let row = query_one(
+        url,
+        "SELECT current_setting('max_locks_per_transaction')::int8 * \
+         (current_setting('max_connections')::int8 \
+          + current_setting('max_prepared_transactions')::int8)",
+    )
+    .await?;
+    Ok(usize::try_from(row.get::<_, i64>(0))?)
+}
+
+/// The one row `sql` answers, on a connection of its own, closed before
+/// this returns (so that it is not counted as a session still open).
+pub(crate) async fn query_one(url: &str, sql: &str) -> Result<Row, BoxError> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
     let driver = tokio::spawn(connection);
-    let row = client
-        .query_one(
-            "SELECT current_setting('max_locks_per_transaction')::int8 * \
-             (current_setting('max_connections')::int8 \
-              + current_setting('max_prepared_transactions')::int8)",
-            &[],
-        )
-        .await?;
+    let row = client.query_one(sql, &[]).await?;
     drop(client);
     let _ = driver.await;
-    Ok(usize::try_from(row.get::<_, i64>(0))?)
+    Ok(row)
 }
 
 /// Two int4 keys from the name (the library derives its own the same size).
