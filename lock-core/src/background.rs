@@ -2,17 +2,19 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::mpsc::{self, UnboundedSender};
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::lease::deadline_after;
+use crate::lease::retention::{self, Retained};
 
-/// Every task a `Locker` spawns (its heartbeat, background releases, the ends
-/// of retained holds) and the signal that shutdown has begun.
+/// Every task a `Locker` spawns (its heartbeat, background releases, the task
+/// that ends retained holds) and the signal that shutdown has begun.
 ///
 /// Every lease keeps a clone, so a clone is one reference count (cloning a
 /// cancellation token takes a lock), and asking whether shutdown has begun,
@@ -28,6 +30,9 @@ struct Inner {
     closing: CancellationToken,
     /// Set before `closing` is cancelled, never cleared.
     closed: AtomicBool,
+    /// Hands retained leases to the task that ends their holds; `None`
+    /// until the first hold.
+    retained: Mutex<Option<UnboundedSender<Retained>>>,
 }
 
 impl Background {
@@ -44,6 +49,29 @@ impl Background {
         runtime: &tokio::runtime::Handle,
     ) {
         self.inner.tasks.spawn_on(work, runtime);
+    }
+
+    /// Has the lease in `hold` ended when its hold is over, by this
+    /// `Locker`'s retention task, started here on the first hold (or again
+    /// if the runtime that ran it has gone).
+    pub(crate) fn end_retained(&self, hold: Retained) {
+        let mut slot = self
+            .inner
+            .retained
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let hold = match slot.as_ref() {
+            Some(tx) => match tx.send(hold) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(hold)) => hold,
+            },
+            None => hold,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Cannot fail: `rx` is alive.
+        let _ = tx.send(hold);
+        *slot = Some(tx);
+        self.spawn(retention::run(rx, self.inner.closing.clone()));
     }
 
     /// Whether shutdown has begun.

@@ -117,6 +117,49 @@ pub(super) async fn retained_lease_ends_every_clone_after_hold(ctx: Ctx) {
     assert_no_loss_counted("retain", &a.metrics, name.as_str());
 }
 
+/// Leases retained with holds given out of order each end at their own hold:
+/// the ends of every hold of one `Locker` are kept in one schedule, and the
+/// one retained first must not hold up one that ends sooner. On a session
+/// backend the lock is then free to another replica too.
+pub(super) async fn retained_leases_end_in_the_order_of_their_holds(ctx: Ctx) {
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let timing = ctx.timing();
+    // A hold is a TTL on the server: no shorter than the backend allows.
+    let step = (timing.ttl / 4).max(a.backend.capabilities().min_ttl);
+    let mut waits = Vec::new();
+    let retained_at = Instant::now();
+    for (i, steps) in [3u32, 1, 2].into_iter().enumerate() {
+        let name = ctx.name(&format!("retained-order-{i}"));
+        let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
+        let handle = guard.handle();
+        let hold = step * steps;
+        guard.retain_for(hold).await.expect("retain");
+        waits.push(tokio::spawn(async move {
+            let reason = timeout(hold + timing.tolerance, handle.lost())
+                .await
+                .unwrap_or_else(|_| panic!("the lease retained for {hold:?} did not end in time"));
+            (name, hold, reason, retained_at.elapsed())
+        }));
+    }
+    for wait in waits {
+        let (name, hold, reason, ended) = wait.await.expect("the wait panicked");
+        assert_eq!(reason, LossReason::Released, "{name}");
+        assert!(
+            ended + timing.tolerance >= hold / 2,
+            "{name}: retained for {hold:?}, ended after {ended:?}"
+        );
+        let opts = ctx
+            .opts()
+            .with_acquire_timeout(timing.ttl / 8 + timing.tolerance);
+        let g = b
+            .locker
+            .lock(&name, &opts)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: not free after its hold: {e}"));
+        g.release().await.expect("release");
+    }
+}
+
 /// `assert_held` fails once `max_hold` has passed even while the heartbeat
 /// (the watchdog) cannot run, however far the last renewal moved the
 /// validity deadline.

@@ -5,16 +5,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::backend::Expiry;
 use lock_core::{Error, LossReason};
 use tokio::time::{timeout, Instant};
 
 use crate::faulty::{Fault, FaultyBackend};
 use crate::Ctx;
 
-/// Held guards, a guard dropped just before (its release only queued) and a
-/// guarded run in progress: after `shutdown` returns every lock is free on
-/// the server, every handle says the lease ended, the run was stopped, and
-/// the `Locker` and its clones acquire nothing more.
+/// Held guards, a guard dropped just before (its release only queued), a
+/// retained hold and a guarded run in progress: after `shutdown` returns
+/// every lock is free on the server (a retained one on session backends),
+/// every handle says the lease ended, the run was stopped, and the `Locker`
+/// and its clones acquire nothing more.
 pub(super) async fn locker_shutdown_releases_every_lease(ctx: Ctx) {
     let (a, b) = (ctx.replica().await, ctx.replica().await);
     let timing = ctx.timing();
@@ -47,6 +49,13 @@ pub(super) async fn locker_shutdown_releases_every_lease(ctx: Ctx) {
         .expect("the guarded run started")
         .expect("job alive");
 
+    // A hold retained past the shutdown ends with it (released at once on
+    // a session backend; a TTL server keeps the mark for the hold).
+    let kept = ctx.name("kept");
+    let kept_guard = a.locker.try_lock(&kept, &ctx.opts()).await.expect("free");
+    let kept_handle = kept_guard.handle();
+    kept_guard.retain_for(timing.ttl * 2).await.expect("retain");
+
     let began = Instant::now();
     timeout(bound * 2, a.locker.shutdown(bound))
         .await
@@ -55,6 +64,15 @@ pub(super) async fn locker_shutdown_releases_every_lease(ctx: Ctx) {
     let took = began.elapsed();
 
     assert!(!handle.is_held(), "a held guard's handle still says held");
+    assert_eq!(
+        kept_handle.loss_reason(),
+        Some(LossReason::Released),
+        "a retained hold outlived the shutdown"
+    );
+    if a.backend.capabilities().expiry == Expiry::Session {
+        b.takes_at_once("a retained lock on a session backend", &kept, &ctx)
+            .await;
+    }
     assert_eq!(handle.loss_reason(), Some(LossReason::Released));
     let outcome = timeout(bound, job)
         .await

@@ -78,6 +78,10 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(
+        ended::retained_leases_end_in_the_order_of_their_holds,
+        Requires::Nothing
+    ),
+    case!(
         ended::election_lease_ends_on_stop_and_drop,
         Requires::Nothing
     ),

@@ -5,14 +5,15 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::retention::Retained;
 use super::{deadline_after, LeaseHandle, LeaseState};
 use crate::heartbeat::HeartbeatHandle;
 use crate::local::LocalClaim;
 use crate::options::{drift_for, MAX_TTL};
-use crate::{Error, Expiry, LeaseStatus, LossReason, ReleaseOutcome, Result};
+use crate::{Error, LeaseStatus, LossReason, ReleaseOutcome, Result};
 
 /// Ownership of a held lock. Dropping it ends the lease for every handle at
 /// once, stops renewal and releases the lock in the background;
@@ -116,7 +117,10 @@ impl LockGuard {
                         let keep = hold.saturating_sub(drift_for(hold));
                         let until = deadline_after(sent_at, keep).unwrap_or(sent_at);
                         if state.retain_until(until) {
-                            spawn_retention_end(Arc::clone(&state), until);
+                            state.background.end_retained(Retained {
+                                until,
+                                state: Arc::clone(&state),
+                            });
                             Ok(())
                         } else {
                             // A loss arrived while the hold was being set.
@@ -184,34 +188,6 @@ impl LockGuard {
         debug!(lock = %state.name, ok = outcome.is_ok(), "lock released");
         outcome
     }
-}
-
-/// Ends a retained lease when its hold is over: a session backend releases
-/// it then; a TTL backend's server forgets it by itself.
-///
-/// A `Locker` shutting down ends the hold early: a session backend's lock
-/// would go with the process anyway, so it is released now; a TTL backend's
-/// server keeps the mark until the hold is over, as intended.
-fn spawn_retention_end(state: Arc<LeaseState>, until: Instant) {
-    let background = state.background.clone();
-    background.clone().spawn(async move {
-        tokio::select! {
-            () = sleep_until(until) => {
-                let _ = state.check_valid(Instant::now());
-            }
-            () = background.closing() => {
-                let _ = state.finish(Instant::now());
-            }
-        }
-        let Some(backend) = &state.backend else {
-            return;
-        };
-        if backend.capabilities().expiry == Expiry::Session {
-            if let Err(e) = (**backend).release(&state.name, &state.owner).await {
-                warn!(lock = %state.name, error = %e, "releasing a retained lock failed; it ends with its session");
-            }
-        }
-    });
 }
 
 impl Drop for LockGuard {

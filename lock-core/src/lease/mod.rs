@@ -8,6 +8,7 @@
 mod cell;
 mod guard;
 mod handle;
+pub(crate) mod retention;
 mod spares;
 
 use std::sync::atomic::{AtomicBool, Ordering};
