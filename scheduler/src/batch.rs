@@ -1,8 +1,8 @@
 //! [`Ticks`]: the tick store as the scheduler's jobs call it, with the calls
 //! of many jobs coalesced into the store's batch methods.
 //!
-//! Every job has its own driver task, so when a thousand jobs fire at the
-//! same instant a thousand tasks each ask the store the same kinds of
+//! Every job's run is a future of its own, so when a thousand jobs fire at
+//! the same instant a thousand futures each ask the store the same kinds of
 //! question. Each kind of call has a lane ([`lock_core::lane`]): a call that
 //! finds its lane idle is sent at once (a lone tick waits for nothing), and
 //! calls that arrive while the lane's batch is in flight queue up and go

@@ -84,8 +84,10 @@
 //!
 //! # Tick store calls
 //!
-//! Every job has its own task, so many jobs due at the same instant ask the
-//! tick store the same questions at once. Those calls are coalesced: a call
+//! One task fires every job (one timer for the next instant any job is due)
+//! and polls each job's runs as a future of its own; handlers run in tasks
+//! of their own. So many jobs due at the same instant ask the tick store the
+//! same questions at once. Those calls are coalesced: a call
 //! that finds no batch of its kind in flight goes at once, and those that
 //! arrive meanwhile go together as one batch when it answers (the
 //! [`TickStore`](lock_core::TickStore) batch methods: one statement on

@@ -2,6 +2,7 @@
 //! job's previous run is still going waits for it, and only the newest one
 //! waits.
 
+use std::future::Future;
 use std::sync::{Arc, MutexGuard, PoisonError};
 
 use lock_core::LeaseHandle;
@@ -30,9 +31,10 @@ pub(crate) fn is_busy(job: &JobSpec) -> bool {
     runs(job).busy
 }
 
-/// Runs `batch` in order in its own task. If a batch of the job is already
-/// going here, the newest tick of `batch` waits for it instead, replacing
-/// any tick that waited before, and the others are skipped.
+/// The run of `batch`, in order, for the caller to poll to its end. If a
+/// batch of the job is already going here, the newest tick of `batch` waits
+/// for it instead, replacing any tick that waited before, the others are
+/// skipped, and there is nothing to run (`None`).
 ///
 /// Waiting rather than skipping at once keeps a run that started late (its
 /// process starved of CPU) from costing the next tick: when every replica
@@ -44,7 +46,7 @@ pub(crate) fn launch(
     job: &Arc<JobSpec>,
     batch: Vec<Tick>,
     leader: Option<&LeaseHandle>,
-) {
+) -> Option<impl Future<Output = ()> + Send + 'static> {
     let mut superseded = Vec::new();
     let was_busy = {
         let mut runs = runs(job);
@@ -65,27 +67,29 @@ pub(crate) fn launch(
                 "a newer tick fired while it waited for the previous run",
             );
         }
-        return;
+        return None;
     }
+    // Dropped before the batch ends (with its driver, at the runtime's
+    // end), it frees the job.
     let busy = Busy {
         rt: Arc::clone(rt),
         job: Arc::clone(job),
         armed: true,
     };
-    let (rt2, job, leader) = (Arc::clone(rt), Arc::clone(job), leader.cloned());
-    rt.tracker.spawn(async move {
+    let (rt, job, leader) = (Arc::clone(rt), Arc::clone(job), leader.cloned());
+    Some(async move {
         let mut batch = batch;
         loop {
             for tick in batch {
-                run_tick(&rt2, &job, tick, leader.as_ref()).await;
+                run_tick(&rt, &job, tick, leader.as_ref()).await;
             }
-            match next_waiting(&rt2, &job) {
+            match next_waiting(&rt, &job) {
                 Some(tick) => batch = vec![tick],
                 None => break,
             }
         }
         busy.disarm();
-    });
+    })
 }
 
 /// The tick that waited for the batch that just ended, while it is still
@@ -120,8 +124,8 @@ fn skip(rt: &Runtime, job: &JobSpec, tick: Tick, why: &'static str) {
     rt.report(job, tick, TickOutcome::Skipped);
 }
 
-/// Frees the job if its batch task is dropped before it ends (with the
-/// runtime), skipping the tick that waited for it.
+/// Frees the job if its batch is dropped before it ends (with the runtime),
+/// skipping the tick that waited for it.
 struct Busy {
     rt: Arc<Runtime>,
     job: Arc<JobSpec>,

@@ -103,12 +103,10 @@ impl Scheduler {
         let _enter = handle.enter();
         match &self.mode {
             Mode::PerTick => {
-                for job in &self.jobs {
-                    let (rt, job) = (Arc::clone(&self.rt), Arc::clone(job));
-                    self.rt
-                        .tracker
-                        .spawn(drive(rt, job, self.root.child_token(), None));
-                }
+                let rt = Arc::clone(&self.rt);
+                self.rt
+                    .tracker
+                    .spawn(drive(rt, self.jobs.clone(), self.root.child_token(), None));
             }
             Mode::Leader(opts) => {
                 let election = LeaderElection::builder(self.rt.locker.clone(), opts.name.clone())
@@ -271,12 +269,12 @@ impl Supervisor {
                 },
             };
             let term = self.root.child_token();
-            for job in &self.jobs {
-                let (rt, job) = (Arc::clone(&self.rt), Arc::clone(job));
-                self.rt
-                    .tracker
-                    .spawn(drive(rt, job, term.clone(), Some(lease.clone())));
-            }
+            self.rt.tracker.spawn(drive(
+                Arc::clone(&self.rt),
+                self.jobs.clone(),
+                term.clone(),
+                Some(lease.clone()),
+            ));
             self.leading.send_replace(true);
             tokio::select! {
                 _ = self.root.cancelled() => {}

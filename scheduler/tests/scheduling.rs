@@ -228,3 +228,48 @@ async fn function_handlers_with_their_own_error_type_run() {
         2
     );
 }
+
+/// Many jobs due at the same instant all run, and the scheduler fires them
+/// from one task: between ticks, no task per job is alive (a task and timer
+/// per job per tick were the burst's bookkeeping at a thousand jobs).
+#[tokio::test(start_paused = true)]
+async fn one_task_fires_every_job() {
+    const JOBS: usize = 200;
+    let (locker, ticks, _) = backend();
+    let base = DateTime::from_timestamp(1_800_000_000, 500_000_000).expect("valid");
+    let ran: Arc<Mutex<Vec<(usize, i64)>>> = Arc::default();
+    let mut builder = Scheduler::builder(locker, ticks)
+        .with_registry(&Registry::new())
+        .with_clock(Arc::new(TokioClock::starting_at(base)));
+    for j in 0..JOBS {
+        let log = Arc::clone(&ran);
+        builder = builder.with_job(Job::new(format!("many/{j}"), "* * * * * *", move |ctx| {
+            let offset = (ctx.scheduled_at() - base).num_milliseconds();
+            log.lock().expect("log").push((j, offset));
+            async { Ok(()) }
+        }));
+    }
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let s = builder.start().expect("starts");
+    // Ticks at +0.5, +1.5 and +2.5 s; read between the last two.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let between = tasks();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.shutdown(Duration::from_secs(1)).await.expect("clean");
+    assert!(
+        between.saturating_sub(before) < 10,
+        "{} tasks alive between ticks for {JOBS} jobs ({before} before the start)",
+        between
+    );
+    let mut ran = ran.lock().expect("log").clone();
+    ran.sort_unstable();
+    let expected: Vec<(usize, i64)> = (0..JOBS)
+        .flat_map(|j| [(j, 500), (j, 1_500), (j, 2_500)])
+        .collect();
+    assert_eq!(ran, expected);
+}
