@@ -115,12 +115,31 @@ impl Capabilities {
 pub struct Lease {
     /// The fencing token, when the backend issues them.
     pub fencing_token: Option<u64>,
+    /// How long the server is known to keep the lock, counted from when the
+    /// attempt was sent, when that is less than the TTL asked for; `None`:
+    /// the whole TTL. A backend whose locks share a server-side lease sets
+    /// it when the lease's last proof of life came before the attempt: the
+    /// lock is then valid locally only that long, and its first renewal
+    /// comes that much earlier.
+    pub lasts_at_least: Option<Duration>,
 }
 
 impl Lease {
-    /// A lease with an optional fencing token.
+    /// A lease with an optional fencing token, kept by the server for the
+    /// whole TTL.
     pub const fn new(fencing_token: Option<u64>) -> Self {
-        Self { fencing_token }
+        Self {
+            fencing_token,
+            lasts_at_least: None,
+        }
+    }
+
+    /// The same lease, known to be kept by the server only for `d` after
+    /// the attempt was sent (see [`Lease::lasts_at_least`]).
+    #[must_use]
+    pub const fn with_lasts_at_least(mut self, d: Duration) -> Self {
+        self.lasts_at_least = Some(d);
+        self
     }
 }
 

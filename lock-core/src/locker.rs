@@ -558,7 +558,14 @@ impl Locker {
                 });
             }
         };
-        let usable_until = deadline_after(sent_at, opts.timing().validity);
+        // A lock on a shared server-side lease may be kept for less than its
+        // TTL (the lease's last proof of life came before this attempt): it
+        // counts as proven then, so its validity and first renewal come early.
+        let proved_at = match lease.lasts_at_least {
+            Some(lasts) if lasts < opts.ttl() => sent_at.checked_sub(opts.ttl() - lasts),
+            _ => Some(sent_at),
+        };
+        let usable_until = proved_at.and_then(|at| deadline_after(at, opts.timing().validity));
         if usable_until.is_none_or(|until| Instant::now() >= until) {
             // The grant arrived after its own validity ran out (X5): unusable.
             metrics.acquisition(AcquireOutcome::Unavailable);
@@ -579,6 +586,7 @@ impl Locker {
             fencing: lease.fencing_token,
             options: opts,
             sent_at,
+            proved_at: proved_at.unwrap_or(sent_at),
             valid_until: usable_until,
             backend: Some(Arc::clone(backend)),
             metrics,
@@ -631,13 +639,15 @@ impl Locker {
         }
         warn!(lock = %name, "running without a distributed lock: no backend is configured; this is only safe with a single replica");
         metrics.acquisition(AcquireOutcome::Unlocked);
+        let now = Instant::now();
         let state = LeaseState::new(LeaseParts {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
             name: name.clone(),
             owner: OwnerToken::generate()?,
             fencing: None,
             options: opts,
-            sent_at: Instant::now(),
+            sent_at: now,
+            proved_at: now,
             valid_until: None,
             backend: None,
             metrics,

@@ -459,9 +459,7 @@ impl Heartbeat {
     fn apply_command(&mut self, cmd: Command) {
         match cmd {
             Command::Track(lease) => {
-                let next_renew = lease
-                    .renew_due_after(lease.acquired_at)
-                    .unwrap_or(lease.acquired_at);
+                let next_renew = lease.first_renew_due();
                 if self.batch {
                     self.max_slack = self.max_slack.max(lease.interval / 8);
                 }

@@ -60,6 +60,7 @@ fn lease(id: u64, backend: &Arc<dyn LockBackend>, background: &Background) -> Ar
         fencing: None,
         options: &LockOptions::new(Duration::from_secs(3)),
         sent_at: Instant::now(),
+        proved_at: Instant::now(),
         valid_until: Instant::now().checked_add(Duration::from_secs(2)),
         backend: Some(Arc::clone(backend)),
         metrics,

@@ -86,7 +86,12 @@ pub(crate) struct LeaseParts<'a> {
     pub(crate) fencing: Option<u64>,
     pub(crate) options: &'a crate::LockOptions,
     pub(crate) sent_at: Instant,
-    /// `sent_at` plus the options' validity, which the caller has checked
+    /// From when the server is known to keep the lock for its TTL: `sent_at`,
+    /// or earlier when the backend granted less than the TTL
+    /// ([`Lease::lasts_at_least`](crate::backend::Lease::lasts_at_least)).
+    /// Renewals and the local deadline count from here.
+    pub(crate) proved_at: Instant,
+    /// `proved_at` plus the options' validity, which the caller has checked
     /// (`None` without a backend: the lease never expires).
     pub(crate) valid_until: Option<Instant>,
     pub(crate) backend: Option<Arc<dyn LockBackend>>,
@@ -111,7 +116,7 @@ impl LeaseState {
             .and_then(|h| deadline_after(p.sent_at, h));
         p.metrics.held_start();
         let first_attention =
-            deadline_after(p.sent_at, timing.first_attention).unwrap_or(p.sent_at);
+            deadline_after(p.proved_at, timing.first_attention).unwrap_or(p.proved_at);
         let state = match spares::take() {
             // An ended lease's allocation saves its free and this one's
             // allocation (see `spares`); `get_mut` proves no guard, handle,
@@ -195,6 +200,17 @@ impl LeaseState {
     /// renewal, its local deadline or its `max_hold`, whichever comes first.
     pub(crate) fn first_attention(&self) -> Instant {
         self.first_attention
+    }
+
+    /// When the first renewal is due: one interval after the server was
+    /// last known to keep the lock for its TTL (the grant, or earlier).
+    pub(crate) fn first_renew_due(&self) -> Instant {
+        // `first_attention` counts `attention_span` from that instant.
+        let proved_at = self
+            .first_attention
+            .checked_sub(self.attention_span)
+            .unwrap_or(self.acquired_at);
+        self.renew_due_after(proved_at).unwrap_or(proved_at)
     }
 
     /// When the next renewal is due after one sent at `sent_at`.

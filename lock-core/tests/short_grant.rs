@@ -1,0 +1,232 @@
+//! A grant the server keeps for less than the TTL asked for
+//! (`Lease::lasts_at_least`, as a backend whose locks share one server-side
+//! lease reports when that lease was last proven alive before the attempt):
+//! the lock is valid locally only that long, its first renewal comes as much
+//! earlier, and a grant too short to use is refused and undone. All on
+//! tokio's paused clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, RenewRequest};
+use lock_core::{
+    async_trait, BackendError, Capabilities, Error, LockBackend, LockName, LockOptions, Locker,
+    LossReason, OwnerToken,
+};
+use lock_memory::MemoryBackend;
+use prometheus::Registry;
+use tokio::time::{sleep_until, timeout, Instant};
+
+/// A bound on each test, in the paused clock's time.
+const BOUND: Duration = Duration::from_secs(600);
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// The in-process backend, granting every lock as kept for only `lasts`,
+/// recording when each renewal call was made.
+#[derive(Debug, Clone)]
+struct ShortGrant {
+    inner: MemoryBackend,
+    lasts: Duration,
+    renewals: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl ShortGrant {
+    fn new(lasts: Duration) -> Self {
+        Self {
+            inner: MemoryBackend::default(),
+            lasts,
+            renewals: Arc::default(),
+        }
+    }
+
+    fn renewals(&self) -> Vec<Instant> {
+        self.renewals.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    fn note_renewal(&self) {
+        if let Ok(mut r) = self.renewals.lock() {
+            r.push(Instant::now());
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for ShortGrant {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        Ok(match self.inner.try_acquire(name, owner, ttl).await? {
+            AcquireAttempt::Acquired(lease) => {
+                AcquireAttempt::Acquired(lease.with_lasts_at_least(self.lasts))
+            }
+            other => other,
+        })
+    }
+
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.note_renewal();
+        self.inner.renew(name, owner, ttl).await
+    }
+
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.inner.check(name, owner).await
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.inner.release(name, owner).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        self.note_renewal();
+        self.inner.renew_many(requests).await
+    }
+}
+
+fn locker(backend: &ShortGrant) -> Locker {
+    Locker::builder()
+        .with_backend(backend.clone())
+        .with_registry(&Registry::new())
+        .build()
+        .expect("a fresh registry takes the metrics")
+}
+
+fn name(s: &str) -> LockName {
+    LockName::new(format!("short-grant/{s}")).expect("a valid name")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_grant_is_valid_only_as_long_as_the_server_keeps_it() {
+    timeout(BOUND, async {
+        let lasts = Duration::from_secs(2);
+        let backend = ShortGrant::new(lasts);
+        let locker = locker(&backend);
+        let opts = LockOptions::new(TTL).with_auto_renew(false);
+        let start = Instant::now();
+        let guard = locker
+            .try_lock(&name("valid"), &opts)
+            .await
+            .expect("uncontended");
+        let left = guard.remaining_validity().expect("a backend lease");
+        assert_eq!(
+            left,
+            lasts - opts.drift(),
+            "validity counts from what the server keeps, not the TTL"
+        );
+        assert_eq!(guard.lost().await, LossReason::Expired);
+        assert_eq!(
+            Instant::now() - start,
+            lasts - opts.drift(),
+            "the lease ended at the short grant's deadline"
+        );
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_grant_is_renewed_before_its_deadline_and_kept() {
+    timeout(BOUND, async {
+        // One second short of the TTL: the first renewal, due one interval
+        // (1 s) after the grant for a full one, is due at once.
+        let backend = ShortGrant::new(Duration::from_millis(2_500));
+        let locker = locker(&backend);
+        let opts = LockOptions::new(TTL);
+        let start = Instant::now();
+        let guard = locker
+            .try_lock(&name("renewed"), &opts)
+            .await
+            .expect("uncontended");
+        sleep_until(start + Duration::from_secs(10)).await;
+        assert!(guard.is_held(), "renewed every interval, never lapsed");
+        let renewals = backend.renewals();
+        let first = renewals.first().map(|at| *at - start);
+        // Renewals due within an eighth of the interval of each other share
+        // a call, so the heartbeat may send one up to 125 ms early.
+        assert!(
+            first.is_some_and(|d| d <= Duration::from_millis(500)
+                && d >= Duration::from_millis(375)),
+            "the first renewal comes half a second (the shortfall) before a full grant's: {first:?}"
+        );
+        guard.release().await.expect("held");
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_the_server_keeps_the_full_ttl_is_renewed_as_usual() {
+    timeout(BOUND, async {
+        let backend = ShortGrant::new(TTL * 2);
+        let locker = locker(&backend);
+        let opts = LockOptions::new(TTL);
+        let start = Instant::now();
+        let guard = locker
+            .try_lock(&name("full"), &opts)
+            .await
+            .expect("uncontended");
+        assert_eq!(guard.remaining_validity(), Some(TTL - opts.drift()));
+        sleep_until(start + Duration::from_secs(2)).await;
+        let first = backend.renewals().first().map(|at| *at - start);
+        assert!(
+            first.is_some_and(|d| d <= Duration::from_secs(1) && d >= Duration::from_millis(875)),
+            "a grant longer than the TTL changes nothing: first renewal after {first:?}"
+        );
+        guard.release().await.expect("held");
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_shorter_than_the_drift_is_refused_and_undone() {
+    timeout(BOUND, async {
+        let backend = ShortGrant::new(Duration::from_millis(1));
+        let locker = locker(&backend);
+        let lock = name("too-short");
+        let got = locker.try_lock(&lock, &LockOptions::new(TTL)).await;
+        assert!(
+            matches!(got, Err(Error::Unavailable { .. })),
+            "a grant with no validity left is not a lock: {got:?}"
+        );
+        // The refused grant is released in the background.
+        let other = OwnerToken::generate().expect("entropy");
+        let mut free = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if matches!(
+                backend.inner.try_acquire(&lock, &other, TTL).await,
+                Ok(AcquireAttempt::Acquired(_))
+            ) {
+                free = true;
+                break;
+            }
+        }
+        assert!(free, "the refused grant was not released within a second");
+    })
+    .await
+    .expect("the test ran past its bound");
+}
