@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::backend::first_kv;
-use crate::connection::{Held, Inner};
+use crate::connection::{secs, Held, Inner};
 use crate::error::{convert, is_lease_not_found, protocol};
 use crate::lease::lease_seconds;
 use crate::members::Attempt;
@@ -93,7 +93,7 @@ impl Inner {
         }
         // The proof runs beside the put, so a free name costs one round trip.
         let mut kv = at.client.kv_client();
-        let proof = self.prove(at, lease, started);
+        let proof = self.prove(at, lease, started, secs(seconds));
         let put = kv.txn(txn);
         tokio::pin!(proof, put);
         let mut proved = None;
@@ -130,18 +130,23 @@ impl Inner {
                 }
             }
         };
-        let ttl = match proved {
+        let proof = match proved {
             Some(p) => p?,
             None => proof.await?,
         };
-        if ttl <= 0 || self.shared.is_dead(lease) {
+        if proof.ttl <= 0 || self.shared.is_dead(lease) {
             // The lease is gone (and the key with it) or was given up here.
             self.shared_lease_ended(lease);
             return Ok(None);
         }
         self.note_contended(name, false);
-        self.take(name, owner, lease, seconds, revision, created)
-            .map(Some)
+        let held = Held {
+            owner: *owner,
+            lease,
+            seconds,
+            revision,
+        };
+        self.take(name, held, created, proof.lasts).map(Some)
     }
 
     /// Takes over the key an unanswered earlier attempt of this same call
@@ -199,30 +204,25 @@ impl Inner {
         }
     }
 
-    /// Records `owner`'s hold of `name` on `lease`, its key last written at
-    /// `revision` and created at `created` (the fencing token).
+    /// Records the hold of `name`, its key created at `created` (the
+    /// fencing token) and its lease proven to live `lasts` after the
+    /// attempt started (`None`: the whole TTL).
     fn take(
         &self,
         name: &LockName,
-        owner: &OwnerToken,
-        lease: i64,
-        seconds: i64,
-        revision: i64,
+        held: Held,
         created: i64,
+        lasts: Option<Duration>,
     ) -> Result<AcquireAttempt, BackendError> {
-        self.keep_key(name, owner);
+        self.keep_key(name, &held.owner);
         let fence = u64::try_from(created)
             .map_err(|_| protocol("acquire", "negative revision in the answer"))?;
-        self.remember(
-            name,
-            Held {
-                owner: *owner,
-                lease,
-                seconds,
-                revision,
-            },
-        );
-        Ok(AcquireAttempt::Acquired(Lease::new(Some(fence))))
+        self.remember(name, held);
+        let lease = Lease::new(Some(fence));
+        Ok(AcquireAttempt::Acquired(match lasts {
+            Some(lasts) => lease.with_lasts_at_least(lasts),
+            None => lease,
+        }))
     }
 }
 

@@ -109,13 +109,15 @@ impl Leases {
         let mut stream = match slot.take().filter(|s| s.member == at.member) {
             Some(s) => s,
             None => {
-                // Opening a stream renews its first lease. The client refuses
-                // to open one for a lease that is gone, so try the next.
+                // Opening a stream renews its first lease, but the client
+                // keeps that answer's TTL to itself: the lease is kept alive
+                // once more below, for a TTL acquires can count on. The
+                // client refuses to open a stream for a lease that is gone,
+                // so try the next.
                 let mut opened = None;
                 for &id in ids {
                     match at.client.lease_client().keep_alive(id).await {
                         Ok((keeper, answers)) => {
-                            ttls.push(1);
                             opened = Some(KeepAliveStream {
                                 member: at.member,
                                 keeper,

@@ -8,12 +8,17 @@
 //!
 //! - **acquire** puts the key on the shared lease in a transaction that
 //!   succeeds only if the key does not exist (`create_revision == 0`): one
-//!   raft write. Beside it goes a keep-alive of the shared lease, sent after
-//!   the attempt started: the lock is reported acquired only once that
-//!   keep-alive answered that the lease lives, so the lease outlasts the
-//!   lock's local deadline (`lock-core` counts it from the call, and the
-//!   lease's TTL is at least the lock's). Concurrent acquires share one such
-//!   keep-alive when it was sent after each of them started.
+//!   raft write. The lock is reported acquired only with a keep-alive of
+//!   the shared lease that answered that the lease lives. If one was sent at
+//!   most a sixth of the TTL before the attempt started (by an earlier
+//!   acquire or a renewal sweep), that is the proof, and the acquire is the
+//!   transaction alone: the grant then says the server keeps the lock a
+//!   little less than its TTL ([`Lease::lasts_at_least`](lock_core::backend::Lease::lasts_at_least)),
+//!   and `lock-core` shortens its local deadline and brings its first
+//!   renewal forward to match. Otherwise a keep-alive goes beside the
+//!   transaction, sent after the attempt started, and proves the whole TTL;
+//!   concurrent acquires share one when it was sent after each of them
+//!   started. Either way the lease outlasts the lock's local deadline.
 //! - **renew** sends one keep-alive per lease, however many locks share it,
 //!   and reads the keys, one transaction of reads per 128 keys: a missing
 //!   key is `expired`, a key carrying another token `stolen`. A renewal
@@ -63,8 +68,10 @@
 //!   across the whole cluster, so each acquisition of a name gets a larger
 //!   token than every earlier one, even across holders and crashes.
 //! - **Local validity** is counted by `lock-core` from when the acquire or
-//!   renewal was *called*. Each acquire is backed by a keep-alive of its
-//!   shared lease sent after that call, and each renewal by one sent during
+//!   renewal was *called*, less what an acquire's grant says is missing.
+//!   Each acquire is backed by a keep-alive of its shared lease sent after
+//!   that call, or by one sent shortly before it (the grant then counts the
+//!   lock's life from that keep-alive), and each renewal by one sent during
 //!   it; etcd starts the lease's new TTL when it receives the request, which
 //!   is later, so the server's expiry always comes after the local deadline.
 //! - **Bounded calls.** Every call ends within the request timeout (default

@@ -34,6 +34,22 @@ const MAX_PENDING: usize = 4096;
 /// or the error's kind and text.
 type RoundAnswer = Option<Result<i64, (BackendErrorKind, String)>>;
 
+/// What an acquire learns of its shared lease from a keep-alive: the TTL
+/// the lease got back (0: gone), and, when the keep-alive was sent before
+/// the acquire started, how long after that start the lease lives at least.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Proof {
+    pub(crate) ttl: i64,
+    pub(crate) lasts: Option<Duration>,
+}
+
+/// How much shorter than its TTL an acquire's lock may be, as a fraction
+/// of the TTL: an answered keep-alive sent at most this long before the
+/// acquire started proves the lease for it, with no keep-alive of its own.
+/// Its first renewal then comes that much earlier (at most half of the
+/// usual third of the TTL), so a renewal still has two thirds of the TTL.
+const REUSE_DIVISOR: u32 = 6;
+
 /// One keep-alive of a shared lease sent for acquires: when it was sent,
 /// and its answer once it came.
 struct Round {
@@ -139,10 +155,14 @@ impl Inner {
         Ok(id)
     }
 
-    /// Proves that `lease` lives on the server until at least `started` plus
-    /// its TTL: the answer (its TTL, 0 if gone) of a keep-alive sent at or
-    /// after `started`. Acquires that started before a round was sent share
-    /// it, so concurrent acquires cost one keep-alive between them.
+    /// Proves how long `lease` lives on the server after `started`, for a
+    /// lock of `ttl` on it. An answered keep-alive sent at most a sixth of
+    /// `ttl` before `started` proves it at once, for less than `ttl`
+    /// ([`Proof::lasts`]); otherwise the answer (its TTL, 0 if gone) of a
+    /// keep-alive sent at or after `started` proves the whole TTL. Acquires
+    /// that started before a round was sent share it, so concurrent
+    /// acquires cost one keep-alive between them, and a steady stream of
+    /// acquires one per sixth of the TTL.
     ///
     /// Cancel safe: the keep-alive runs in a task of its own, bounded by the
     /// request timeout, and other acquires may be waiting for it.
@@ -151,13 +171,21 @@ impl Inner {
         at: &Attempt,
         lease: i64,
         started: Instant,
-    ) -> Result<i64, BackendError> {
+        ttl: Duration,
+    ) -> Result<Proof, BackendError> {
         if self.shared.is_dead(lease) {
-            return Ok(0);
+            return Ok(Proof {
+                ttl: 0,
+                lasts: None,
+            });
         }
         let mut answer = {
             let mut rounds = lock(&self.shared.rounds);
-            match rounds.get(&lease) {
+            let round = rounds.get(&lease);
+            if let Some(proof) = round.and_then(|r| r.proves(started, ttl)) {
+                return Ok(proof);
+            }
+            match round {
                 Some(r) if r.sent_at.get().is_none_or(|at| *at >= started) => r.answer.clone(),
                 _ => {
                     // A round stuck on another member (the call moved on from
@@ -203,7 +231,7 @@ impl Inner {
             .map_err(|_| BackendError::unavailable("lease keep-alive: abandoned"))?
             .clone();
         match got {
-            Some(Ok(ttl)) => Ok(ttl),
+            Some(Ok(ttl)) => Ok(Proof { ttl, lasts: None }),
             Some(Err((kind, text))) => Err(BackendError::new(kind, text)),
             None => Err(BackendError::unavailable("lease keep-alive: no answer")),
         }
@@ -382,6 +410,25 @@ impl Inner {
                     .retain(|q| !(q.name == p.name && q.owner == p.owner && q.since == p.since));
             }
         }
+    }
+}
+
+impl Round {
+    /// The proof this round gives an acquire that started at `started`,
+    /// after the round was sent, for a lock of `ttl`: if it was answered
+    /// with the lease alive and sent at most a sixth of `ttl` earlier.
+    fn proves(&self, started: Instant, ttl: Duration) -> Option<Proof> {
+        let sent_at = *self.sent_at.get()?;
+        let answered = match *self.answer.borrow() {
+            Some(Ok(answered)) if answered > 0 => answered,
+            _ => return None,
+        };
+        let alive_until = sent_at.checked_add(secs(answered))?;
+        let lasts = alive_until.checked_duration_since(started)?;
+        (lasts >= ttl - ttl / REUSE_DIVISOR).then_some(Proof {
+            ttl: answered,
+            lasts: (lasts < ttl).then_some(lasts),
+        })
     }
 }
 

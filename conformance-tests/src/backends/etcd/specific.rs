@@ -96,6 +96,11 @@ pub fn add_specific(suite: &mut Suite) {
     add(suite, "acquire_near_lease_lapse_gets_full_ttl", |f, c| {
         Box::pin(shared::acquire_near_lease_lapse_gets_full_ttl(f, c))
     });
+    add(
+        suite,
+        "acquire_soon_after_another_reuses_its_proof",
+        |f, c| Box::pin(shared::acquire_soon_after_another_reuses_its_proof(f, c)),
+    );
     add(suite, "unanswered_release_frees_the_key", |f, c| {
         Box::pin(shared::unanswered_release_frees_the_key(f, c))
     });

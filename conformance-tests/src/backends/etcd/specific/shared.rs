@@ -69,6 +69,114 @@ pub(super) async fn acquire_near_lease_lapse_gets_full_ttl(
     Ok(())
 }
 
+/// How long after lock A's acquire lock B's starts: well inside the sixth
+/// of the TTL within which an earlier keep-alive proves the lease for B.
+const SOON: Duration = Duration::from_millis(150);
+
+/// Most trials of [`acquire_soon_after_another_reuses_its_proof`]: one
+/// whose acquires were delayed past a sixth of the TTL (a loaded machine)
+/// proves nothing and is run again.
+const TRIALS: usize = 3;
+
+/// Lock A's acquire at t0 proves the shared lease with a keep-alive sent
+/// after t0 (and before A's call returned, at ta). Lock B, acquired 150 ms
+/// later at t1, reuses that proof instead of sending its own: its grant
+/// says the server keeps it for less than the TTL, and never longer than
+/// the proof covers (ta + TTL - t1). Then, through a `Locker`, a lock taken
+/// the same way is valid locally for less than the TTL, renewed in time
+/// for that, and still held after three TTLs.
+pub(super) async fn acquire_soon_after_another_reuses_its_proof(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let backend = f.connect().await?;
+    let ttl = TTL.max(backend.min_ttl());
+    let mut reused = None;
+    for trial in 0..TRIALS {
+        let (a, b) = (
+            ctx.name(&format!("soon-a{trial}")),
+            ctx.name(&format!("soon-b{trial}")),
+        );
+        let (oa, ob) = (OwnerToken::generate()?, OwnerToken::generate()?);
+        let t0 = Instant::now();
+        let got = backend.try_acquire(&a, &oa, ttl).await?;
+        let ta = Instant::now();
+        ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
+            format!("a: {got:?}")
+        })?;
+        sleep_until(t0 + SOON).await;
+        let t1 = Instant::now();
+        let got = backend.try_acquire(&b, &ob, ttl).await?;
+        let tb = Instant::now();
+        for (name, owner) in [(&a, &oa), (&b, &ob)] {
+            backend.release(name, owner).await?;
+        }
+        let AcquireAttempt::Acquired(lease) = got else {
+            return Err(format!("b: {got:?}").into());
+        };
+        if let Some(lasts) = lease.lasts_at_least {
+            ensure(
+                lasts < ttl && lasts <= (ta + ttl).saturating_duration_since(t1),
+                || {
+                    format!(
+                        "b's grant says the server keeps it {lasts:?}, more than the \
+                     proof sent before {:?} ago covers (TTL {ttl:?})",
+                        t1 - ta
+                    )
+                },
+            )?;
+            reused = Some(lasts);
+            break;
+        }
+        ensure(tb - t0 >= ttl / 6, || {
+            format!(
+                "b started {:?} after a's acquire and sent a keep-alive of its own \
+                 instead of reusing a's",
+                t1 - t0
+            )
+        })?;
+    }
+    let lasts = reused.ok_or("every trial was delayed past a sixth of the TTL")?;
+
+    let replica = ctx.replica_over(Arc::new(backend.clone()));
+    let opts = LockOptions::new(ttl);
+    let (c, d) = (ctx.name("soon-c"), ctx.name("soon-d"));
+    let t0 = Instant::now();
+    let first = replica.locker.try_lock(&c, &opts).await?;
+    sleep_until(t0 + SOON).await;
+    let second = replica.locker.try_lock(&d, &opts).await?;
+    let left = second
+        .handle()
+        .remaining_validity()
+        .ok_or("a backend lease has a deadline")?;
+    let full = ttl - opts.drift();
+    // Both acquires within a sixth of the TTL: the second reused a proof.
+    if t0.elapsed() < ttl / 6 {
+        ensure(left < full - SOON / 2, || {
+            format!("a lock on a reused proof is valid locally {left:?}, as long as a full grant")
+        })?;
+    }
+    sleep_until(t0 + ttl * 3).await;
+    ensure(
+        second.handle().is_held() && first.handle().is_held(),
+        || {
+            format!(
+                "after three TTLs: first held {}, second {} ({:?})",
+                first.handle().is_held(),
+                second.handle().is_held(),
+                second.handle().loss_reason()
+            )
+        },
+    )?;
+    first.release().await?;
+    second.release().await?;
+    println!(
+        "etcd: a lock acquired {SOON:?} after another was granted for {lasts:?} of its {ttl:?} \
+         on that one's keep-alive, and through a Locker stayed held"
+    );
+    Ok(())
+}
+
 /// A release that gets no answer (the connection is cut, then reset) on a
 /// shared lease that another lock keeps alive: its key is deleted once the
 /// connection is back, within about one TTL, and the other lock stays held.
