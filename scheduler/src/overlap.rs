@@ -1,6 +1,11 @@
 //! One run of a job at a time in this process: a tick that fires while the
 //! job's previous run is still going waits for it, and only the newest one
 //! waits.
+//!
+//! In leader mode the previous run may belong to an earlier term: a leader
+//! that lost and won back its leadership while a run was still ending. The
+//! waiting tick therefore carries the leadership it fired under, and runs
+//! under that, not under the term of the run it waited for.
 
 use std::future::Future;
 use std::sync::{Arc, MutexGuard, PoisonError};
@@ -19,7 +24,14 @@ pub(crate) struct Runs {
     /// A batch of the job's ticks is going.
     busy: bool,
     /// The newest tick that fired while it was going, to run after it.
-    waiting: Option<Tick>,
+    waiting: Option<Waiting>,
+}
+
+/// A tick waiting for the job's runs, with the leadership it fired under.
+#[derive(Debug)]
+struct Waiting {
+    tick: Tick,
+    leader: Option<LeaseHandle>,
 }
 
 fn runs(job: &JobSpec) -> MutexGuard<'_, Runs> {
@@ -31,10 +43,11 @@ pub(crate) fn is_busy(job: &JobSpec) -> bool {
     runs(job).busy
 }
 
-/// The run of `batch`, in order, for the caller to poll to its end. If a
-/// batch of the job is already going here, the newest tick of `batch` waits
-/// for it instead, replacing any tick that waited before, the others are
-/// skipped, and there is nothing to run (`None`).
+/// The run of `batch`, in order, under `leader`, for the caller to poll to
+/// its end. If a batch of the job is already going here, the newest tick of
+/// `batch` waits for it instead (with `leader`), replacing any tick that
+/// waited before, the others are skipped, and there is nothing to run
+/// (`None`).
 ///
 /// Waiting rather than skipping at once keeps a run that started late (its
 /// process starved of CPU) from costing the next tick: when every replica
@@ -52,8 +65,13 @@ pub(crate) fn launch(
         let mut runs = runs(job);
         let was_busy = std::mem::replace(&mut runs.busy, true);
         if was_busy {
-            for &tick in &batch {
-                superseded.extend(runs.waiting.replace(tick));
+            if let Some((&newest, older)) = batch.split_last() {
+                let waiting = Waiting {
+                    tick: newest,
+                    leader: leader.cloned(),
+                };
+                superseded.extend(runs.waiting.replace(waiting).map(|w| w.tick));
+                superseded.extend_from_slice(older);
             }
         }
         was_busy
@@ -76,7 +94,8 @@ pub(crate) fn launch(
         job: Arc::clone(job),
         armed: true,
     };
-    let (rt, job, leader) = (Arc::clone(rt), Arc::clone(job), leader.cloned());
+    let (rt, job) = (Arc::clone(rt), Arc::clone(job));
+    let mut leader = leader.cloned();
     Some(async move {
         let mut batch = batch;
         loop {
@@ -84,7 +103,10 @@ pub(crate) fn launch(
                 run_tick(&rt, &job, tick, leader.as_ref()).await;
             }
             match next_waiting(&rt, &job) {
-                Some(tick) => batch = vec![tick],
+                Some(waiting) => {
+                    batch = vec![waiting.tick];
+                    leader = waiting.leader;
+                }
                 None => break,
             }
         }
@@ -95,25 +117,25 @@ pub(crate) fn launch(
 /// The tick that waited for the batch that just ended, while it is still
 /// within the skew tolerance (later than that, other replicas within the
 /// tolerance have all fired it: it is skipped). `None` frees the job.
-fn next_waiting(rt: &Runtime, job: &JobSpec) -> Option<Tick> {
+fn next_waiting(rt: &Runtime, job: &JobSpec) -> Option<Waiting> {
     loop {
-        let tick = {
+        let waiting = {
             let mut runs = runs(job);
             match runs.waiting.take() {
-                Some(tick) => tick,
+                Some(waiting) => waiting,
                 None => {
                     runs.busy = false;
                     return None;
                 }
             }
         };
-        if clock::until(tick.at, rt.clock.now()) <= rt.tolerance {
-            return Some(tick);
+        if clock::until(waiting.tick.at, rt.clock.now()) <= rt.tolerance {
+            return Some(waiting);
         }
         skip(
             rt,
             job,
-            tick,
+            waiting.tick,
             "the previous run outlasted this tick's skew window",
         );
     }
@@ -149,8 +171,13 @@ impl Drop for Busy {
             runs.busy = false;
             runs.waiting.take()
         };
-        if let Some(tick) = waiting {
-            skip(&self.rt, &self.job, tick, "the job's runs ended early");
+        if let Some(waiting) = waiting {
+            skip(
+                &self.rt,
+                &self.job,
+                waiting.tick,
+                "the job's runs ended early",
+            );
         }
     }
 }

@@ -1,11 +1,17 @@
 //! A single replica on the memory backend and tokio's paused clock:
-//! configuration errors, wall-clock steps, and the election on its own.
+//! configuration errors, wall-clock steps, the election on its own, and a
+//! leadership lost and won back during a run.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lock_core::{Locker, TickStore};
+use lock_core::backend::{
+    AcquireAttempt, LeaseStatus, LossFeed, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+};
+use lock_core::{
+    async_trait, BackendError, Capabilities, LockBackend, LockName, Locker, TickStore,
+};
 use lock_memory::MemoryBackend;
 use prometheus::Registry;
 use scheduler::{ElectionOptions, Error, Job, LeaderElection, Mode, Scheduler, TokioClock};
@@ -272,4 +278,146 @@ async fn one_task_fires_every_job() {
         .flat_map(|j| [(j, 500), (j, 1_500), (j, 2_500)])
         .collect();
     assert_eq!(ran, expected);
+}
+
+/// The memory backend, except that releasing one lock takes `delay`: a
+/// backend slow to answer, which keeps the run releasing it going.
+#[derive(Debug)]
+struct SlowRelease {
+    inner: MemoryBackend,
+    name: LockName,
+    delay: Duration,
+}
+
+#[async_trait]
+impl LockBackend for SlowRelease {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.inner.try_acquire(name, owner, ttl).await
+    }
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.inner.renew(name, owner, ttl).await
+    }
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.inner.check(name, owner).await
+    }
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        if *name == self.name {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.release(name, owner).await
+    }
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        self.inner.renew_many(requests).await
+    }
+    async fn subscribe_release(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
+        self.inner.subscribe_release(name).await
+    }
+    fn loss_feed(&self) -> Option<LossFeed> {
+        self.inner.loss_feed()
+    }
+}
+
+/// A leader loses its leadership mid-run and wins it back while that run is
+/// still releasing its tick lock; the new term's first tick waits for that
+/// run and then runs once, under the new term's leadership.
+#[tokio::test(start_paused = true)]
+async fn a_tick_waiting_across_terms_runs_under_the_new_leadership() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        // Ticks every 10 s from +1 s: +1, +11, +21.
+        let base = DateTime::from_timestamp(1_799_999_999, 0).expect("valid");
+        let first_tick = LockName::new("slow/1800000000000").expect("valid");
+        let memory = MemoryBackend::new();
+        let locker = Locker::builder()
+            .with_backend(SlowRelease {
+                inner: memory.clone(),
+                name: first_tick,
+                delay: Duration::from_secs(10),
+            })
+            .with_registry(&Registry::new())
+            .build()
+            .expect("locker");
+        // (tick offset, whether the handler started under a held leadership)
+        let ran: Arc<Mutex<Vec<(i64, bool)>>> = Arc::default();
+        let log = Arc::clone(&ran);
+        let job = Job::new("slow", "*/10 * * * * *", move |ctx| {
+            let log = Arc::clone(&log);
+            async move {
+                let offset = (ctx.scheduled_at() - base).num_seconds();
+                log.lock()
+                    .expect("log")
+                    .push((offset, ctx.assert_held().is_ok()));
+                if offset == 1 {
+                    // Longer than a tick: still going when the leadership goes.
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                Ok(())
+            }
+        });
+        let outcomes: Arc<Mutex<Vec<(i64, scheduler::TickOutcome)>>> = Arc::default();
+        let seen = Arc::clone(&outcomes);
+        let election = ElectionOptions::new()
+            .with_name("svc/leader")
+            .with_ttl(Duration::from_secs(3))
+            .with_interval(Duration::from_secs(1));
+        let s = Scheduler::builder(locker, Arc::new(memory.clone()))
+            .with_registry(&Registry::new())
+            .with_clock(Arc::new(TokioClock::starting_at(base)))
+            .with_mode(Mode::Leader(election))
+            .with_on_outcome(move |r| {
+                let offset = (r.scheduled - base).num_seconds();
+                seen.lock().expect("log").push((offset, r.outcome));
+            })
+            .with_job(job)
+            .start()
+            .expect("starts");
+        let mut leading = s.leadership();
+        leading.wait_for(|l| *l).await.expect("elected");
+        tokio::time::sleep(Duration::from_millis(2_500)).await; // inside tick +1's run
+        assert!(memory.expire(&LockName::new("svc/leader").expect("valid")));
+        leading.wait_for(|l| !*l).await.expect("demoted");
+        leading.wait_for(|l| *l).await.expect("elected again");
+        assert!(
+            outcomes.lock().expect("log").is_empty(),
+            "tick +1's run ended before the new term began"
+        );
+        tokio::time::sleep(Duration::from_secs(12)).await; // past +11 and the slow release
+        s.shutdown(Duration::from_secs(1)).await.expect("clean");
+        assert_eq!(
+            *outcomes.lock().expect("log"),
+            vec![
+                (1, scheduler::TickOutcome::Aborted),
+                (11, scheduler::TickOutcome::Success)
+            ]
+        );
+        assert_eq!(*ran.lock().expect("log"), vec![(1, true), (11, true)]);
+    })
+    .await
+    .expect("the test finishes within its bound");
 }
