@@ -55,8 +55,7 @@ pub(crate) async fn drive(
         .map(|(index, job)| catch_up(&rt, index, job))
         .collect();
     let mut cursors: Vec<Option<Cursor>> = (0..starting.len()).map(|_| None).collect();
-    // (next tick, job index), earliest first.
-    let mut due: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = BinaryHeap::new();
+    let mut due = Due::new();
     let stopped = stop.cancelled();
     tokio::pin!(stopped);
     let nap = tokio::time::sleep(Duration::ZERO);
@@ -82,10 +81,7 @@ pub(crate) async fn drive(
                     let batch = missed.into_iter().map(|at| Tick { at, catch_up: true });
                     runs.extend(launch(&rt, &job, batch.collect(), leader));
                 }
-                match job.schedule.next_after(at) {
-                    Some(next) => due.push(Reverse((next, index))),
-                    None => info!(job = job.label(), "the schedule has no further ticks"),
-                }
+                queue_next(&mut due, index, &job, job.schedule.next_after(at));
                 if let Some(slot) = cursors.get_mut(index) {
                     *slot = Some(Cursor { job, after: at });
                 }
@@ -109,10 +105,7 @@ pub(crate) async fn drive(
                     };
                     let (batch, following) = fire(&rt, cursor, next, now);
                     runs.extend(launch(&rt, &cursor.job, batch, leader));
-                    match following {
-                        Some(following) => due.push(Reverse((following, index))),
-                        None => info!(job = cursor.job.label(), "the schedule has no further ticks"),
-                    }
+                    queue_next(&mut due, index, &cursor.job, following);
                 }
                 armed = None;
             }
@@ -122,6 +115,17 @@ pub(crate) async fn drive(
     // watch shutdown and the leadership themselves).
     drop(starting);
     while runs.next().await.is_some() {}
+}
+
+/// Every job's next tick as (tick, job index), earliest first.
+type Due = BinaryHeap<Reverse<(DateTime<Utc>, usize)>>;
+
+/// Queues the next tick of job `index`, or notes that its schedule has none.
+fn queue_next(due: &mut Due, index: usize, job: &JobSpec, next: Option<DateTime<Utc>>) {
+    match next {
+        Some(next) => due.push(Reverse((next, index))),
+        None => info!(job = job.label(), "the schedule has no further ticks"),
+    }
 }
 
 /// When to wake for a tick at `at`: then, or after `MAX_NAP` to re-read
