@@ -164,8 +164,11 @@ impl SchedulerBuilder {
         self
     }
 
-    /// Calls `hook` with every tick's outcome on this replica. It runs on the
-    /// scheduler's own tasks: keep it quick and never block in it.
+    /// Calls `hook` with every tick's outcome on this replica.
+    ///
+    /// Keep it quick; it runs on the task that fires every job, so a hook
+    /// that blocks delays every job's firing. Hand slow work to a channel or
+    /// a spawned task.
     pub fn with_on_outcome(mut self, hook: impl Fn(&RunReport) + Send + Sync + 'static) -> Self {
         self.on_outcome = Some(Arc::new(hook));
         self
