@@ -130,6 +130,17 @@ impl Replica {
             Err(e) => panic!("{what}: the lock was not free yet ({e})"),
         }
     }
+
+    /// Asserts that `name` is free: this replica takes it within `bound`
+    /// (background releases included), then gives it back. `what` names the
+    /// step in the failure.
+    pub async fn assert_free(&self, what: &str, name: &LockName, ctx: &Ctx, bound: Duration) {
+        let opts = ctx.opts().with_acquire_timeout(bound);
+        match self.locker.lock(name, &opts).await {
+            Ok(g) => g.release().await.expect("release"),
+            Err(e) => panic!("{what}: the lock was left held ({e})"),
+        }
+    }
 }
 
 /// What a case gets: the factory, a unique name prefix, and helpers.

@@ -83,15 +83,13 @@ pub(super) async fn dropped_guard_ends_every_clone(ctx: Ctx) {
         LossReason::Released
     );
     assert_no_loss_counted("drop", &a.metrics, name.as_str());
-    let opts = ctx
-        .opts()
-        .with_acquire_timeout(timing.ttl / 2 + timing.tolerance);
-    let g = b
-        .locker
-        .lock(&name, &opts)
-        .await
-        .expect("released in the background");
-    g.release().await.expect("release");
+    b.assert_free(
+        "after drop, released in the background",
+        &name,
+        &ctx,
+        timing.ttl / 2 + timing.tolerance,
+    )
+    .await;
 }
 
 /// A lease kept with `retain_for` reports held during the hold, then ends
@@ -148,15 +146,13 @@ pub(super) async fn retained_leases_end_in_the_order_of_their_holds(ctx: Ctx) {
             ended + timing.tolerance >= hold / 2,
             "{name}: retained for {hold:?}, ended after {ended:?}"
         );
-        let opts = ctx
-            .opts()
-            .with_acquire_timeout(timing.ttl / 8 + timing.tolerance);
-        let g = b
-            .locker
-            .lock(&name, &opts)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: not free after its hold: {e}"));
-        g.release().await.expect("release");
+        b.assert_free(
+            &format!("{name}, after its hold"),
+            &name,
+            &ctx,
+            timing.ttl / 8 + timing.tolerance,
+        )
+        .await;
     }
 }
 

@@ -3,26 +3,16 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, LockName, LockOptions, RunOutcome};
+use lock_core::{Error, LockOptions, RunOutcome};
 use tokio::time::timeout;
 
-use crate::{Ctx, Replica};
+use crate::Ctx;
 
 const HUGE: [Duration; 3] = [
     Duration::MAX,
     Duration::from_millis(u64::MAX),
     Duration::from_secs(u64::MAX / 2),
 ];
-
-/// Asserts that `name` is free: another replica takes it within `bound`
-/// (background releases included), then gives it back.
-async fn assert_free(what: &str, other: &Replica, name: &LockName, ctx: &Ctx, bound: Duration) {
-    let opts = ctx.opts().with_acquire_timeout(bound);
-    match other.locker.lock(name, &opts).await {
-        Ok(g) => g.release().await.expect("release"),
-        Err(e) => panic!("{what}: the lock was left held ({e})"),
-    }
-}
 
 /// `Duration::MAX` and friends as TTL, max hold, acquire timeout, renewal
 /// interval and retained hold: refused with a clear error or taken as "no
@@ -78,7 +68,8 @@ pub(super) async fn extreme_durations_never_panic_or_leak(ctx: Ctx) {
         // A refused `retain_for` has released the lock by the time it returns.
         a.takes_at_once(&format!("retain {huge:?}"), &name, &ctx)
             .await;
-        assert_free(&format!("retain {huge:?}"), &b, &name, &ctx, bound).await;
+        b.assert_free(&format!("retain {huge:?}"), &name, &ctx, bound)
+            .await;
     }
     for tiny in [Duration::ZERO, Duration::from_nanos(1)] {
         for opts in [
@@ -102,6 +93,7 @@ pub(super) async fn extreme_durations_never_panic_or_leak(ctx: Ctx) {
             assert!(matches!(r, Err(Error::Config(_))), "retain 0: {r:?}");
             a.takes_at_once("retain 0", &name, &ctx).await;
         }
-        assert_free(&format!("retain {tiny:?}"), &b, &name, &ctx, bound).await;
+        b.assert_free(&format!("retain {tiny:?}"), &name, &ctx, bound)
+            .await;
     }
 }
