@@ -196,6 +196,51 @@ async fn election_elects_one_and_hands_over() {
     assert!(ttl > interval);
 }
 
+/// A standby over a backend that reports releases takes a released
+/// leadership at once, not at its next attempt an interval later.
+#[tokio::test(start_paused = true)]
+async fn election_standby_takes_a_released_leadership_at_once() {
+    tokio::time::timeout(Duration::from_secs(600), async {
+        let memory = MemoryBackend::new();
+        let locker = || {
+            Locker::builder()
+                .with_backend(memory.clone())
+                .with_registry(&Registry::new())
+                .build()
+                .expect("locker")
+        };
+        let interval = Duration::from_secs(5);
+        let start = |l: Locker| {
+            LeaderElection::builder(l, "svc/released-leader")
+                .with_ttl(Duration::from_secs(30))
+                .with_interval(interval)
+                .start()
+                .expect("starts")
+        };
+        let leader = start(locker());
+        leader.subscribe().wait_for(|l| *l).await.expect("leads");
+        let standby = start(locker());
+        // Its first attempt is refused; its next would come an interval later.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!standby.is_leader());
+        let stopped = tokio::time::Instant::now();
+        leader.stop().await;
+        standby
+            .subscribe()
+            .wait_for(|l| *l)
+            .await
+            .expect("takes over");
+        assert!(
+            stopped.elapsed() < Duration::from_millis(100),
+            "the standby took the released leadership {:?} after the leader stopped",
+            stopped.elapsed()
+        );
+        standby.stop().await;
+    })
+    .await
+    .expect("the test ran past its bound");
+}
+
 /// A handler written as a function with its own error type fits
 /// `Job::from_fn`; its errors are counted as failed runs.
 #[tokio::test(start_paused = true)]
