@@ -226,6 +226,9 @@ impl fmt::Debug for ReleaseSignal {
 ///   `release` never re-creates a key.
 /// - Where [`Capabilities::fencing`] is declared, each `Acquired` MUST carry a
 ///   token strictly greater than every earlier one for that name.
+/// - An `Acquired` lock MUST be kept by the server for at least the TTL asked
+///   for, counted from when `try_acquire` was called, or for the shorter time
+///   its [`Lease::lasts_at_least`] says; the local deadline never outlasts it.
 /// - Every call MUST return within the backend's configured operation timeout
 ///   (a paused or partitioned server yields an error of kind
 ///   [`BackendErrorKind::Timeout`](crate::BackendErrorKind::Timeout), never a hang).
