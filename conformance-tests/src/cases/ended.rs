@@ -245,3 +245,49 @@ pub(super) async fn election_lease_ends_on_stop_and_drop(ctx: Ctx) {
         assert_no_loss_counted("election end", &a.metrics, name.as_str());
     }
 }
+
+/// A standby election takes the leadership as soon as the leader stops and
+/// releases its lock, on a backend that reports releases: not at its next
+/// attempt, an interval (here four TTLs) later. Without release
+/// notification, within that interval.
+pub(super) async fn election_standby_takes_over_at_release(ctx: Ctx) {
+    let timing = ctx.timing();
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let name = ctx.name("standby");
+    let interval = timing.ttl * 4;
+    let start = |locker: lock_core::Locker| {
+        scheduler::LeaderElection::builder(locker, name.as_str())
+            .with_ttl(timing.ttl)
+            .with_interval(interval)
+            .start()
+            .expect("start")
+    };
+    let leader = start(a.locker.clone());
+    leading(&leader, timing.ttl + timing.tolerance).await;
+    let standby = start(b.locker.clone());
+    // Its first attempt is refused; the next is an interval away. A release
+    // signal may wake it at most once per eighth of the interval (half a
+    // TTL here), and the memory backend's signals also fire at the leader's
+    // first expiry instant (one TTL in): stop between the two.
+    tokio::time::sleep(timing.ttl / 2 + timing.tolerance).await;
+    assert!(!standby.is_leader(), "two leaders at once");
+    let mut took_over = standby.subscribe();
+    let stopped = Instant::now();
+    leader.stop().await;
+    let bound = if ctx.factory().capabilities().release_notify {
+        timing.tolerance
+    } else {
+        interval + timing.tolerance
+    };
+    timeout(bound * 2, took_over.wait_for(|l| *l))
+        .await
+        .expect("the standby did not take over in time")
+        .expect("the election stopped");
+    crate::cases::assert_between(
+        "take-over after the leader stopped",
+        stopped.elapsed(),
+        Duration::ZERO,
+        bound,
+    );
+    standby.stop().await;
+}

@@ -85,6 +85,10 @@ pub static ALL: &[Case] = &[
         ended::election_lease_ends_on_stop_and_drop,
         Requires::Nothing
     ),
+    case!(
+        ended::election_standby_takes_over_at_release,
+        Requires::Nothing
+    ),
     Case {
         name: "max_hold_fails_assert_held_while_starved",
         requires: Requires::Nothing,
