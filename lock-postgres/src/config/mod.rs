@@ -227,7 +227,7 @@ fn valid_ident(what: &str, ident: &str) -> Result<(), BackendError> {
 impl PostgresBuilder {
     /// A builder for `localhost:5432`, user `postgres`, with the defaults:
     /// namespace `lock`, connect timeout 5 s, statement timeout 2 s, max TTL
-    /// 30 s, 4 lock sessions, fencing on with sequence `public.lock_fencing`,
+    /// 30 s, 1 lock session, fencing on with sequence `public.lock_fencing`,
     /// no TLS.
     pub fn new() -> Self {
         let mut pg = tokio_postgres::Config::new();
@@ -304,10 +304,11 @@ impl PostgresBuilder {
     }
 
     /// How many lock sessions (server connections) the backend spreads its
-    /// locks over, each key on the one its hash picks (default 4; URL
-    /// parameter `lock_sessions`). Each statement on a session costs more
-    /// the more locks it holds, so thousands of leases want several; the end
-    /// of one session loses only the leases on it. Checked by
+    /// locks over, each key on the one its hash picks (default 1; URL
+    /// parameter `lock_sessions`). One gathers the most concurrent calls
+    /// into each statement, which is fastest; several mean that the end of
+    /// one session loses only the leases on it, and that a slow statement
+    /// holds up only its own session's calls. Checked by
     /// [`PostgresBuilder::config`]: 1 to 64.
     pub fn with_lock_sessions(mut self, sessions: usize) -> Self {
         self.inner.lock_sessions = sessions;

@@ -1,4 +1,4 @@
-//! Every lease of a process lives on one of a few lock sessions, and when
+//! Every lease of a process lives on one of its lock sessions, and when
 //! that session ends the server frees all of its locks at once. These trials check
 //! that no lease on it still says "held" by the time another replica can
 //! take its name: after a release that failed, and after the connection died.

@@ -1,5 +1,6 @@
-//! A backend spreads its locks over several lock sessions: the end of one
-//! loses exactly the leases on it, at once, and the others keep renewing.
+//! A backend told to spread its locks over several lock sessions (the
+//! default is one): the end of one loses exactly the leases on it, at once,
+//! and the others keep renewing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,12 +8,15 @@ use std::time::Duration;
 use lock_core::{LeaseHandle, LockGuard, LockName, LockOptions, LossReason};
 use tokio::time::{sleep, timeout, Instant};
 
-use super::specific::{backend_as, locker, name};
+use super::specific::{locker, name, private_url};
 use super::{holder_pid, plain_session, terminate, PostgresFactory, TTL};
 use crate::BoxError;
 
 /// How many names at most are taken to find two sessions with two leases each.
 const MAX_NAMES: usize = 64;
+
+/// The lock sessions each backend of this case spreads its locks over.
+const SESSIONS: usize = 4;
 
 /// A lease, the pid of the lock session its name maps to, and its guard.
 struct Taken {
@@ -32,11 +36,18 @@ struct Taken {
 pub(super) async fn one_session_end_loses_only_its_leases(
     f: Arc<PostgresFactory>,
 ) -> Result<(), BoxError> {
-    let p = Arc::new(backend_as(&f, "postgres").await?);
-    if p.config().lock_sessions() < 2 {
-        return Err("the suite's backends should use several lock sessions".into());
-    }
-    let q = backend_as(&f, "postgres").await?;
+    let url = private_url(&f, "postgres")?;
+    let p = Arc::new(
+        f.builder_for(&url)?
+            .with_lock_sessions(SESSIONS)
+            .connect()
+            .await?,
+    );
+    let q = f
+        .builder_for(&url)?
+        .with_lock_sessions(SESSIONS)
+        .connect()
+        .await?;
     let (lp, lq) = (locker(p.clone())?, locker(Arc::new(q))?);
     let opts = LockOptions::new(TTL);
     let mut taken: Vec<Taken> = Vec::new();
