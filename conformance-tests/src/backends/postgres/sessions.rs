@@ -37,17 +37,12 @@ pub(super) async fn one_session_end_loses_only_its_leases(
     f: Arc<PostgresFactory>,
 ) -> Result<(), BoxError> {
     let url = private_url(&f, "postgres")?;
-    let p = Arc::new(
-        f.builder_for(&url)?
-            .with_lock_sessions(SESSIONS)
-            .connect()
-            .await?,
-    );
-    let q = f
-        .builder_for(&url)?
-        .with_lock_sessions(SESSIONS)
-        .connect()
-        .await?;
+    let connect = || async {
+        let builder = f.builder_for(&url)?.with_lock_sessions(SESSIONS);
+        Ok::<_, BoxError>(builder.connect().await?)
+    };
+    let p = Arc::new(connect().await?);
+    let q = connect().await?;
     let (lp, lq) = (locker(p.clone())?, locker(Arc::new(q))?);
     let opts = LockOptions::new(TTL);
     let mut taken: Vec<Taken> = Vec::new();
