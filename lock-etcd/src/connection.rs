@@ -47,6 +47,10 @@ pub(crate) struct Inner {
 /// forgotten name costs one lease grant and revoke at its next denial).
 const MAX_CONTENDED: usize = 4096;
 
+/// etcd's default `--max-txn-ops`: the most operations one transaction (or
+/// one branch of it) may carry, so the most items a batch transaction holds.
+pub(crate) const MAX_TXN_OPS: usize = 128;
+
 /// The lease a lock this instance acquired is on: the shared lease of its
 /// TTL, or one of its own after `retain_for` asked for another TTL.
 #[derive(Debug, Clone, Copy)]

@@ -199,6 +199,7 @@ mod renewal;
 mod shared;
 #[cfg(feature = "test-util")]
 mod test_util;
+mod tick_batch;
 mod ticks;
 
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENV_VAR, URL_SCHEMES};

@@ -20,13 +20,10 @@ use lock_core::{
 };
 
 use crate::backend::first_kv;
-use crate::connection::{classify, Held, Inner};
+use crate::connection::{classify, Held, Inner, MAX_TXN_OPS};
 use crate::error::{convert, protocol};
 use crate::lease::lease_seconds;
 use crate::members::Attempt;
-
-/// etcd's default `--max-txn-ops`: the most reads one batch transaction may carry.
-const MAX_TXN_OPS: usize = 128;
 
 /// The first key-value of each get in a read-only transaction's answer,
 /// moved out of it: a renewal sweep reads thousands, and the client's own

@@ -1,4 +1,5 @@
 //! [`TickStore`] on etcd: one key per job, raised only, in one transaction.
+//! The batch calls (in `tick_batch`) put many jobs in one transaction.
 
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ fn encode(tick: i64) -> String {
     format!("{:020}", (tick as u64) ^ (1 << 63))
 }
 
-fn decode(raw: &[u8]) -> Option<i64> {
+pub(crate) fn decode(raw: &[u8]) -> Option<i64> {
     let text = std::str::from_utf8(raw).ok()?;
     if text.len() != 20 {
         return None;
@@ -34,17 +35,53 @@ fn decode(raw: &[u8]) -> Option<i64> {
 const MARKS: &str = "#marks/";
 
 impl Connected {
-    fn tick_key(&self, job: &LockName) -> String {
+    pub(crate) fn tick_key(&self, job: &LockName) -> String {
         format!("{}{TICKS}{}", self.inner.prefix, job.as_str())
     }
 
-    fn mark_key(&self, job: &LockName, tick: i64) -> String {
+    pub(crate) fn mark_key(&self, job: &LockName, tick: i64) -> String {
         format!(
             "{}{MARKS}{}#{}",
             self.inner.prefix,
             job.as_str(),
             encode(tick)
         )
+    }
+
+    /// The transaction that records `tick` for `job`: raises the job's
+    /// latest tick to it (or creates it), marks the tick, and deletes the
+    /// job's marks more than `keep` older than it.
+    pub(crate) fn record_txn(&self, job: &LockName, tick: i64, keep: Duration) -> Txn {
+        let key = self.tick_key(job);
+        let value = encode(tick);
+        // Raise an existing value, or create a missing key; a compare on the
+        // value of a missing key is false, hence the nested transaction.
+        let create = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), value.as_str(), None)]);
+        // The mark, and the deletion of this job's marks more than `keep`
+        // older than it, go in the same transaction whatever the compare.
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        let (first, cut) = (
+            self.mark_key(job, i64::MIN),
+            self.mark_key(job, tick.saturating_sub(keep_ms)),
+        );
+        let mark = [
+            TxnOp::put(self.mark_key(job, tick), "", None),
+            TxnOp::delete(first, Some(DeleteOptions::new().with_range(cut))),
+        ];
+        Txn::new()
+            .when([Compare::value(
+                key.as_str(),
+                CompareOp::Less,
+                value.as_str(),
+            )])
+            .and_then([
+                TxnOp::put(key.as_str(), value.as_str(), None),
+                mark[0].clone(),
+                mark[1].clone(),
+            ])
+            .or_else([TxnOp::txn(create), mark[0].clone(), mark[1].clone()])
     }
 }
 
@@ -77,37 +114,8 @@ impl TickStore for Connected {
         tick: i64,
         keep: Duration,
     ) -> Result<(), BackendError> {
-        let key = self.tick_key(job);
-        let value = encode(tick);
-        // Raise an existing value, or create a missing key; a compare on the
-        // value of a missing key is false, hence the nested transaction.
-        let create = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.as_str(), value.as_str(), None)]);
-        // The mark, and the deletion of this job's marks more than `keep`
-        // older than it, go in the same transaction whatever the compare.
-        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
-        let (first, cut) = (
-            self.mark_key(job, i64::MIN),
-            self.mark_key(job, tick.saturating_sub(keep_ms)),
-        );
-        let mark = [
-            TxnOp::put(self.mark_key(job, tick), "", None),
-            TxnOp::delete(first, Some(DeleteOptions::new().with_range(cut))),
-        ];
-        let txn = Txn::new()
-            .when([Compare::value(
-                key.as_str(),
-                CompareOp::Less,
-                value.as_str(),
-            )])
-            .and_then([
-                TxnOp::put(key.as_str(), value.as_str(), None),
-                mark[0].clone(),
-                mark[1].clone(),
-            ])
-            .or_else([TxnOp::txn(create), mark[0].clone(), mark[1].clone()]);
-        let (key, txn) = (&key, &txn);
+        let key = &self.tick_key(job);
+        let txn = &self.record_txn(job, tick, keep);
         self.inner
             .members
             .run(self.inner.timeout, "record tick", |at| async move {
@@ -135,6 +143,28 @@ impl TickStore for Connected {
                 Ok(resp.count() > 0)
             })
             .await
+    }
+
+    async fn last_completed_many(
+        &self,
+        jobs: &[LockName],
+    ) -> Vec<Result<Option<i64>, BackendError>> {
+        self.last_completed_batch(jobs).await
+    }
+
+    async fn is_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+    ) -> Vec<Result<bool, BackendError>> {
+        self.is_completed_batch(ticks).await
+    }
+
+    async fn record_completed_many(
+        &self,
+        ticks: &[(LockName, i64)],
+        keep: Duration,
+    ) -> Vec<Result<(), BackendError>> {
+        self.record_completed_batch(ticks, keep).await
     }
 }
 

@@ -142,6 +142,10 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(
+        ticks::tick_store_batches_past_one_request,
+        Requires::Nothing
+    ),
+    case!(
         scheduler::scheduler_per_tick_exactly_once,
         Requires::Nothing
     ),

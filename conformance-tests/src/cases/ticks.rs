@@ -161,3 +161,72 @@ pub(super) async fn tick_store_batch_records_match_single_calls(ctx: Ctx) {
     let latest: Vec<Option<i64>> = latest.into_iter().map(|r| r.expect("answers")).collect();
     assert_eq!(latest, vec![Some(3_000), Some(50_000), Some(-5)]);
 }
+
+/// Batches larger than a backend's single request (etcd: 128 operations a
+/// transaction) and holding a job twice answer every item, in order, as the
+/// single calls would.
+pub(super) async fn tick_store_batches_past_one_request(ctx: Ctx) {
+    const JOBS: usize = 200;
+    const TWICE: usize = 100;
+    let Some(store) = within("tick_store", ctx.factory().tick_store())
+        .await
+        .expect("tick store connects")
+    else {
+        return;
+    };
+    let jobs: Vec<LockName> = (0..JOBS)
+        .map(|i| ctx.name(&format!("batch-big-{i}")))
+        .collect();
+    let tick_of = |i: usize| 1_000 * i as i64;
+    // Every job once, then the first TWICE jobs again with a later tick.
+    let ticks: Vec<(LockName, i64)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, job)| (job.clone(), tick_of(i)))
+        .chain(
+            jobs.iter()
+                .take(TWICE)
+                .enumerate()
+                .map(|(i, job)| (job.clone(), tick_of(i) + 500)),
+        )
+        .collect();
+    let done = within(
+        "record_completed_many",
+        store.record_completed_many(&ticks, KEEP),
+    )
+    .await;
+    assert_eq!(done.len(), ticks.len(), "one result per item");
+    for (r, (job, tick)) in done.into_iter().zip(&ticks) {
+        r.unwrap_or_else(|e| panic!("{job} at {tick} was not recorded: {e}"));
+    }
+
+    let latest = within("last_completed_many", store.last_completed_many(&jobs)).await;
+    assert_eq!(latest.len(), JOBS, "one answer per job");
+    for (i, r) in latest.into_iter().enumerate() {
+        let want = if i < TWICE {
+            tick_of(i) + 500
+        } else {
+            tick_of(i)
+        };
+        assert_eq!(
+            r.expect("last_completed_many answers"),
+            Some(want),
+            "the latest of job {i}"
+        );
+    }
+
+    // Every recorded tick, and as many that were not, interleaved.
+    let asked: Vec<(LockName, i64)> = ticks
+        .iter()
+        .flat_map(|(job, tick)| [(job.clone(), *tick), (job.clone(), tick + 1)])
+        .collect();
+    let marked = within("is_completed_many", store.is_completed_many(&asked)).await;
+    assert_eq!(marked.len(), asked.len(), "one answer per tick");
+    for (k, (r, (job, tick))) in marked.into_iter().zip(&asked).enumerate() {
+        assert_eq!(
+            r.expect("is_completed_many answers"),
+            k % 2 == 0,
+            "{job} at {tick}: only recorded ticks are marked"
+        );
+    }
+}

@@ -102,10 +102,7 @@ async fn start_replica(
         .tick_store()
         .await?
         .ok_or("this backend has no tick store")?;
-    // etcd's tick store keeps the trait's batch defaults (single calls
-    // joined); every other store answers a batch in one round trip.
-    let native_batches = !ctx.factory().name().starts_with("etcd");
-    let ticks = CountingTicks::new(store, native_batches);
+    let ticks = CountingTicks::new(store);
     let registry = prometheus::Registry::new();
     let ended = Arc::clone(logs);
     let mut builder = Scheduler::builder(locker, Arc::new(ticks.clone()))
