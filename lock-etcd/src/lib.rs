@@ -36,6 +36,14 @@
 //! - **waiting** acquires wake on a watch of the key, created before the
 //!   attempt it guards. etcd's own `Lock` RPC is not used (see etcd issue
 //!   11456: a waiter whose lease expired while it queued was granted the lock).
+//! - **the scheduler's tick store** keeps each job's latest completed tick
+//!   under `<prefix>#ticks/` and one key per completed tick under
+//!   `<prefix>#marks/`. The ticks of jobs due at the same instant are read
+//!   in one read-only transaction per 128 keys and recorded in one
+//!   transaction per 124 ticks (etcd counts what is nested below a batch,
+//!   three operations in a record and one more in its creation of a
+//!   missing key, against its `--max-txn-ops`, 128 by default): one raft
+//!   write per batch instead of one per job.
 //!
 //! # Losing the shared lease
 //!
