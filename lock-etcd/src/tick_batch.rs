@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use etcd_client::{GetOptions, GetResponse, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use futures_util::future::join_all;
-use lock_core::{BackendError, LockName};
+use lock_core::{lane, BackendError, LockName};
 
 use crate::connection::{Connected, MAX_TXN_OPS};
 use crate::error::{convert, protocol};
@@ -30,11 +30,8 @@ impl Connected {
         &self,
         jobs: &[LockName],
     ) -> Vec<Result<Option<i64>, BackendError>> {
-        let gets = jobs
-            .iter()
-            .map(|job| TxnOp::get(self.tick_key(job), None))
-            .collect();
-        self.read_batch("read ticks", gets, |get| match get.kvs().first() {
+        let get = |job: &LockName| TxnOp::get(self.tick_key(job), None);
+        self.read_batch("read ticks", jobs, get, |got| match got.kvs().first() {
             None => Ok(None),
             Some(kv) => decode(kv.value())
                 .map(Some)
@@ -49,16 +46,13 @@ impl Connected {
         &self,
         ticks: &[(LockName, i64)],
     ) -> Vec<Result<bool, BackendError>> {
-        let gets = ticks
-            .iter()
-            .map(|(job, tick)| {
-                TxnOp::get(
-                    self.mark_key(job, *tick),
-                    Some(GetOptions::new().with_count_only()),
-                )
-            })
-            .collect();
-        self.read_batch("read tick marks", gets, |get| Ok(get.count() > 0))
+        let get = |(job, tick): &(LockName, i64)| {
+            TxnOp::get(
+                self.mark_key(job, *tick),
+                Some(GetOptions::new().with_count_only()),
+            )
+        };
+        self.read_batch("read tick marks", ticks, get, |got| Ok(got.count() > 0))
             .await
     }
 
@@ -88,10 +82,7 @@ impl Connected {
             }))
             .await;
             for (chunk, result) in chunks.iter().zip(sent) {
-                let answers = match result {
-                    Ok(_) => chunk.iter().map(|_| Ok(())).collect(),
-                    Err(e) => e.for_each(chunk.len()),
-                };
+                let answers = lane::each(result.map(|_| vec![(); chunk.len()]), chunk.len());
                 for (&i, answer) in chunk.iter().zip(answers) {
                     if let Some(slot) = out.get_mut(i) {
                         *slot = Some(answer);
@@ -106,31 +97,27 @@ impl Connected {
             .collect()
     }
 
-    /// Sends `gets` in read-only transactions of at most [`MAX_TXN_OPS`],
-    /// all together, and answers each get with `answer`, in order. A
-    /// transaction that fails fails its own items only.
-    async fn read_batch<T>(
+    /// Reads `items` in read-only transactions of at most [`MAX_TXN_OPS`]
+    /// gets (`get` builds an item's), all sent together, and answers each
+    /// item's get with `answer`, in order. A transaction that fails fails its
+    /// own items only.
+    async fn read_batch<I, T>(
         &self,
         what: &str,
-        gets: Vec<TxnOp>,
+        items: &[I],
+        get: impl Fn(&I) -> TxnOp,
         answer: impl Fn(&GetResponse) -> Result<T, BackendError>,
     ) -> Vec<Result<T, BackendError>> {
-        let total = gets.len();
-        let mut gets = gets.into_iter();
-        let chunks: Vec<Vec<TxnOp>> = std::iter::from_fn(|| {
-            let chunk: Vec<TxnOp> = gets.by_ref().take(MAX_TXN_OPS).collect();
-            (!chunk.is_empty()).then_some(chunk)
-        })
-        .collect();
-        let sent = join_all(chunks.into_iter().map(|chunk| {
-            let n = chunk.len();
+        let sent = join_all(items.chunks(MAX_TXN_OPS).map(|chunk| {
+            let gets: Vec<TxnOp> = chunk.iter().map(&get).collect();
             async move {
-                let answered = self.send(what, Txn::new().and_then(chunk)).await;
+                let n = gets.len();
+                let answered = self.send(what, Txn::new().and_then(gets)).await;
                 (n, answered.and_then(|resp| gets_of(resp, n, what)))
             }
         }))
         .await;
-        let mut out = Vec::with_capacity(total);
+        let mut out = Vec::with_capacity(items.len());
         for (n, answered) in sent {
             match answered {
                 Ok(gets) => out.extend(gets.iter().map(&answer)),
@@ -141,7 +128,7 @@ impl Connected {
     }
 
     /// Sends one transaction through the members, as every call does.
-    async fn send(&self, what: &str, txn: Txn) -> Result<TxnResponse, BackendError> {
+    pub(crate) async fn send(&self, what: &str, txn: Txn) -> Result<TxnResponse, BackendError> {
         let txn = &txn;
         self.inner
             .members

@@ -114,19 +114,10 @@ impl TickStore for Connected {
         tick: i64,
         keep: Duration,
     ) -> Result<(), BackendError> {
-        let key = &self.tick_key(job);
-        let txn = &self.record_txn(job, tick, keep);
-        self.inner
-            .members
-            .run(self.inner.timeout, "record tick", |at| async move {
-                at.client
-                    .kv_client()
-                    .txn(txn.clone())
-                    .await
-                    .map_err(|e| convert(&format!("record {key}"), e))?;
-                Ok(())
-            })
+        let what = format!("record {}", self.tick_key(job));
+        self.send(&what, self.record_txn(job, tick, keep))
             .await
+            .map(|_| ())
     }
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
