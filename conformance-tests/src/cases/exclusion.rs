@@ -171,3 +171,46 @@ pub(super) async fn cancelled_burst_leaves_nothing(ctx: Ctx) {
         g.release().await.expect("release");
     }
 }
+
+/// A burst of 100 held locks whose releases are each given up after 0 to
+/// 2 ms (some before the release was sent, some in flight, some after it
+/// answered) leaves nothing held: another replica then takes every name
+/// within half a TTL. A release must go on to its end whether or not its
+/// caller waits (a backend that runs the release in its caller's task hands
+/// the rest to a task of its own when the caller goes).
+pub(super) async fn cancelled_releases_leave_nothing(ctx: Ctx) {
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let names = burst_names(&ctx, "release-given-up");
+    let opts = ctx.opts();
+    let mut guards = Vec::with_capacity(names.len());
+    for name in &names {
+        let g = a.locker.try_lock(name, &opts).await;
+        guards.push(g.unwrap_or_else(|e| panic!("{name}: not acquired: {e}")));
+    }
+    let releases: Vec<_> = guards
+        .into_iter()
+        .enumerate()
+        .map(|(i, guard)| {
+            let patience = Duration::from_micros(20 * i as u64);
+            tokio::spawn(async move {
+                drop(tokio::time::timeout(patience, guard.release()).await);
+            })
+        })
+        .collect();
+    for r in releases {
+        r.await.expect("release task finished");
+    }
+    let wait = opts.with_acquire_timeout(ctx.timing().ttl / 2);
+    let takes: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let (locker, name, wait) = (b.locker.clone(), name.clone(), wait.clone());
+            tokio::spawn(async move { (locker.lock(&name, &wait).await, name) })
+        })
+        .collect();
+    for t in takes {
+        let (taken, name) = t.await.expect("acquire task finished");
+        let g = taken.unwrap_or_else(|e| panic!("{name}: left held by a given-up release: {e}"));
+        g.release().await.expect("release");
+    }
+}

@@ -43,6 +43,10 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(exclusion::cancelled_burst_leaves_nothing, Requires::Nothing),
+    case!(
+        exclusion::cancelled_releases_leave_nothing,
+        Requires::Nothing
+    ),
     case!(renewal::renewal_keeps_lease_alive, Requires::Nothing),
     case!(renewal::deadline_without_heartbeat, Requires::Nothing),
     case!(
