@@ -154,6 +154,7 @@ impl PostgresBackend {
         let backend = self.clone();
         let Releasing { session, attempt } = releasing;
         Unlock {
+            runtime: Handle::try_current().ok(),
             run: Some(Box::pin(async move {
                 attempt.wait().await;
                 let outcome = backend.settle_unlock(&session, key, announce).await;
@@ -206,6 +207,9 @@ impl PostgresBackend {
 /// all do, costs no task and no hand-over between threads (at concurrency
 /// 1, two such hand-overs were about as long as the unlock's round trip).
 pub(crate) struct Unlock {
+    /// The runtime the release started on, where the rest goes if the
+    /// caller stops waiting (its future may be dropped on another thread).
+    runtime: Option<Handle>,
     /// `None` once it has finished.
     run: Option<UnlockRun>,
 }
@@ -217,12 +221,12 @@ impl Drop for Unlock {
         let Some(run) = self.run.take() else {
             return;
         };
-        match Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(run)),
-            // Only when a future holding it is dropped outside any runtime
-            // (one being shut down drops its tasks too): the key stays
-            // reserved, so no other owner here takes it on this session.
-            Err(_) => warn!(
+        match self.runtime.take().or_else(|| Handle::try_current().ok()) {
+            Some(runtime) => drop(runtime.spawn(run)),
+            // Only for a release started outside any runtime, then dropped
+            // outside one: the key stays reserved, so no other owner here
+            // takes it on this session.
+            None => warn!(
                 "an unlock was abandoned outside a tokio runtime; its key stays reserved until its \
                  lock session ends"
             ),
