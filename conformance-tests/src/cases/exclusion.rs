@@ -157,19 +157,7 @@ pub(super) async fn cancelled_burst_leaves_nothing(ctx: Ctx) {
     for t in tries {
         t.await.expect("attempt task finished");
     }
-    let wait = opts.with_acquire_timeout(ctx.timing().ttl / 2);
-    let takes: Vec<_> = names
-        .iter()
-        .map(|name| {
-            let (locker, name, wait) = (b.locker.clone(), name.clone(), wait.clone());
-            tokio::spawn(async move { (locker.lock(&name, &wait).await, name) })
-        })
-        .collect();
-    for t in takes {
-        let (taken, name) = t.await.expect("acquire task finished");
-        let g = taken.unwrap_or_else(|e| panic!("{name}: left held by a given-up attempt: {e}"));
-        g.release().await.expect("release");
-    }
+    takes_all_within_half_a_ttl(&ctx, &b, &names, &opts, "a given-up attempt").await;
 }
 
 /// A burst of 100 held locks whose releases are each given up after 0 to
@@ -200,17 +188,29 @@ pub(super) async fn cancelled_releases_leave_nothing(ctx: Ctx) {
     for r in releases {
         r.await.expect("release task finished");
     }
-    let wait = opts.with_acquire_timeout(ctx.timing().ttl / 2);
+    takes_all_within_half_a_ttl(&ctx, &b, &names, &opts, "a given-up release").await;
+}
+
+/// `replica` takes every one of `names` (each waiting at most half a TTL)
+/// and releases it; a name it cannot take was left held by `cause`.
+async fn takes_all_within_half_a_ttl(
+    ctx: &Ctx,
+    replica: &Replica,
+    names: &[LockName],
+    opts: &LockOptions,
+    cause: &str,
+) {
+    let wait = opts.clone().with_acquire_timeout(ctx.timing().ttl / 2);
     let takes: Vec<_> = names
         .iter()
         .map(|name| {
-            let (locker, name, wait) = (b.locker.clone(), name.clone(), wait.clone());
+            let (locker, name, wait) = (replica.locker.clone(), name.clone(), wait.clone());
             tokio::spawn(async move { (locker.lock(&name, &wait).await, name) })
         })
         .collect();
     for t in takes {
         let (taken, name) = t.await.expect("acquire task finished");
-        let g = taken.unwrap_or_else(|e| panic!("{name}: left held by a given-up release: {e}"));
+        let g = taken.unwrap_or_else(|e| panic!("{name}: left held by {cause}: {e}"));
         g.release().await.expect("release");
     }
 }
