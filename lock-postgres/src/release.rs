@@ -208,7 +208,7 @@ impl PostgresBackend {
 /// 1, two such hand-overs were about as long as the unlock's round trip).
 pub(crate) struct Unlock {
     /// The runtime the release started on, where the rest goes if the
-    /// caller stops waiting (its future may be dropped on another thread).
+    /// caller stops waiting (its future may be dropped on any thread).
     runtime: Option<Handle>,
     /// `None` once it has finished.
     run: Option<UnlockRun>,
@@ -221,11 +221,10 @@ impl Drop for Unlock {
         let Some(run) = self.run.take() else {
             return;
         };
-        match self.runtime.take().or_else(|| Handle::try_current().ok()) {
+        match self.runtime.take() {
             Some(runtime) => drop(runtime.spawn(run)),
-            // Only for a release started outside any runtime, then dropped
-            // outside one: the key stays reserved, so no other owner here
-            // takes it on this session.
+            // Only for a release started outside any runtime: the key stays
+            // reserved, so no other owner here takes it on this session.
             None => warn!(
                 "an unlock was abandoned outside a tokio runtime; its key stays reserved until its \
                  lock session ends"
