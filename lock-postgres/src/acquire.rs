@@ -58,6 +58,7 @@ impl PostgresBackend {
                     owner: *owner,
                     session: Arc::clone(&session),
                     releasing: false,
+                    gone: None,
                     attempt: settled,
                 },
             );

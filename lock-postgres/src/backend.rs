@@ -10,7 +10,7 @@ use lock_core::{
     backend::{
         AcquireAttempt, Expiry, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest,
     },
-    lane::Settled,
+    lane::{Settled, Unsettled},
     BackendError, Capabilities, LockBackend, LockName, LossReason, OwnerToken,
 };
 use tracing::{debug, warn};
@@ -59,12 +59,16 @@ pub(crate) struct Inner {
 /// The entry reserves its key on that session: no other owner of this
 /// backend takes it until the entry goes, which a release does only once
 /// its unlock is known to have run (or the session ended).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Holding {
     pub(crate) owner: OwnerToken,
     pub(crate) session: Arc<LockSession>,
     /// An unlock of it is in flight; a second release must not start another.
     pub(crate) releasing: bool,
+    /// For a second release of it while its unlock is in flight: closes
+    /// when this entry goes (the unlock has run, or the session ended).
+    /// Made only when such a release comes.
+    pub(crate) gone: Option<(Unsettled, Settled)>,
     /// Closes once the attempt that took it can no longer take it after an
     /// unlock sent now (see `attempts`); an unlock waits for it.
     pub(crate) attempt: Settled,

@@ -18,12 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    backend::ReleaseOutcome, lane::Settled, BackendError, BackendErrorKind, LockName, LossReason,
-    OwnerToken,
+    backend::ReleaseOutcome,
+    lane::{self, Settled},
+    BackendError, BackendErrorKind, LockName, LossReason, OwnerToken,
 };
 use tokio::runtime::Handle;
 use tokio::time::timeout;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::error::timed_out;
 use crate::session::LockSession;
@@ -43,8 +44,8 @@ pub(crate) enum NotStarted {
     NotHeld,
     /// It went with its session, which ended.
     SessionEnded,
-    /// An earlier release of it is still finishing.
-    InFlight,
+    /// An earlier release of it is still finishing; this closes when it has.
+    InFlight(Settled),
 }
 
 impl PostgresBackend {
@@ -57,6 +58,10 @@ impl PostgresBackend {
         announce: bool,
         limit: Duration,
     ) -> Result<bool, BackendError> {
+        #[cfg(feature = "test-util")]
+        if let Some(by) = self.inner.faults.unlock_delay(key) {
+            tokio::time::sleep(by).await;
+        }
         #[cfg(feature = "test-util")]
         if let Some(e) = self.inner.faults.unlock_error(key) {
             return Err(e);
@@ -77,16 +82,29 @@ impl PostgresBackend {
         let key = self.inner.config.key_for(name);
         let releasing = match self.begin_release(key, owner) {
             Ok(s) => s,
-            Err(NotStarted::NotHeld) => {
-                warn!(lock = %name, "release of a lock this backend does not hold for this owner; nothing unlocked");
+            // Routine, not a fault: the release a `Locker` sends after an
+            // attempt its caller gave up (which may never have left), or a
+            // second release after the first one ended. A lock lost on the
+            // server while held is reported by the caller that expected it.
+            Err(NotStarted::NotHeld | NotStarted::SessionEnded) => {
+                debug!(lock = %name, "release of a lock this backend does not hold for this owner; nothing unlocked");
                 return Ok(ReleaseOutcome::NotHeld);
             }
-            Err(NotStarted::SessionEnded) => return Ok(ReleaseOutcome::NotHeld),
-            Err(NotStarted::InFlight) => {
-                return Err(BackendError::new(
-                    BackendErrorKind::Timeout,
-                    format!("releasing {name}: an earlier release of it is still finishing"),
-                ))
+            // A second release while the first one's unlock is on its way (a
+            // `Locker` sends one when its caller gave up waiting for the
+            // first): the first one's end is this one's answer.
+            Err(NotStarted::InFlight(gone)) => {
+                let limit = self.inner.config.statement_timeout;
+                return match timeout(limit, gone.wait()).await {
+                    Ok(()) => Ok(ReleaseOutcome::NotHeld),
+                    Err(_) => Err(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!(
+                            "releasing {name}: an earlier release of it is still finishing after \
+                             {limit:?}; it goes on in the background"
+                        ),
+                    )),
+                };
             }
         };
         let unlock = self.start_unlock(releasing, key, *owner, self.inner.config.release_notify);
@@ -100,7 +118,10 @@ impl PostgresBackend {
         match wait_for(unlock, wait).await {
             Ok(true) => Ok(ReleaseOutcome::Released),
             Ok(false) => {
-                warn!(lock = %name, "pg_advisory_unlock found nothing to unlock on this session");
+                // After an attempt that was given up before it ran, routine;
+                // a lock gone while its lease was valid is reported by the
+                // `Locker` (as a loss), which knows which case this is.
+                debug!(lock = %name, "pg_advisory_unlock found nothing to unlock on this session");
                 Ok(ReleaseOutcome::NotHeld)
             }
             Err(e) => {
@@ -125,7 +146,8 @@ impl PostgresBackend {
                     held.remove(&key);
                     Err(NotStarted::SessionEnded)
                 } else if h.releasing {
-                    Err(NotStarted::InFlight)
+                    let (_, gone) = h.gone.get_or_insert_with(lane::settle);
+                    Err(NotStarted::InFlight(gone.clone()))
                 } else {
                     h.releasing = true;
                     Ok(Releasing {

@@ -19,6 +19,8 @@ struct Armed {
     stall_release: bool,
     /// How many unlock statements fail before reaching the server.
     failing_unlocks: usize,
+    /// How long the next unlock statement waits before it is sent.
+    unlock_delay: Option<Duration>,
 }
 
 impl Faults {
@@ -36,6 +38,11 @@ impl Faults {
             }
             _ => limit,
         }
+    }
+
+    /// How long the next unlock of `key` waits before it is sent, consumed.
+    pub(crate) fn unlock_delay(&self, key: AdvisoryKey) -> Option<Duration> {
+        self.map().get_mut(&key)?.unlock_delay.take()
     }
 
     /// The error an armed unlock of `key` fails with, consuming one.
@@ -82,6 +89,13 @@ impl PostgresBackend {
             .entry(key)
             .or_default()
             .stall_release = true;
+    }
+
+    /// The next unlock statement for `name` waits `by` before it is sent,
+    /// as on a slow server.
+    pub fn delay_next_unlock(&self, name: &LockName, by: Duration) {
+        let key = self.inner.config.key_for(name);
+        self.inner.faults.map().entry(key).or_default().unlock_delay = Some(by);
     }
 
     /// The next `attempts` unlock statements for `name` fail without

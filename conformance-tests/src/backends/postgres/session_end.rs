@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    backend::AcquireAttempt, LeaseHandle, LockBackend, LockName, LockOptions, LossReason,
-    OwnerToken, RunOutcome,
+    backend::{AcquireAttempt, ReleaseOutcome},
+    LeaseHandle, LockBackend, LockName, LockOptions, LossReason, OwnerToken, RunOutcome,
 };
 use lock_postgres::PostgresBackend;
 use tokio::time::{sleep, timeout, Instant};
@@ -30,6 +30,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     });
     add(suite, f, "slow_release_keeps_the_session", |f| {
         Box::pin(slow_release_keeps_the_session(f))
+    });
+    add(suite, f, "second_release_answers_after_the_first", |f| {
+        Box::pin(second_release_answers_after_the_first(f))
     });
     add(
         suite,
@@ -115,6 +118,42 @@ async fn slow_release_keeps_the_session(f: Arc<PostgresFactory>) -> Result<(), B
         return Err(format!("A's lock was still held {SETTLE:?} after its slow release").into());
     }
     b.release().await?;
+    Ok(())
+}
+
+/// A second release of a lock whose first release stopped waiting for its
+/// slow unlock (as a `Locker` sends when its caller gives up a release)
+/// waits for that unlock and answers `NotHeld`: the first one freed it, so
+/// another replica takes the name at its first try. It is no error, so
+/// nothing warns that the lock was left to its TTL.
+async fn second_release_answers_after_the_first(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
+    let p = backend_as(&f, "postgres").await?;
+    let q = backend_as(&f, "postgres").await?;
+    let n = name(&f, "second-release");
+    let owner = OwnerToken::generate()?;
+    if !matches!(
+        p.try_acquire(&n, &owner, TTL).await?,
+        AcquireAttempt::Acquired(_)
+    ) {
+        return Err("setup: the name was not free".into());
+    }
+    p.stall_next_release(&n);
+    p.delay_next_unlock(&n, OP_TIMEOUT / 2);
+    if p.release(&n, &owner).await.is_ok() {
+        return Err("a release that stopped waiting reported success".into());
+    }
+    let second = timeout(SETTLE, p.release(&n, &owner))
+        .await
+        .map_err(|_| format!("a second release did not answer within {SETTLE:?}"))?
+        .map_err(|e| format!("a second release while the first finishes failed: {e}"))?;
+    if second != ReleaseOutcome::NotHeld {
+        return Err(format!("a second release answered {second:?}, not NotHeld").into());
+    }
+    let token = OwnerToken::generate()?;
+    match q.try_acquire(&n, &token, TTL).await? {
+        AcquireAttempt::Acquired(_) => q.release(&n, &token).await?,
+        _ => return Err("the name was still held when the second release answered".into()),
+    };
     Ok(())
 }
 
