@@ -22,6 +22,7 @@ pub mod mono;
 pub mod observe;
 pub mod proxy;
 pub mod suite;
+pub mod warnings;
 
 pub use factory::{BackendFactory, BoxError, Ctx, Replica, Saboteur, Timing};
 pub use suite::Suite;

@@ -13,6 +13,10 @@ use libtest_mimic::Arguments;
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
+    if let Err(e) = conformance_tests::warnings::install() {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
+    }
     let mut suite = Suite::new();
     suite.add(Arc::new(MemoryFactory::new()));
     conformance_tests::backends::memory::add_specific(&mut suite);
