@@ -26,8 +26,9 @@ impl Inner {
     /// One attempt to take `name` for `owner`: put the key on the shared
     /// lease of `ttl` if it does not exist, while a keep-alive sent after
     /// the attempt started proves that lease lives until at least the
-    /// attempt's start plus `ttl`. Cancel safe: a put whose answer is lost
-    /// is deleted later (see `LockBackend::try_acquire` here).
+    /// attempt's start plus `ttl`. A put whose answer is lost is deleted
+    /// later (see `LockBackend::try_acquire` here); one whose caller went
+    /// runs to its answer and is undone then (see `orphan`).
     pub(crate) async fn acquire(
         &self,
         at: Attempt,
@@ -92,9 +93,11 @@ impl Inner {
             txn = txn.or_else([TxnOp::get(key.as_str(), None)]);
         }
         // The proof runs beside the put, so a free name costs one round trip.
-        let mut kv = at.client.kv_client();
         let proof = self.prove(at, lease, started, secs(seconds));
-        let put = kv.txn(txn);
+        #[cfg(feature = "test-util")]
+        let put = self.send_put(name, at.client.kv_client(), txn);
+        #[cfg(not(feature = "test-util"))]
+        let put = async move { at.client.kv_client().txn(txn).await };
         tokio::pin!(proof, put);
         let mut proved = None;
         let resp: Result<TxnResponse, _> = loop {

@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 use crate::connection::{classify, Connected, Inner};
 use crate::error::{convert, protocol};
 use crate::members::Attempt;
+use crate::orphan::Acquiring;
 
 impl Inner {
     pub(crate) async fn get(
@@ -174,22 +175,26 @@ impl LockBackend for Connected {
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
         self.inner.check_ttl(ttl)?;
-        let inner = &self.inner;
-        let outcome = inner
-            .members
-            .run(inner.timeout, "acquire", |at| {
-                inner.acquire(at, name, owner, ttl)
-            })
-            .await;
-        if let Err(e) = &outcome {
-            // An attempt that got no answer may have put the key on the
-            // shared lease, which other locks keep alive: delete it later.
-            // A refused configuration or permission wrote nothing.
-            if !matches!(e.kind(), BackendErrorKind::Config | BackendErrorKind::Auth) {
-                inner.acquire_failed(name, owner, ttl);
+        let (inner, name_, owner_) = (Arc::clone(&self.inner), name.clone(), *owner);
+        let run = Box::pin(async move {
+            let (name, owner) = (&name_, &owner_);
+            let outcome = inner
+                .members
+                .run(inner.timeout, "acquire", |at| {
+                    inner.acquire(at, name, owner, ttl)
+                })
+                .await;
+            if let Err(e) = &outcome {
+                // An attempt that got no answer may have put the key on the
+                // shared lease, which other locks keep alive: delete it later.
+                // A refused configuration or permission wrote nothing.
+                if !matches!(e.kind(), BackendErrorKind::Config | BackendErrorKind::Auth) {
+                    inner.acquire_failed(name, owner, ttl);
+                }
             }
-        }
-        outcome
+            outcome
+        });
+        Acquiring::new(self, name, *owner, run).await
     }
 
     async fn renew(

@@ -41,6 +41,9 @@ pub(crate) struct Inner {
     /// A renewal pause armed by a test (feature `test-util`).
     #[cfg(feature = "test-util")]
     pub(crate) pause: crate::test_util::PauseSlot,
+    /// A late put armed by a test (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub(crate) late_put: crate::test_util::LatePut,
 }
 
 /// Most names remembered as contended; past it the set starts over (a
@@ -138,6 +141,8 @@ impl Connected {
                 contended: Mutex::new(HashSet::new()),
                 #[cfg(feature = "test-util")]
                 pause: crate::test_util::PauseSlot::default(),
+                #[cfg(feature = "test-util")]
+                late_put: crate::test_util::LatePut::default(),
             }),
         })
     }

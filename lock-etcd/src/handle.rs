@@ -122,6 +122,17 @@ impl EtcdBackend {
         self.connected()
             .map(Connected::pause_next_renewal_before_read)
     }
+
+    /// Test hook (feature `test-util`): the put of the next acquire of
+    /// `name` reaches the server `by` later, even if the acquire's caller
+    /// has gone by then, as a request already sent does. Returns false if
+    /// the backend has not connected yet.
+    #[cfg(feature = "test-util")]
+    pub fn delay_next_put(&self, name: &LockName, by: std::time::Duration) -> bool {
+        self.connected()
+            .map(|c| c.delay_next_put(name, by))
+            .is_some()
+    }
 }
 
 #[async_trait]

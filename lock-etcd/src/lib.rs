@@ -203,6 +203,7 @@ mod error;
 mod handle;
 mod lease;
 mod members;
+mod orphan;
 mod renewal;
 mod shared;
 #[cfg(feature = "test-util")]

@@ -1,9 +1,13 @@
 //! Test hooks, behind the `test-util` feature: a pause point inside
 //! renewals, so a test can run another operation on the same lock between
-//! a renewal's keep-alive and its read of the key. Not part of the API.
+//! a renewal's keep-alive and its read of the key; and a put that reaches
+//! the server late, after calls sent later. Not part of the API.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
+use etcd_client::{KvClient, Txn, TxnResponse};
+use lock_core::LockName;
 use tokio::sync::{watch, Notify};
 
 use crate::connection::{Connected, Inner};
@@ -28,6 +32,25 @@ impl PauseSlot {
 
     fn take(&self) -> Option<Gate> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// The name whose next acquire's put reaches the server late, and by how
+/// much (one per backend instance, shared by its clones).
+#[derive(Debug, Default)]
+pub(crate) struct LatePut(Mutex<Option<(LockName, Duration)>>);
+
+impl LatePut {
+    fn take_for(&self, name: &LockName) -> Option<Duration> {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match slot.as_ref() {
+            Some((armed, by)) if armed == name => {
+                let by = *by;
+                *slot = None;
+                Some(by)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -58,6 +81,17 @@ impl RenewalPause {
 }
 
 impl Connected {
+    /// Test hook: the put of the next acquire of `name` on this instance is
+    /// sent `by` later, from a task of its own (see [`Inner::send_put`]).
+    pub(crate) fn delay_next_put(&self, name: &LockName, by: Duration) {
+        *self
+            .inner
+            .late_put
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((name.clone(), by));
+    }
+
     /// Test hook: the next renewal of this instance (single or batch) that
     /// has sent its keep-alives stops before it reads the keys, until the
     /// returned pause is resumed or dropped.
@@ -73,6 +107,27 @@ impl Connected {
 }
 
 impl Inner {
+    /// Sends `txn`, the put of an acquire of `name`; if a late put is armed
+    /// for `name`, from a task of its own after the delay, so the put
+    /// reaches the server even if the acquire is dropped meanwhile, as a
+    /// request already on the wire (or queued in the server) does.
+    pub(crate) async fn send_put(
+        &self,
+        name: &LockName,
+        mut kv: KvClient,
+        txn: Txn,
+    ) -> Result<TxnResponse, etcd_client::Error> {
+        let Some(by) = self.late_put.take_for(name) else {
+            return kv.txn(txn).await;
+        };
+        let sent = tokio::spawn(async move {
+            tokio::time::sleep(by).await;
+            kv.txn(txn).await
+        });
+        sent.await
+            .unwrap_or_else(|e| Err(etcd_client::Error::Internal(format!("the late put: {e}"))))
+    }
+
     /// Parks here if a pause is armed; the first renewal to arrive takes it.
     pub(crate) async fn renewal_pause_point(&self) {
         let Some(mut gate) = self.pause.take() else {

@@ -51,6 +51,36 @@ impl EtcdSaboteur {
         format!("{}{}", self.prefix, name.as_str())
     }
 
+    /// The kinds of the changes to `name`'s key from now on, in order
+    /// (`true` for a put, `false` for a delete), as a channel fed by a
+    /// watch that ends when the receiver is dropped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call leaves no watch behind.
+    pub async fn watch_changes(
+        &self,
+        name: &LockName,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<bool>, BoxError> {
+        let mut stream = self
+            .client
+            .watch_client()
+            .watch(self.key(name), None)
+            .await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(resp)) = stream.message().await {
+                for event in resp.events() {
+                    let put = event.event_type() == etcd_client::EventType::Put;
+                    if tx.send(put).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
     /// The lease attached to the lock key, if the key exists.
     ///
     /// # Cancel safety

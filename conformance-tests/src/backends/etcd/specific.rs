@@ -104,6 +104,9 @@ pub fn add_specific(suite: &mut Suite) {
     add(suite, "unanswered_release_frees_the_key", |f, c| {
         Box::pin(shared::unanswered_release_frees_the_key(f, c))
     });
+    add(suite, "late_put_of_a_given_up_acquire_is_undone", |f, c| {
+        Box::pin(shared::late_put_of_a_given_up_acquire_is_undone(f, c))
+    });
     add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))
     });

@@ -263,3 +263,55 @@ pub(super) async fn unanswered_release_frees_the_key(
     }
     Ok(())
 }
+
+/// How much later than its acquire's caller gave up the given-up put reaches
+/// the server.
+const PUT_LATE: Duration = Duration::from_millis(300);
+
+/// An acquire given up while its put is on its way: the `Locker`'s clean-up
+/// release reaches the server first (finding nothing), then the put lands on
+/// the shared lease, which another lock held here keeps alive. The key must
+/// still go: the acquire runs to its answer and deletes what it took, within
+/// a tolerance of the put, and the other lock is kept. Left alone, the key
+/// would be held by nobody for as long as this process renewed that lease.
+pub(super) async fn late_put_of_a_given_up_acquire_is_undone(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let backend = f.connect().await?;
+    let here = ctx.replica_over(Arc::new(backend.clone()));
+    let there = ctx.replica_over(Arc::new(f.connect().await?));
+    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let opts = LockOptions::new(TTL.max(backend.min_ttl()));
+    let tolerance = ctx.timing().tolerance;
+    let (kept, given_up) = (ctx.name("late-put-kept"), ctx.name("late-put"));
+    let keeper = here.locker.try_lock(&kept, &opts).await?;
+    let mut changes = sab.watch_changes(&given_up).await?;
+    ensure(backend.delay_next_put(&given_up, PUT_LATE), || {
+        "the backend is not connected".into()
+    })?;
+    let attempt = timeout(PUT_LATE / 6, here.locker.try_lock(&given_up, &opts)).await;
+    ensure(attempt.is_err(), || {
+        format!("the acquire answered before its delayed put: {attempt:?}")
+    })?;
+    let put = timeout(PUT_LATE + tolerance, changes.recv()).await;
+    ensure(matches!(put, Ok(Some(true))), || {
+        format!("the delayed put never landed: {put:?}")
+    })?;
+    let landed = Instant::now();
+    let deleted = timeout(tolerance, changes.recv()).await;
+    ensure(matches!(deleted, Ok(Some(false))), || {
+        format!(
+            "the key a given-up acquire put late was not deleted within {tolerance:?}: {deleted:?}"
+        )
+    })?;
+    let after = landed.elapsed();
+    let taken = there.locker.try_lock(&given_up, &opts).await?;
+    taken.release().await?;
+    ensure(keeper.assert_held().is_ok(), || {
+        "the other lock on the shared lease was lost".into()
+    })?;
+    keeper.release().await?;
+    println!("etcd: the key an acquire put after its caller had gone was deleted {after:?} later");
+    Ok(())
+}
