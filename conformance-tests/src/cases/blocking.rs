@@ -105,4 +105,5 @@ pub(super) async fn cancelled_acquire_leaves_nothing(ctx: Ctx) {
         .await
         .expect("the cancelled replica's local claim is gone");
     g.release().await.expect("release");
+    super::no_warnings_after(&b, &[name], "a given-up waiting acquire").await;
 }

@@ -158,7 +158,7 @@ pub(super) async fn cancelled_burst_leaves_nothing(ctx: Ctx) {
         t.await.expect("attempt task finished");
     }
     takes_all_within_half_a_ttl(&ctx, &b, &names, &opts, "a given-up attempt").await;
-    no_warnings_after(&a, &names, "a given-up attempt").await;
+    super::no_warnings_after(&a, &names, "a given-up attempt").await;
 }
 
 /// A burst of 100 held locks whose releases are each given up after 0 to
@@ -190,33 +190,7 @@ pub(super) async fn cancelled_releases_leave_nothing(ctx: Ctx) {
         r.await.expect("release task finished");
     }
     takes_all_within_half_a_ttl(&ctx, &b, &names, &opts, "a given-up release").await;
-    no_warnings_after(&a, &names, "a given-up release").await;
-}
-
-/// Once `replica`'s background work has ended, nothing was logged at `WARN`
-/// or above about any of `names`: giving up a call is routine (a timeout
-/// around it, a `select!`), and the clean-up it leaves to the library
-/// (releasing what an attempt may have taken, sending a release again in
-/// case the first never left) must not alarm anyone when it finds the
-/// work already done.
-async fn no_warnings_after(replica: &Replica, names: &[LockName], cause: &str) {
-    replica
-        .locker
-        .shutdown(Duration::from_secs(10))
-        .await
-        .expect("the Locker's background work ends");
-    let logged = crate::warnings::about(names);
-    assert!(
-        logged.is_empty(),
-        "{} warnings after {cause}, e.g. {}",
-        logged.len(),
-        logged
-            .iter()
-            .take(3)
-            .map(|w| w.to_string())
-            .collect::<Vec<_>>()
-            .join(" | ")
-    );
+    super::no_warnings_after(&a, &names, "a given-up release").await;
 }
 
 /// `replica` takes every one of `names` (each waiting at most half a TTL)

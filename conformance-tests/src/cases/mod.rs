@@ -254,3 +254,33 @@ pub(crate) fn theft_seen_as(ctx: &Ctx) -> (LossReason, Option<RenewalOutcome>) {
         (LossReason::Stolen, Some(RenewalOutcome::Stolen))
     }
 }
+
+/// Once `replica`'s background work has ended, nothing was logged at `WARN`
+/// or above about any of `names`: giving up a call is routine (a timeout
+/// around it, a `select!`), and the clean-up it leaves to the library
+/// (releasing what an attempt may have taken, sending a release again in
+/// case the first never left) must not alarm anyone when it finds the
+/// work already done.
+pub(super) async fn no_warnings_after(
+    replica: &crate::Replica,
+    names: &[lock_core::LockName],
+    cause: &str,
+) {
+    replica
+        .locker
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("the Locker's background work ends");
+    let logged = crate::warnings::about(names);
+    assert!(
+        logged.is_empty(),
+        "{} warnings after {cause}, e.g. {}",
+        logged.len(),
+        logged
+            .iter()
+            .take(3)
+            .map(|w| w.to_string())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+}
