@@ -34,6 +34,7 @@
 
 pub mod backend;
 mod background;
+pub mod detach;
 mod error;
 mod heartbeat;
 pub mod lane;

@@ -7,6 +7,7 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, KeyValue, Txn, TxnOp, TxnOpResponse,
 };
 use lock_core::backend::LossFeed;
+use lock_core::detach::Detachable;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
@@ -17,7 +18,7 @@ use tracing::{debug, warn};
 use crate::connection::{classify, Connected, Inner};
 use crate::error::{convert, protocol};
 use crate::members::Attempt;
-use crate::orphan::Acquiring;
+use crate::orphan;
 
 impl Inner {
     pub(crate) async fn get(
@@ -176,7 +177,7 @@ impl LockBackend for Connected {
     ) -> Result<AcquireAttempt, BackendError> {
         self.inner.check_ttl(ttl)?;
         let (inner, name_, owner_) = (Arc::clone(&self.inner), name.clone(), *owner);
-        let run = Box::pin(async move {
+        let acquire = Detachable::new("an acquire", async move {
             let (name, owner) = (&name_, &owner_);
             let outcome = inner
                 .members
@@ -194,7 +195,10 @@ impl LockBackend for Connected {
             }
             outcome
         });
-        Acquiring::new(self, name, *owner, run).await
+        let (backend, name, owner) = (self.clone(), name.clone(), *owner);
+        acquire
+            .on_orphaned(move |outcome| orphan::undo_if_taken(backend, name, owner, outcome))
+            .await
     }
 
     async fn renew(

@@ -12,17 +12,15 @@
 //! release therefore costs the other locks of the process nothing, and a
 //! failed one never leaves them saying "held" after the server freed them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
     backend::ReleaseOutcome,
+    detach::Detachable,
     lane::{self, Settled},
     BackendError, BackendErrorKind, LockName, LossReason, OwnerToken,
 };
-use tokio::runtime::Handle;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
@@ -175,15 +173,14 @@ impl PostgresBackend {
     ) -> Unlock {
         let backend = self.clone();
         let Releasing { session, attempt } = releasing;
-        Unlock {
-            runtime: Handle::try_current().ok(),
-            run: Some(Box::pin(async move {
-                attempt.wait().await;
-                let outcome = backend.settle_unlock(&session, key, announce).await;
-                backend.take_holding(key, &owner);
-                outcome
-            })),
-        }
+        // Given up outside any runtime, the key would stay reserved until
+        // its lock session ends (no other owner here takes it meanwhile).
+        Detachable::new("an unlock", async move {
+            attempt.wait().await;
+            let outcome = backend.settle_unlock(&session, key, announce).await;
+            backend.take_holding(key, &owner);
+            outcome
+        })
     }
 
     /// The unlock, then (if its outcome stays unknown on a live session) one
@@ -221,53 +218,24 @@ impl PostgresBackend {
     }
 }
 
-/// An unlock started by [`PostgresBackend::start_unlock`].
-///
-/// It runs in its caller's task while [`wait_for`] waits for it, and in a
-/// task of its own once the caller stops waiting (the wait's limit passed,
-/// or its future was dropped): a release that answers in time, as nearly
-/// all do, costs no task and no hand-over between threads (at concurrency
-/// 1, two such hand-overs were about as long as the unlock's round trip).
-pub(crate) struct Unlock {
-    /// The runtime the release started on, where the rest goes if the
-    /// caller stops waiting (its future may be dropped on any thread).
-    runtime: Option<Handle>,
-    /// `None` once it has finished.
-    run: Option<UnlockRun>,
-}
-
-type UnlockRun = Pin<Box<dyn Future<Output = Result<bool, BackendError>> + Send>>;
-
-impl Drop for Unlock {
-    fn drop(&mut self) {
-        let Some(run) = self.run.take() else {
-            return;
-        };
-        match self.runtime.take() {
-            Some(runtime) => drop(runtime.spawn(run)),
-            // Only for a release started outside any runtime: the key stays
-            // reserved, so no other owner here takes it on this session.
-            None => warn!(
-                "an unlock was abandoned outside a tokio runtime; its key stays reserved until its \
-                 lock session ends"
-            ),
-        }
-    }
-}
+/// An unlock started by [`PostgresBackend::start_unlock`]: it runs in its
+/// caller's task while [`wait_for`] waits for it, and in a task of its own
+/// once the caller stops waiting (the wait's limit passed, or its future was
+/// dropped). At concurrency 1, handing every unlock to a task and back cost
+/// about as long as the unlock's round trip.
+pub(crate) type Unlock = Detachable<Result<bool, BackendError>>;
 
 /// Waits at most `limit` for `unlock`; it goes on in the background if
 /// this gives up, or if this future is dropped.
 pub(crate) async fn wait_for(mut unlock: Unlock, limit: Duration) -> Result<bool, BackendError> {
-    let waited = match unlock.run.as_mut() {
-        // Not even one look: a zero wait means the caller does not wait.
-        Some(run) if !limit.is_zero() => timeout(limit, run.as_mut()).await.ok(),
-        _ => None,
+    // Not even one look: a zero wait means the caller does not wait.
+    let waited = if limit.is_zero() {
+        None
+    } else {
+        timeout(limit, &mut unlock).await.ok()
     };
     match waited {
-        Some(outcome) => {
-            unlock.run = None;
-            outcome
-        }
+        Some(outcome) => outcome,
         None => Err(timed_out(
             "releasing an advisory lock (the unlock goes on in the background, its key reserved \
              until it is known to have run)",
