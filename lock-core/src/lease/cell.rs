@@ -30,7 +30,9 @@ struct Inner {
     /// No renewal may start any more (a retained hold is being set).
     renewals_stopped: bool,
     renew_failing: bool,
-    renew_in_flight: bool,
+    /// Renewals sent and not yet answered: the heartbeat's and manual ones
+    /// (`LeaseHandle::renew`) may be on their way at the same time.
+    renewals_in_flight: u32,
 }
 
 /// What a check found: the lease is valid, or it ended (and whether this
@@ -51,7 +53,7 @@ impl LeaseCell {
                 retained: false,
                 renewals_stopped: false,
                 renew_failing: false,
-                renew_in_flight: false,
+                renewals_in_flight: 0,
             }),
         }
     }
@@ -128,20 +130,21 @@ impl LeaseCell {
     }
 
     /// Marks a renewal as started, unless the lease ended or its renewals
-    /// were stopped; returns whether it may be sent.
+    /// were stopped (a retained hold is being set, or was): returns whether
+    /// it may be sent. Every `true` must be followed by one `end_renewal`.
     pub(crate) fn begin_renewal(&self) -> bool {
         self.with(|i| {
             if i.ended.is_some() || i.renewals_stopped {
                 return false;
             }
-            i.renew_in_flight = true;
+            i.renewals_in_flight = i.renewals_in_flight.saturating_add(1);
             true
         })
     }
 
-    /// A renewal's reply (or failure) arrived.
+    /// A renewal's reply (or failure) arrived, or its caller gave up on it.
     pub(crate) fn end_renewal(&self) {
-        self.with(|i| i.renew_in_flight = false);
+        self.with(|i| i.renewals_in_flight = i.renewals_in_flight.saturating_sub(1));
     }
 
     /// Lets no renewal start any more; returns whether one is still in
@@ -149,12 +152,12 @@ impl LeaseCell {
     pub(crate) fn stop_renewals(&self) -> bool {
         self.with(|i| {
             i.renewals_stopped = true;
-            i.renew_in_flight
+            i.renewals_in_flight > 0
         })
     }
 
     pub(crate) fn renewal_in_flight(&self) -> bool {
-        self.with(|i| i.renew_in_flight)
+        self.with(|i| i.renewals_in_flight > 0)
     }
 
     pub(crate) fn set_renew_failing(&self) {
@@ -191,7 +194,7 @@ impl Inner {
     fn validity_reason(&self) -> LossReason {
         if self.retained {
             LossReason::Released
-        } else if self.renew_failing || self.renew_in_flight {
+        } else if self.renew_failing || self.renewals_in_flight > 0 {
             LossReason::BackendError
         } else {
             LossReason::Expired

@@ -81,16 +81,31 @@ impl LockGuard {
     /// Handles keep reporting the lease held until `hold` has passed (less the
     /// drift margin); then it ends as [`LossReason::Released`] for all of them.
     ///
+    /// A hold that cannot be set is never left half done: when it is refused
+    /// (out of range, below the backend's minimum TTL) or the backend fails
+    /// to set it, the lock is released before the error returns, since
+    /// nothing else would end it on a session backend or on a lease shared
+    /// with other locks.
+    ///
     /// # Errors
     ///
-    /// As [`LockGuard::release`]; also [`Error::Config`] for a zero `hold` or
-    /// one longer than a year (the lock is then released before this returns).
+    /// As [`LockGuard::release`]; [`Error::Config`] for a zero `hold`, one
+    /// longer than a year or one below the backend's
+    /// [`min_ttl`](crate::Capabilities::min_ttl); [`Error::Backend`] when the
+    /// backend failed to set the hold. The lock was released instead in each
+    /// of these cases (as far as the backend answered).
     ///
     /// # Cancel safety
     ///
     /// If the future is dropped, the guard is dropped and the lock released.
     pub async fn retain_for(mut self, hold: Duration) -> Result<()> {
-        if hold.is_zero() || hold > MAX_TTL {
+        let min = self
+            .handle
+            .state
+            .backend
+            .as_ref()
+            .map_or(Duration::ZERO, |b| b.capabilities().min_ttl);
+        if hold.is_zero() || hold > MAX_TTL || hold < min {
             // Released before the error is returned, so the caller may take
             // the lock again at once, on this backend or any other.
             let released = match self.release().await {
@@ -98,19 +113,27 @@ impl LockGuard {
                 Err(e) => format!("releasing the lock instead failed too: {e}"),
             };
             return Err(Error::Config(format!(
-                "retain_for needs a hold between 1 ns and {MAX_TTL:?}, got {hold:?}; {released}"
+                "retain_for needs a hold between {:?} (this backend's minimum TTL) and \
+                 {MAX_TTL:?}, got {hold:?}; {released}",
+                min.max(Duration::from_nanos(1))
             )));
         }
         self.stop_renewing();
         let state = Arc::clone(&self.handle.state);
-        // A heartbeat renewal still on its way would set the TTL back after
-        // the hold is set; let it land first (it is bounded by the backend's
-        // operation timeout, and the wait by the TTL).
+        // A renewal still on its way (the heartbeat's or a manual one) would
+        // set the TTL back after the hold is set; let it land first (it is
+        // bounded by the backend's operation timeout, and the wait by the TTL).
         state.quiesce_renewals(state.ttl).await;
         let sent_at = Instant::now();
         let outcome = match (&state.backend, state.check_valid(sent_at)) {
             (None, _) => state.finish(sent_at).map_err(|r| state.lost_error(r)),
-            (Some(_), Err(reason)) => Err(state.lost_error(reason)),
+            (Some(backend), Err(reason)) => {
+                if reason != LossReason::Stolen {
+                    // As in `release`: the key may outlive the local deadline.
+                    let _ = (**backend).release(&state.name, &state.owner).await;
+                }
+                Err(state.lost_error(reason))
+            }
             (Some(backend), Ok(())) => {
                 match (**backend).renew(&state.name, &state.owner, hold).await {
                     Ok(LeaseStatus::Held) => {
@@ -130,9 +153,13 @@ impl LockGuard {
                     }
                     Ok(status) => Err(self.handle.lose_on(status)),
                     Err(e) => {
-                        // The lock lives on the server until its TTL; this
-                        // holder is done with it either way.
+                        // The hold was not set, so nothing would end the
+                        // lock: a session keeps it for its life, and etcd's
+                        // shared lease for as long as any lock of its TTL.
                         let _ = state.finish(Instant::now());
+                        if let Err(again) = (**backend).release(&state.name, &state.owner).await {
+                            warn!(lock = %state.name, error = %again, "a retained hold could not be set, and releasing the lock instead failed too");
+                        }
                         Err(Error::Backend(e))
                     }
                 }

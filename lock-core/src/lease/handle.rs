@@ -137,6 +137,13 @@ impl LeaseHandle {
     /// Renews the lease now, on top of the heartbeat (or instead of it when
     /// auto-renewal is off).
     ///
+    /// A lease kept by [`LockGuard::retain_for`](crate::LockGuard::retain_for)
+    /// is not renewed: its hold's end is already set on the server, and a
+    /// renewal with the lease's TTL would cut it short while every handle
+    /// still said held. This returns `Ok` while the hold lasts, without asking
+    /// the backend. A renewal sent before `retain_for` began is waited for by
+    /// it, so its reply cannot land after the hold was set.
+    ///
     /// # Errors
     ///
     /// [`Error::LockLost`] if the lease is gone, foreign or ended;
@@ -150,6 +157,11 @@ impl LeaseHandle {
         self.assert_held()?;
         let Some(backend) = &self.state.backend else {
             return Ok(());
+        };
+        let Some(_in_flight) = InFlight::begin(&self.state) else {
+            // Renewals are stopped: the lease is retained (or a hold is
+            // being set), or it has just ended.
+            return self.assert_held();
         };
         let sent_at = Instant::now();
         match (**backend)
@@ -176,5 +188,22 @@ impl LeaseHandle {
         self.state.mark_lost(reason);
         self.state
             .lost_error(self.state.loss_reason().unwrap_or(reason))
+    }
+}
+
+/// A manual renewal on its way: a retained hold being set waits for it
+/// (`LeaseState::quiesce_renewals`). Ends when its reply was applied, or
+/// when its caller stopped waiting.
+struct InFlight<'a>(&'a LeaseState);
+
+impl<'a> InFlight<'a> {
+    fn begin(state: &'a LeaseState) -> Option<Self> {
+        state.begin_renewal().then_some(Self(state))
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.end_renewal();
     }
 }
