@@ -162,6 +162,14 @@ async fn mark_done(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, guard: LockGuar
     } else {
         rt.tolerance.max(remaining)
     };
+    // A hold is a TTL on the server, which refuses one below its minimum
+    // (whole seconds on etcd): a mark kept slightly long is harmless, one
+    // refused is no mark at all.
+    let min = rt
+        .locker
+        .backend()
+        .map_or(Duration::ZERO, |b| b.capabilities().min_ttl);
+    let hold = if hold.is_zero() { hold } else { hold.max(min) };
     let result = if hold.is_zero() {
         guard.release().await
     } else {
