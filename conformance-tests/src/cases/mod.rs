@@ -14,6 +14,7 @@ mod loss;
 mod metrics;
 mod model;
 mod renewal;
+mod retained;
 mod scheduler;
 mod ticks;
 mod watchdog;
@@ -66,6 +67,12 @@ pub static ALL: &[Case] = &[
     case!(loss::stale_holder_cannot_touch_successor, Requires::Nothing),
     case!(loss::release_after_loss_reports_lost, Requires::Nothing),
     case!(loss::retained_lock_ends_after_hold, Requires::Nothing),
+    case!(retained::failed_hold_releases_the_lock, Requires::Nothing),
+    case!(
+        retained::short_hold_is_refused_and_released,
+        Requires::Nothing
+    ),
+    case!(retained::renew_keeps_a_retained_hold, Requires::Nothing),
     case!(watchdog::max_hold_aborts_and_frees, Requires::Nothing),
     case!(ended::released_lease_ends_every_clone, Requires::Nothing),
     case!(
