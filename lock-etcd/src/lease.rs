@@ -16,7 +16,9 @@ use crate::members::Attempt;
 
 /// etcd lease TTLs are whole seconds: the TTL rounded up, at least one.
 pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
-    let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    let whole = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
     i64::try_from(whole.max(1)).unwrap_or(i64::MAX)
 }
 

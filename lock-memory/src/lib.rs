@@ -27,7 +27,7 @@ use lock_core::{
         AcquireAttempt, Expiry, Lease, LeaseStatus, LocalTicks, ReleaseOutcome, ReleaseSignal,
         RenewRequest,
     },
-    BackendError, Capabilities, LockBackend, LockName, OwnerToken,
+    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken, MAX_TTL,
 };
 use tokio::time::{sleep_until, Instant};
 
@@ -95,6 +95,22 @@ struct Entry {
     expires_at: Instant,
 }
 
+/// When a lease taken or renewed at `now` for `ttl` expires. A TTL past
+/// [`MAX_TTL`] is refused as the `Locker` refuses it, so that no caller of
+/// the trait can overflow the clock.
+fn expiry(now: Instant, ttl: Duration) -> Result<Instant, BackendError> {
+    let refused = || {
+        BackendError::new(
+            BackendErrorKind::Config,
+            format!("a TTL of {ttl:?} is longer than the longest lock TTL, {MAX_TTL:?}"),
+        )
+    };
+    if ttl > MAX_TTL {
+        return Err(refused());
+    }
+    now.checked_add(ttl).ok_or_else(refused)
+}
+
 impl State {
     /// The live entry for `name`, dropping it if it has expired.
     fn live(&mut self, name: &LockName, now: Instant) -> Option<Entry> {
@@ -120,13 +136,13 @@ impl State {
         &mut self,
         name: &LockName,
         owner: &OwnerToken,
-        ttl: Duration,
+        expires_at: Instant,
         now: Instant,
     ) -> LeaseStatus {
         let status = self.status(name, owner, now);
         if status == LeaseStatus::Held {
             if let Some(e) = self.locks.get_mut(name) {
-                e.expires_at = now + ttl;
+                e.expires_at = expires_at;
             }
         }
         status
@@ -179,7 +195,7 @@ impl MemoryBackend {
             name.clone(),
             Entry {
                 owner: thief,
-                expires_at: now + ttl,
+                expires_at: expiry(now, ttl).ok()?,
             },
         );
         Some(thief)
@@ -237,6 +253,7 @@ impl LockBackend for MemoryBackend {
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
         let now = Instant::now();
+        let expires_at = expiry(now, ttl)?;
         let mut st = self.state();
         st.purge_if_grown(now);
         if st.live(name, now).is_some() {
@@ -246,7 +263,7 @@ impl LockBackend for MemoryBackend {
             name.clone(),
             Entry {
                 owner: *owner,
-                expires_at: now + ttl,
+                expires_at,
             },
         );
         // One counter for all names: strictly increasing per name as required,
@@ -261,7 +278,9 @@ impl LockBackend for MemoryBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
-        Ok(self.state().renew(name, owner, ttl, Instant::now()))
+        let now = Instant::now();
+        let expires_at = expiry(now, ttl)?;
+        Ok(self.state().renew(name, owner, expires_at, now))
     }
 
     async fn check(
@@ -294,10 +313,15 @@ impl LockBackend for MemoryBackend {
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         let now = Instant::now();
+        let expiries = requests
+            .iter()
+            .map(|r| expiry(now, r.ttl))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut st = self.state();
         Ok(requests
             .iter()
-            .map(|r| st.renew(&r.name, &r.owner, r.ttl, now))
+            .zip(expiries)
+            .map(|(r, at)| st.renew(&r.name, &r.owner, at, now))
             .collect())
     }
 

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, LockOptions, RunOutcome};
+use lock_core::backend::{AcquireAttempt, RenewRequest};
+use lock_core::{Error, LockOptions, OwnerToken, RunOutcome};
 use tokio::time::timeout;
 
 use crate::Ctx;
@@ -94,6 +95,51 @@ pub(super) async fn extreme_durations_never_panic_or_leak(ctx: Ctx) {
             a.takes_at_once("retain 0", &name, &ctx).await;
         }
         b.assert_free(&format!("retain {tiny:?}"), &name, &ctx, bound)
+            .await;
+    }
+}
+
+/// The same durations straight through the `LockBackend` trait, as a
+/// backend author's or a wrapper's caller would pass them: every call
+/// answers (a refusal or a result) without a panic, and nothing is left held.
+pub(super) async fn extreme_durations_through_the_trait(ctx: Ctx) {
+    let (a, b) = (ctx.replica().await, ctx.replica().await);
+    let timing = ctx.timing();
+    let bound = timing.ttl + timing.tolerance;
+    let name = ctx.name("extreme-trait");
+    let backend = &a.backend;
+    for d in HUGE
+        .into_iter()
+        .chain([Duration::ZERO, Duration::from_nanos(1)])
+    {
+        let owner = OwnerToken::generate().expect("a token");
+        if let Ok(AcquireAttempt::Acquired(_)) = backend.try_acquire(&name, &owner, d).await {
+            backend
+                .release(&name, &owner)
+                .await
+                .unwrap_or_else(|e| panic!("release after an acquire for {d:?}: {e}"));
+        }
+        b.assert_free(&format!("acquire for {d:?}"), &name, &ctx, bound)
+            .await;
+
+        let owner = OwnerToken::generate().expect("a token");
+        let taken = backend.try_acquire(&name, &owner, timing.ttl).await;
+        assert!(
+            matches!(taken, Ok(AcquireAttempt::Acquired(_))),
+            "{d:?}: {taken:?}"
+        );
+        let _ = backend.renew(&name, &owner, d).await;
+        let request = RenewRequest {
+            name: name.clone(),
+            owner,
+            ttl: d,
+        };
+        let _ = backend.renew_many(std::slice::from_ref(&request)).await;
+        backend
+            .release(&name, &owner)
+            .await
+            .unwrap_or_else(|e| panic!("release after a renewal for {d:?}: {e}"));
+        b.assert_free(&format!("renewal for {d:?}"), &name, &ctx, bound)
             .await;
     }
 }

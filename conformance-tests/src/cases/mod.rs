@@ -109,6 +109,10 @@ pub static ALL: &[Case] = &[
         extreme::extreme_durations_never_panic_or_leak,
         Requires::Nothing
     ),
+    case!(
+        extreme::extreme_durations_through_the_trait,
+        Requires::Nothing
+    ),
     case!(local::in_process_guard, Requires::Nothing),
     case!(local::unlocked_mode, Requires::Nothing),
     case!(local::fail_closed_when_backend_down, Requires::Nothing),
