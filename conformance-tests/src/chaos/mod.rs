@@ -19,6 +19,7 @@ mod latency;
 mod pause;
 mod pg;
 mod pg_failover;
+mod pg_retain;
 mod procs;
 mod redis_cluster_lost;
 mod redis_cluster_slots;

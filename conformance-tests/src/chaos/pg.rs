@@ -4,7 +4,8 @@
 //! - X1 `chaos_holder_pause`: a `chaos-holder` process is stopped for
 //!   1.5 × TTL;
 //! - X2 `chaos_server_stall`: the holder's server process (its backend, found
-//!   in `pg_locks`) is stopped for 1.5 × TTL;
+//!   in `pg_locks`) is stopped for 1.5 × TTL; `chaos_retain_stall` (in
+//!   `pg_retain`) stops it while the holder sets a retained hold;
 //! - X3 `chaos_partition`: the holder's connection runs through the fault
 //!   proxy, which blackholes it for 2 × TTL while nftables drops the proxy's
 //!   leg to the server, so that the server hears nothing either;
@@ -73,6 +74,9 @@ pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
         }),
         trial("chaos_server_stall", &factory, run_id, move |f, ctx| {
             server_stall(f, ctx, iterations)
+        }),
+        trial("chaos_retain_stall", &factory, run_id, |f, ctx| {
+            super::pg_retain::retain_stall(f, ctx)
         }),
     ];
     if nft_installed() {
@@ -168,15 +172,15 @@ where
 
 /// What every case sets up: the server's URL, the suite's configuration
 /// (for key mapping and the op timeout) and an inspecting session.
-struct Setup {
-    url: String,
-    config: PostgresConfig,
+pub(super) struct Setup {
+    pub(super) url: String,
+    pub(super) config: PostgresConfig,
     inspector: Client,
     port: u16,
 }
 
 impl Setup {
-    async fn new(f: &PostgresFactory) -> Self {
+    pub(super) async fn new(f: &PostgresFactory) -> Self {
         let url = f.url().expect("the private server runs");
         let config = f
             .builder_for(&url)
@@ -218,7 +222,7 @@ impl Setup {
 
     /// Whether server process `pid` holds no advisory lock (or is gone)
     /// within `within`.
-    async fn holds_nothing(&self, pid: i32, within: Duration) -> bool {
+    pub(super) async fn holds_nothing(&self, pid: i32, within: Duration) -> bool {
         let give_up = Instant::now() + within;
         loop {
             let locks: i64 = self
@@ -241,7 +245,7 @@ impl Setup {
     }
 
     /// The server process holding `key`, from `pg_locks`.
-    async fn holder_of(&self, key: AdvisoryKey) -> Option<i32> {
+    pub(super) async fn holder_of(&self, key: AdvisoryKey) -> Option<i32> {
         holder_pid(&self.inspector, key)
             .await
             .expect("pg_locks can be read")
@@ -249,7 +253,11 @@ impl Setup {
 }
 
 /// A replica of its own over the suite's configuration at `url`.
-async fn replica_at(f: &PostgresFactory, ctx: &Ctx, url: &str) -> (Arc<PostgresBackend>, Replica) {
+pub(super) async fn replica_at(
+    f: &PostgresFactory,
+    ctx: &Ctx,
+    url: &str,
+) -> (Arc<PostgresBackend>, Replica) {
     let config = f
         .builder_for(url)
         .expect("configuration")
