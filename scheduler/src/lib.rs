@@ -30,7 +30,10 @@
 //! 2. The lock is not released when the handler returns: it is kept
 //!    ([`LockGuard::retain_for`](lock_core::LockGuard::retain_for)) until the
 //!    tick plus the skew tolerance has passed, so a replica whose clock is
-//!    behind finds the tick taken, even if the job took a millisecond.
+//!    behind finds the tick taken, even if the job took a millisecond. The
+//!    hold is never shorter than the backend's minimum TTL (a second on
+//!    etcd): a mark kept a little long is harmless, one the backend refuses
+//!    is none.
 //! 3. A finished tick is recorded in the [`TickStore`](lock_core::TickStore),
 //!    on the same server as the locks, and a replica checks that record
 //!    *after* taking the tick's lock, before running: a tick marked as
