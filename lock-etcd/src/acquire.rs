@@ -143,6 +143,8 @@ impl Inner {
             return Ok(None);
         }
         self.note_contended(name, false);
+        #[cfg(feature = "test-util")]
+        self.acquire_pause_point(name).await;
         let held = Held {
             owner: *owner,
             lease,

@@ -40,7 +40,10 @@ pub(crate) struct Inner {
     contended: Mutex<HashSet<LockName>>,
     /// A renewal pause armed by a test (feature `test-util`).
     #[cfg(feature = "test-util")]
-    pub(crate) pause: crate::test_util::PauseSlot,
+    pub(crate) renewal_pause: crate::test_util::PauseSlot,
+    /// An acquire pause armed by a test (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub(crate) acquire_pause: crate::test_util::PauseSlot,
     /// A late put armed by a test (feature `test-util`).
     #[cfg(feature = "test-util")]
     pub(crate) late_put: crate::test_util::LatePut,
@@ -140,7 +143,9 @@ impl Connected {
                 held: Mutex::new(HashMap::new()),
                 contended: Mutex::new(HashSet::new()),
                 #[cfg(feature = "test-util")]
-                pause: crate::test_util::PauseSlot::default(),
+                renewal_pause: crate::test_util::PauseSlot::default(),
+                #[cfg(feature = "test-util")]
+                acquire_pause: crate::test_util::PauseSlot::default(),
                 #[cfg(feature = "test-util")]
                 late_put: crate::test_util::LatePut::default(),
             }),

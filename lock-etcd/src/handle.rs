@@ -118,9 +118,20 @@ impl EtcdBackend {
     /// returned pause is resumed or dropped. `None` while a backend made by
     /// [`EtcdBuilder::build`] has not connected yet.
     #[cfg(feature = "test-util")]
-    pub fn pause_next_renewal_before_read(&self) -> Option<crate::RenewalPause> {
+    pub fn pause_next_renewal_before_read(&self) -> Option<crate::Pause> {
         self.connected()
             .map(Connected::pause_next_renewal_before_read)
+    }
+
+    /// Test hook (feature `test-util`): the next acquire of `name` on this
+    /// instance that has put its key and proven its shared lease alive
+    /// stops before it records the hold and answers, until the returned
+    /// pause is resumed or dropped. `None` while a backend made by
+    /// [`EtcdBuilder::build`] has not connected yet.
+    #[cfg(feature = "test-util")]
+    pub fn pause_next_acquire_before_record(&self, name: &LockName) -> Option<crate::Pause> {
+        self.connected()
+            .map(|c| c.pause_next_acquire_before_record(name))
     }
 
     /// Test hook (feature `test-util`): the put of the next acquire of

@@ -214,4 +214,4 @@ mod ticks;
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENV_VAR, URL_SCHEMES};
 pub use handle::EtcdBackend;
 #[cfg(feature = "test-util")]
-pub use test_util::RenewalPause;
+pub use test_util::Pause;
