@@ -107,6 +107,11 @@ pub fn add_specific(suite: &mut Suite) {
     add(suite, "late_put_of_a_given_up_acquire_is_undone", |f, c| {
         Box::pin(shared::late_put_of_a_given_up_acquire_is_undone(f, c))
     });
+    add(
+        suite,
+        "shared_lease_ending_mid_acquire_is_not_held",
+        |f, c| Box::pin(shared::shared_lease_ending_mid_acquire_is_not_held(f, c)),
+    );
     add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))
     });

@@ -315,3 +315,84 @@ pub(super) async fn late_put_of_a_given_up_acquire_is_undone(
     println!("etcd: the key an acquire put after its caller had gone was deleted {after:?} later");
     Ok(())
 }
+
+/// The request timeout of [`shared_lease_ending_mid_acquire_is_not_held`]'s
+/// backend: an acquire parked at the pause point still runs within it.
+const PARKED_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The shared lease ends (revoked on the server, then found gone by a
+/// renewal of another lock on it) while an acquire on it is parked between
+/// its proof that the lease lives and the record of its hold. The acquire's
+/// key went with the lease, so its answer must not be a lock that says held:
+/// either the acquire takes the lock again, on a new shared lease (its key
+/// is then on the server, and another replica is refused), or its guard
+/// reports the loss.
+pub(super) async fn shared_lease_ending_mid_acquire_is_not_held(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let backend =
+        server::connect_when_ready(f.builder()?.with_request_timeout(PARKED_TIMEOUT)).await?;
+    let here = ctx.replica_over(Arc::new(backend.clone()));
+    let there = ctx.replica_over(Arc::new(f.connect().await?));
+    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let opts = LockOptions::new(TTL.max(backend.min_ttl()));
+    let tolerance = ctx.timing().tolerance;
+    let (kept, caught) = (ctx.name("mid-acquire-kept"), ctx.name("mid-acquire"));
+    let keeper = here.locker.try_lock(&kept, &opts).await?;
+    let lease = sab
+        .lease_of(&kept)
+        .await?
+        .ok_or("the kept key is missing")?;
+    let pause = backend
+        .pause_next_acquire_before_record(&caught)
+        .ok_or("the backend is not connected")?;
+    let acquire = {
+        let (locker, name, opts) = (here.locker.clone(), caught.clone(), opts.clone());
+        tokio::spawn(async move { locker.try_lock(&name, &opts).await })
+    };
+    timeout(tolerance * 2, pause.reached())
+        .await
+        .map_err(|_| "the acquire never reached the pause point")?;
+    ensure(sab.lease_of(&caught).await? == Some(lease), || {
+        "the parked acquire's key is not on the kept lock's shared lease".into()
+    })?;
+    sab.client().lease_client().revoke(lease).await?;
+    let renewed = keeper.handle().renew().await;
+    ensure(keeper.assert_held().is_err(), || {
+        format!("the kept lock still says held after its lease was revoked (renewal: {renewed:?})")
+    })?;
+    pause.resume();
+    let guard = timeout(PARKED_TIMEOUT + tolerance, acquire)
+        .await
+        .map_err(|_| "the resumed acquire did not answer")???;
+    let handle = guard.handle();
+    let on = sab.lease_of(&caught).await?;
+    if handle.is_held() {
+        ensure(on.is_some_and(|l| l != lease), || {
+            format!(
+                "the acquire answered a lock that says held, but its key is {} \
+                 (the shared lease {lease:x} ended before the hold was recorded)",
+                match on {
+                    Some(_) => "still on the ended lease",
+                    None => "gone with its lease",
+                }
+            )
+        })?;
+        let other = there.locker.try_lock(&caught, &opts).await;
+        ensure(other.is_err(), || {
+            "another replica took the lock the acquire says it holds".into()
+        })?;
+        guard.handle().renew().await?;
+        guard.release().await?;
+        println!("etcd: an acquire whose shared lease ended mid-way took the lock on a new lease");
+    } else {
+        let reason = timeout(tolerance, handle.lost())
+            .await
+            .map_err(|_| "the guard is neither held nor lost")?;
+        println!(
+            "etcd: an acquire whose shared lease ended mid-way answered a lock lost as {reason:?}"
+        );
+    }
+    Ok(())
+}
