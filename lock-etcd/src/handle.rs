@@ -97,7 +97,8 @@ impl EtcdBackend {
 
     /// The shortest TTL this backend accepts: the cluster's minimum lease
     /// TTL in whole seconds, measured by [`EtcdBuilder::connect`], or the
-    /// declared one (else 2 s) for a backend made by [`EtcdBuilder::build`].
+    /// declared one (else 2 s) for a backend made by [`EtcdBuilder::build`],
+    /// before and after it connects.
     pub fn min_ttl(&self) -> Duration {
         match &self.kind {
             Kind::Ready(c) => c.min_ttl(),
