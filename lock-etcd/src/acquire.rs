@@ -152,6 +152,8 @@ impl Inner {
             revision,
         };
         let taken = self.take(name, held, created, proof.lasts)?;
+        #[cfg(feature = "test-util")]
+        self.recorded_pause_point(name).await;
         // Whether the lease ended (or was given up here) is asked only once
         // the hold is recorded. `shared_lease_ended` marks the lease dead,
         // then forgets and reports every hold recorded on it: if it forgets

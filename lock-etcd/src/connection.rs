@@ -41,9 +41,14 @@ pub(crate) struct Inner {
     /// A renewal pause armed by a test (feature `test-util`).
     #[cfg(feature = "test-util")]
     pub(crate) renewal_pause: crate::test_util::PauseSlot,
-    /// An acquire pause armed by a test (feature `test-util`).
+    /// An acquire pause armed by a test (feature `test-util`), before the
+    /// hold is recorded.
     #[cfg(feature = "test-util")]
     pub(crate) acquire_pause: crate::test_util::PauseSlot,
+    /// An acquire pause armed by a test (feature `test-util`), after the
+    /// hold is recorded.
+    #[cfg(feature = "test-util")]
+    pub(crate) recorded_pause: crate::test_util::PauseSlot,
     /// A late put armed by a test (feature `test-util`).
     #[cfg(feature = "test-util")]
     pub(crate) late_put: crate::test_util::LatePut,
@@ -175,6 +180,8 @@ impl Connected {
                 renewal_pause: crate::test_util::PauseSlot::default(),
                 #[cfg(feature = "test-util")]
                 acquire_pause: crate::test_util::PauseSlot::default(),
+                #[cfg(feature = "test-util")]
+                recorded_pause: crate::test_util::PauseSlot::default(),
                 #[cfg(feature = "test-util")]
                 late_put: crate::test_util::LatePut::default(),
             }),

@@ -135,6 +135,17 @@ impl EtcdBackend {
             .map(|c| c.pause_next_acquire_before_record(name))
     }
 
+    /// Test hook (feature `test-util`): the next acquire of `name` on this
+    /// instance that has recorded its hold stops before it looks at its
+    /// shared lease again and answers, until the returned pause is resumed
+    /// or dropped. `None` while a backend made by [`EtcdBuilder::build`] has
+    /// not connected yet.
+    #[cfg(feature = "test-util")]
+    pub fn pause_next_acquire_after_record(&self, name: &LockName) -> Option<crate::Pause> {
+        self.connected()
+            .map(|c| c.pause_next_acquire_after_record(name))
+    }
+
     /// Test hook (feature `test-util`): the put of the next acquire of
     /// `name` reaches the server `by` later, even if the acquire's caller
     /// has gone by then, as a request already sent does. Returns false if

@@ -1,9 +1,9 @@
 //! Test hooks, behind the `test-util` feature: pause points inside
 //! renewals (between a renewal's keep-alive and its read of the key) and
 //! inside acquires (between the proof that the shared lease lives and the
-//! record of the hold), so a test can run another operation there; and a
-//! put that reaches the server late, after calls sent later. Not part of
-//! the API.
+//! record of the hold, and after that record), so a test can run another
+//! operation there; and a put that reaches the server late, after calls
+//! sent later. Not part of the API.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -81,8 +81,9 @@ impl LatePut {
 
 /// A pause armed with
 /// [`EtcdBackend::pause_next_renewal_before_read`](crate::EtcdBackend::pause_next_renewal_before_read)
-/// or
-/// [`EtcdBackend::pause_next_acquire_before_record`](crate::EtcdBackend::pause_next_acquire_before_record).
+/// or one of the acquire pauses
+/// ([`EtcdBackend::pause_next_acquire_before_record`](crate::EtcdBackend::pause_next_acquire_before_record),
+/// [`EtcdBackend::pause_next_acquire_after_record`](crate::EtcdBackend::pause_next_acquire_after_record)).
 /// The call it catches stays parked until [`Pause::resume`] is called or
 /// the pause is dropped; the backend's request timeout still bounds it.
 #[derive(Debug)]
@@ -133,6 +134,13 @@ impl Connected {
     pub(crate) fn pause_next_acquire_before_record(&self, name: &LockName) -> Pause {
         self.inner.acquire_pause.arm(Some(name.clone()))
     }
+
+    /// Test hook: the next acquire of `name` on this instance that has
+    /// recorded its hold stops before it looks at its shared lease again
+    /// and answers, until the returned pause is resumed or dropped.
+    pub(crate) fn pause_next_acquire_after_record(&self, name: &LockName) -> Pause {
+        self.inner.recorded_pause.arm(Some(name.clone()))
+    }
 }
 
 impl Inner {
@@ -165,9 +173,16 @@ impl Inner {
         }
     }
 
-    /// Parks here if an acquire pause is armed for `name`.
+    /// Parks here if an acquire pause before the record is armed for `name`.
     pub(crate) async fn acquire_pause_point(&self, name: &LockName) {
         if let Some(gate) = self.acquire_pause.take_for(Some(name)) {
+            gate.pass().await;
+        }
+    }
+
+    /// Parks here if an acquire pause after the record is armed for `name`.
+    pub(crate) async fn recorded_pause_point(&self, name: &LockName) {
+        if let Some(gate) = self.recorded_pause.take_for(Some(name)) {
             gate.pass().await;
         }
     }
