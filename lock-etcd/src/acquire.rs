@@ -137,19 +137,35 @@ impl Inner {
             Some(p) => p?,
             None => proof.await?,
         };
-        if proof.ttl <= 0 || self.shared.is_dead(lease) {
-            // The lease is gone (and the key with it) or was given up here.
+        if proof.ttl <= 0 {
+            // The lease is gone, and the key with it.
             self.shared_lease_ended(lease);
             return Ok(None);
         }
         self.note_contended(name, false);
+        #[cfg(feature = "test-util")]
+        self.acquire_pause_point(name).await;
         let held = Held {
             owner: *owner,
             lease,
             seconds,
             revision,
         };
-        self.take(name, held, created, proof.lasts).map(Some)
+        let taken = self.take(name, held, created, proof.lasts)?;
+        #[cfg(feature = "test-util")]
+        self.recorded_pause_point(name).await;
+        // Whether the lease ended (or was given up here) is asked only once
+        // the hold is recorded. `shared_lease_ended` marks the lease dead,
+        // then forgets and reports every hold recorded on it: if it forgets
+        // this one, the loss is reported to the `Locker`, which keeps it for
+        // the lease it is about to hand out. If it ran before the record,
+        // the hold is still here on a dead lease whose keys are gone (or
+        // going): it is dropped and the attempt goes on with a new lease.
+        // Whichever of the two drops the entry answers for it.
+        if self.shared.is_dead(lease) && self.forget_lease(name, owner, lease) {
+            return Ok(None);
+        }
+        Ok(Some(taken))
     }
 
     /// Takes over the key an unanswered earlier attempt of this same call

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lock_core::redact::redact_url;
 use lock_core::{backend::LossFeed, BackendError, BackendErrorKind, Capabilities};
 
-use crate::connection::Connected;
+use crate::connection::{Connected, MinTtl};
 use crate::deferred::Deferred;
 use crate::EtcdBackend;
 
@@ -327,7 +327,7 @@ impl EtcdBuilder {
     /// probe lease it may have granted expires on its own within one second
     /// or two.
     pub async fn connect(self) -> Result<EtcdBackend, BackendError> {
-        Connected::connect(self, true, LossFeed::new())
+        Connected::connect(self, MinTtl::Measure, LossFeed::new())
             .await
             .map(EtcdBackend::ready)
     }
@@ -336,7 +336,10 @@ impl EtcdBuilder {
     /// cluster: it connects (and authenticates) when a lock call first finds
     /// the cluster answering, at most one attempt at a time and one every
     /// half second, and every call fails closed as `unavailable` until then.
-    /// Its minimum TTL is the declared one or 2 s.
+    /// Its minimum TTL is the declared one or 2 s, and stays so once it
+    /// connects: a cluster whose own minimum is higher lengthens shorter
+    /// leases on the server (so an abandoned lock frees later), and a
+    /// warning says so when the backend connects.
     ///
     /// # Errors
     ///

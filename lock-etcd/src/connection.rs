@@ -10,7 +10,7 @@ use lock_core::{
     backend::{LeaseStatus, LossFeed, RenewRequest},
     BackendError, BackendErrorKind, LockName, OwnerToken,
 };
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::config::EtcdBuilder;
 use crate::error::{convert, is_lease_not_found};
@@ -40,7 +40,15 @@ pub(crate) struct Inner {
     contended: Mutex<HashSet<LockName>>,
     /// A renewal pause armed by a test (feature `test-util`).
     #[cfg(feature = "test-util")]
-    pub(crate) pause: crate::test_util::PauseSlot,
+    pub(crate) renewal_pause: crate::test_util::PauseSlot,
+    /// An acquire pause armed by a test (feature `test-util`), before the
+    /// hold is recorded.
+    #[cfg(feature = "test-util")]
+    pub(crate) acquire_pause: crate::test_util::PauseSlot,
+    /// An acquire pause armed by a test (feature `test-util`), after the
+    /// hold is recorded.
+    #[cfg(feature = "test-util")]
+    pub(crate) recorded_pause: crate::test_util::PauseSlot,
     /// A late put armed by a test (feature `test-util`).
     #[cfg(feature = "test-util")]
     pub(crate) late_put: crate::test_util::LatePut,
@@ -77,12 +85,25 @@ impl fmt::Debug for Connected {
     }
 }
 
+/// Which minimum TTL a new connection accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MinTtl {
+    /// The cluster's, measured at connect, and no lower than the declared
+    /// one: nothing has read the backend's capabilities yet.
+    Measure,
+    /// This one, whatever the cluster grants: capabilities that say so were
+    /// handed out before the cluster answered, and `Locker`s validate their
+    /// options against them once, when they are built.
+    Keep(Duration),
+}
+
 impl Connected {
-    /// Connects with `b`, probing the cluster's minimum TTL if `probe`;
-    /// lost shared leases are reported through `feed`. Cancel safe.
+    /// Connects with `b`, proving with a probe lease that the cluster
+    /// answers, and accepts TTLs down to `min_ttl`; lost shared leases are
+    /// reported through `feed`. Cancel safe.
     pub(crate) async fn connect(
         mut b: EtcdBuilder,
-        probe: bool,
+        min_ttl: MinTtl,
         feed: LossFeed,
     ) -> Result<Self, BackendError> {
         let endpoints = b.validated()?;
@@ -111,23 +132,39 @@ impl Connected {
         let members = Arc::new(Members::new(&endpoints, options));
         let leases = Leases::default();
         let declared = b.declared_min_ttl();
-        let min_ttl = if probe {
-            // A grant comes back raised to the cluster's minimum TTL, so one
-            // short lease both proves the cluster answers and measures it.
-            let asked = declared.map_or(1, lease_seconds);
-            let granted = members
-                .run(connect_limit, "probe the cluster", |at| {
-                    let leases = &leases;
-                    async move {
-                        let (id, granted) = leases.grant(&at, asked).await?;
-                        leases.revoke(&at, id).await?;
-                        Ok(granted)
-                    }
-                })
-                .await?;
-            declared.unwrap_or_default().max(secs(granted))
-        } else {
-            b.unmeasured_min_ttl()
+        let asked = match min_ttl {
+            MinTtl::Measure => declared.map_or(1, lease_seconds),
+            MinTtl::Keep(kept) => lease_seconds(kept),
+        };
+        // A grant comes back raised to the cluster's minimum TTL, so one
+        // short lease both proves the cluster answers and measures it.
+        let granted = members
+            .run(connect_limit, "probe the cluster", |at| {
+                let leases = &leases;
+                async move {
+                    let (id, granted) = leases.grant(&at, asked).await?;
+                    leases.revoke(&at, id).await?;
+                    Ok(granted)
+                }
+            })
+            .await?;
+        let granted = secs(granted);
+        let min_ttl = match min_ttl {
+            MinTtl::Measure => declared.unwrap_or_default().max(granted),
+            MinTtl::Keep(kept) => {
+                if granted > kept {
+                    // Still safe: the server keeps a shorter lock longer than
+                    // asked, never shorter, so only an abandoned one frees later.
+                    warn!(
+                        cluster_min_ttl = ?granted,
+                        min_ttl = ?kept,
+                        "etcd's minimum lease TTL is above the one this backend was built with; \
+                         shorter locks are kept that long on the server, so an abandoned one \
+                         frees later. Declare it with EtcdBuilder::with_min_ttl"
+                    );
+                }
+                kept
+            }
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -140,7 +177,11 @@ impl Connected {
                 held: Mutex::new(HashMap::new()),
                 contended: Mutex::new(HashSet::new()),
                 #[cfg(feature = "test-util")]
-                pause: crate::test_util::PauseSlot::default(),
+                renewal_pause: crate::test_util::PauseSlot::default(),
+                #[cfg(feature = "test-util")]
+                acquire_pause: crate::test_util::PauseSlot::default(),
+                #[cfg(feature = "test-util")]
+                recorded_pause: crate::test_util::PauseSlot::default(),
                 #[cfg(feature = "test-util")]
                 late_put: crate::test_util::LatePut::default(),
             }),

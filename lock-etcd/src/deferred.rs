@@ -19,7 +19,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use crate::connection::Connected;
+use crate::connection::{Connected, MinTtl};
 use crate::EtcdBuilder;
 use lock_core::{backend::LossFeed, BackendError, Capabilities};
 use tokio::sync::oneshot;
@@ -72,10 +72,6 @@ impl Deferred {
     /// Wraps `builder`, whose cluster is not contacted yet; `capabilities`
     /// are those of its backend, `shown` its endpoints with credentials masked.
     pub(crate) fn new(builder: EtcdBuilder, capabilities: Capabilities, shown: String) -> Self {
-        // The probing connect must not raise the minimum TTL above the
-        // capabilities already handed out; a cluster whose minimum is
-        // higher grants longer leases than asked, which only delays a takeover.
-        let builder = builder.with_min_ttl(capabilities.min_ttl);
         Self {
             builder,
             capabilities,
@@ -148,11 +144,17 @@ impl Deferred {
             let (builder, connected) = (self.builder.clone(), Arc::clone(&self.connected));
             let shown = Arc::clone(&self.shown);
             let feed = self.feed.clone();
+            // The connection must not raise the minimum TTL above the
+            // capabilities already handed out: every acquire of a `Locker`
+            // built on them would be refused. A cluster whose minimum is
+            // higher grants longer leases than asked, which only delays the
+            // takeover of an abandoned lock.
+            let min_ttl = MinTtl::Keep(self.capabilities.min_ttl);
             attempts.started = Some(Instant::now());
             attempts.task = Some(tokio::spawn(async move {
                 let answer = match tokio::time::timeout(
                     limit,
-                    Connected::connect(builder, true, feed),
+                    Connected::connect(builder, min_ttl, feed),
                 )
                 .await
                 {

@@ -97,7 +97,8 @@ impl EtcdBackend {
 
     /// The shortest TTL this backend accepts: the cluster's minimum lease
     /// TTL in whole seconds, measured by [`EtcdBuilder::connect`], or the
-    /// declared one (else 2 s) for a backend made by [`EtcdBuilder::build`].
+    /// declared one (else 2 s) for a backend made by [`EtcdBuilder::build`],
+    /// before and after it connects.
     pub fn min_ttl(&self) -> Duration {
         match &self.kind {
             Kind::Ready(c) => c.min_ttl(),
@@ -118,9 +119,31 @@ impl EtcdBackend {
     /// returned pause is resumed or dropped. `None` while a backend made by
     /// [`EtcdBuilder::build`] has not connected yet.
     #[cfg(feature = "test-util")]
-    pub fn pause_next_renewal_before_read(&self) -> Option<crate::RenewalPause> {
+    pub fn pause_next_renewal_before_read(&self) -> Option<crate::Pause> {
         self.connected()
             .map(Connected::pause_next_renewal_before_read)
+    }
+
+    /// Test hook (feature `test-util`): the next acquire of `name` on this
+    /// instance that has put its key and proven its shared lease alive
+    /// stops before it records the hold and answers, until the returned
+    /// pause is resumed or dropped. `None` while a backend made by
+    /// [`EtcdBuilder::build`] has not connected yet.
+    #[cfg(feature = "test-util")]
+    pub fn pause_next_acquire_before_record(&self, name: &LockName) -> Option<crate::Pause> {
+        self.connected()
+            .map(|c| c.pause_next_acquire_before_record(name))
+    }
+
+    /// Test hook (feature `test-util`): the next acquire of `name` on this
+    /// instance that has recorded its hold stops before it looks at its
+    /// shared lease again and answers, until the returned pause is resumed
+    /// or dropped. `None` while a backend made by [`EtcdBuilder::build`] has
+    /// not connected yet.
+    #[cfg(feature = "test-util")]
+    pub fn pause_next_acquire_after_record(&self, name: &LockName) -> Option<crate::Pause> {
+        self.connected()
+            .map(|c| c.pause_next_acquire_after_record(name))
     }
 
     /// Test hook (feature `test-util`): the put of the next acquire of

@@ -97,7 +97,11 @@
 //! [`EtcdBuilder::connect`] measures that minimum with a one-second probe
 //! lease and reports it as [`Capabilities::min_ttl`](lock_core::Capabilities::min_ttl);
 //! shorter TTLs are rejected with a configuration error instead of being
-//! silently lengthened. Expiry itself is checked by the etcd leader about
+//! silently lengthened. A backend made by [`EtcdBuilder::build`] has handed
+//! out its minimum (the declared one, else 2 s) before the cluster answers,
+//! so it keeps that one: a cluster whose minimum is higher then lengthens
+//! shorter leases, which delays only the freeing of an abandoned lock, and
+//! the backend warns of it when it connects. Expiry itself is checked by the etcd leader about
 //! every 500 ms, so an abandoned lock frees up to about half a second after
 //! its TTL. Since a lease is shared by the locks of one TTL, an abandoned
 //! instance's locks all free together, about a TTL after its last acquire or
@@ -214,4 +218,4 @@ mod ticks;
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENV_VAR, URL_SCHEMES};
 pub use handle::EtcdBackend;
 #[cfg(feature = "test-util")]
-pub use test_util::RenewalPause;
+pub use test_util::Pause;

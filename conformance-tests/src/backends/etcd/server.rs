@@ -43,12 +43,37 @@ pub struct ServerTls<'a> {
 
 /// Starts a single-member etcd from `PATH` on free loopback ports.
 pub fn start(tls: ServerTls<'_>) -> Result<ServerProcess, BoxError> {
-    let program = which("etcd").ok_or("etcd is not on PATH")?;
     let scheme = if tls.cert_and_key.is_some() {
         "https"
     } else {
         "http"
     };
+    let mut args = member_args(scheme, ELECTION_MS);
+    if let Some((cert, key)) = tls.cert_and_key {
+        args.extend([
+            "--cert-file".to_owned(),
+            cert.display().to_string(),
+            "--key-file".to_owned(),
+            key.display().to_string(),
+        ]);
+    }
+    ServerProcess::start(spec(args)?)
+}
+
+/// Starts a single-member plaintext etcd on the client port `port` (and
+/// peer port `peer`) with an election timeout of `election_ms`, and waits
+/// until it listens. Its minimum lease TTL is 1.5 × that timeout, rounded up
+/// to whole seconds: a member that grants longer leases than asked for.
+pub fn start_on(port: u16, peer: u16, election_ms: &str) -> Result<ServerProcess, BoxError> {
+    let server =
+        ServerProcess::launch(spec(member_args("http", election_ms))?, (port, peer), None)?;
+    server.wait_ready()?;
+    Ok(server)
+}
+
+/// The arguments of a single member listening with `scheme`, with the
+/// election timeout `election_ms` in place of the suite's.
+fn member_args(scheme: &str, election_ms: &str) -> Vec<String> {
     let client = format!("{scheme}://127.0.0.1:{{port}}");
     let peer = "http://127.0.0.1:{port2}".to_owned();
     let mut args: Vec<String> = [
@@ -71,16 +96,17 @@ pub fn start(tls: ServerTls<'_>) -> Result<ServerProcess, BoxError> {
     .chain(TUNING)
     .map(|s| (*s).to_owned())
     .collect();
-    if let Some((cert, key)) = tls.cert_and_key {
-        args.extend([
-            "--cert-file".to_owned(),
-            cert.display().to_string(),
-            "--key-file".to_owned(),
-            key.display().to_string(),
-        ]);
+    if let Some(at) = args.iter().position(|a| a == "--election-timeout") {
+        if let Some(value) = args.get_mut(at + 1) {
+            *value = election_ms.to_owned();
+        }
     }
-    ServerProcess::start(ServerSpec {
-        program,
+    args
+}
+
+fn spec(args: Vec<String>) -> Result<ServerSpec, BoxError> {
+    Ok(ServerSpec {
+        program: which("etcd").ok_or("etcd is not on PATH")?,
         args,
         run_as: None,
         ready_timeout: Duration::from_secs(20),

@@ -1,8 +1,10 @@
 //! etcd-specific trials (`etcd::<name>`): theft by a second client, a
-//! paused server, RBAC, TLS, bad input, and no residue after the cases.
+//! paused server, RBAC, TLS, bad input, a cluster that answers only after
+//! the backend was built, and no residue after the cases.
 
 mod batch;
 mod crash;
+mod deferred;
 mod faults;
 mod retain;
 mod security;
@@ -106,6 +108,14 @@ pub fn add_specific(suite: &mut Suite) {
     });
     add(suite, "late_put_of_a_given_up_acquire_is_undone", |f, c| {
         Box::pin(shared::late_put_of_a_given_up_acquire_is_undone(f, c))
+    });
+    add(
+        suite,
+        "shared_lease_ending_mid_acquire_is_not_held",
+        |f, c| Box::pin(shared::shared_lease_ending_mid_acquire_is_not_held(f, c)),
+    );
+    add(suite, "deferred_backend_keeps_its_min_ttl", |f, c| {
+        Box::pin(deferred::deferred_backend_keeps_its_min_ttl(f, c))
     });
     add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))

@@ -7,7 +7,7 @@ use std::time::Duration;
 use libtest_mimic::Failed;
 use lock_core::{
     backend::{AcquireAttempt, LeaseStatus},
-    LockBackend, LockOptions, OwnerToken,
+    Error, LockBackend, LockOptions, OwnerToken,
 };
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
@@ -313,5 +313,138 @@ pub(super) async fn late_put_of_a_given_up_acquire_is_undone(
     })?;
     keeper.release().await?;
     println!("etcd: the key an acquire put after its caller had gone was deleted {after:?} later");
+    Ok(())
+}
+
+/// The request timeout of [`shared_lease_ending_mid_acquire_is_not_held`]'s
+/// backend: an acquire parked at a pause point still runs within it.
+const PARKED_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where [`shared_lease_ending_mid_acquire_is_not_held`] parks the acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parked {
+    /// Its shared lease is proven alive; its hold is not recorded yet.
+    BeforeRecord,
+    /// Its hold is recorded; it has not answered yet.
+    AfterRecord,
+}
+
+/// The shared lease ends (revoked on the server, then found gone by a
+/// renewal of another lock on it) while an acquire on it is parked, once
+/// before it records its hold and once after. The acquire's key went with
+/// the lease, so its answer must never be a lock that says held: parked
+/// before the record, it either takes the lock again on a new shared lease
+/// (its key is then on the server, and another replica is refused) or the
+/// loss is reported; parked after, the loss is reported: the `Locker` gets
+/// it before it hands the lease out and answers that the lock ended as it
+/// was granted (or a guard that says lost).
+pub(super) async fn shared_lease_ending_mid_acquire_is_not_held(
+    f: Arc<EtcdFactory>,
+    ctx: Ctx,
+) -> Result<(), Failed> {
+    let backend =
+        server::connect_when_ready(f.builder()?.with_request_timeout(PARKED_TIMEOUT)).await?;
+    let here = ctx.replica_over(Arc::new(backend.clone()));
+    let there = ctx.replica_over(Arc::new(f.connect().await?));
+    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let opts = LockOptions::new(TTL.max(backend.min_ttl()));
+    let tolerance = ctx.timing().tolerance;
+    for parked in [Parked::BeforeRecord, Parked::AfterRecord] {
+        let tag = match parked {
+            Parked::BeforeRecord => "before",
+            Parked::AfterRecord => "after",
+        };
+        let (kept, caught) = (
+            ctx.name(&format!("mid-acquire-kept-{tag}")),
+            ctx.name(&format!("mid-acquire-{tag}")),
+        );
+        let keeper = here.locker.try_lock(&kept, &opts).await?;
+        let lease = sab
+            .lease_of(&kept)
+            .await?
+            .ok_or("the kept key is missing")?;
+        let pause = match parked {
+            Parked::BeforeRecord => backend.pause_next_acquire_before_record(&caught),
+            Parked::AfterRecord => backend.pause_next_acquire_after_record(&caught),
+        }
+        .ok_or("the backend is not connected")?;
+        let acquire = {
+            let (locker, name, opts) = (here.locker.clone(), caught.clone(), opts.clone());
+            tokio::spawn(async move { locker.try_lock(&name, &opts).await })
+        };
+        timeout(tolerance * 2, pause.reached())
+            .await
+            .map_err(|_| format!("{tag}: the acquire never reached the pause point"))?;
+        ensure(sab.lease_of(&caught).await? == Some(lease), || {
+            format!("{tag}: the parked acquire's key is not on the kept lock's shared lease")
+        })?;
+        sab.client().lease_client().revoke(lease).await?;
+        let renewed = keeper.handle().renew().await;
+        ensure(keeper.assert_held().is_err(), || {
+            format!(
+                "{tag}: the kept lock still says held after its lease was revoked \
+                 (renewal: {renewed:?})"
+            )
+        })?;
+        pause.resume();
+        let answer = timeout(PARKED_TIMEOUT + tolerance, acquire)
+            .await
+            .map_err(|_| format!("{tag}: the resumed acquire did not answer"))??;
+        let guard = match answer {
+            Ok(guard) => guard,
+            // The `Locker` got the loss before the lease it was about to
+            // hand out: it answers that the lock ended as it was granted.
+            Err(Error::Unavailable { source, .. }) if source.message().contains("ended") => {
+                let on = sab.lease_of(&caught).await?;
+                ensure(on.is_none(), || {
+                    format!("{tag}: the acquire says the lock ended ({source}), but its key is on {on:?}")
+                })?;
+                println!(
+                    "etcd: an acquire whose shared lease ended {tag} its record answered: {source}"
+                );
+                continue;
+            }
+            Err(e) => return Err(format!("{tag}: the resumed acquire failed: {e}").into()),
+        };
+        let handle = guard.handle();
+        let on = sab.lease_of(&caught).await?;
+        if handle.is_held() {
+            ensure(parked == Parked::BeforeRecord, || {
+                format!(
+                    "{tag}: the acquire answered a lock that says held, though the shared \
+                     lease {lease:x} ended after the hold was recorded (key now on {on:?})"
+                )
+            })?;
+            ensure(on.is_some_and(|l| l != lease), || {
+                format!(
+                    "{tag}: the acquire answered a lock that says held, but its key is {} \
+                     (the shared lease {lease:x} ended before the hold was recorded)",
+                    match on {
+                        Some(_) => "still on the ended lease",
+                        None => "gone with its lease",
+                    }
+                )
+            })?;
+            let other = there.locker.try_lock(&caught, &opts).await;
+            ensure(other.is_err(), || {
+                format!("{tag}: another replica took the lock the acquire says it holds")
+            })?;
+            guard.handle().renew().await?;
+            guard.release().await?;
+            println!(
+                "etcd: an acquire whose shared lease ended {tag} its record took the lock on a new lease"
+            );
+        } else {
+            let reason = timeout(tolerance, handle.lost())
+                .await
+                .map_err(|_| format!("{tag}: the guard is neither held nor lost"))?;
+            ensure(on.is_none(), || {
+                format!("{tag}: the guard reports {reason:?}, but its key is still on {on:?}")
+            })?;
+            println!(
+                "etcd: an acquire whose shared lease ended {tag} its record answered a lock lost as {reason:?}"
+            );
+        }
+    }
     Ok(())
 }
