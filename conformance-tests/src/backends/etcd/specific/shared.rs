@@ -73,6 +73,16 @@ pub(super) async fn acquire_near_lease_lapse_gets_full_ttl(
 /// of the TTL within which an earlier keep-alive proves the lease for B.
 const SOON: Duration = Duration::from_millis(150);
 
+/// Waits until no keep-alive sent so far can prove the shared lease for a
+/// new acquire (one is reused within a sixth of the TTL), so that the next
+/// acquire sends its own. Otherwise the first acquire of a step may reuse
+/// the previous step's proof, and the second one, 150 ms later, finds that
+/// proof too old and sends a fresh keep-alive: a full grant where the case
+/// expects a reused one (seen on a loaded machine).
+async fn outlive_earlier_proofs(ttl: Duration) {
+    sleep(ttl / 3).await;
+}
+
 /// Most trials of [`acquire_soon_after_another_reuses_its_proof`]: one
 /// whose acquires were delayed past a sixth of the TTL (a loaded machine)
 /// proves nothing and is run again.
@@ -93,6 +103,9 @@ pub(super) async fn acquire_soon_after_another_reuses_its_proof(
     let ttl = TTL.max(backend.min_ttl());
     let mut reused = None;
     for trial in 0..TRIALS {
+        if trial > 0 {
+            outlive_earlier_proofs(ttl).await;
+        }
         let (a, b) = (
             ctx.name(&format!("soon-a{trial}")),
             ctx.name(&format!("soon-b{trial}")),
@@ -141,6 +154,7 @@ pub(super) async fn acquire_soon_after_another_reuses_its_proof(
     let replica = ctx.replica_over(Arc::new(backend.clone()));
     let opts = LockOptions::new(ttl);
     let (c, d) = (ctx.name("soon-c"), ctx.name("soon-d"));
+    outlive_earlier_proofs(ttl).await;
     let t0 = Instant::now();
     let first = replica.locker.try_lock(&c, &opts).await?;
     sleep_until(t0 + SOON).await;
