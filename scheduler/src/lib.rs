@@ -61,6 +61,14 @@
 //! ended, never alongside it. The stalled replica logs a warning when its
 //! mark lands after its lock's deadline.
 //!
+//! The protocol is modelled in `scheduler/model/ticks.pml`, checked with spin
+//! by `.ci/run` (its README says how): the model describes today's protocol
+//! and the fenced start record meant to replace it, with `Started`,
+//! `Completed` and `Abandoned` written under the run's token. In today's it
+//! finds the window above, and a second one: a replica that stalls between
+//! reading the completion mark and calling the handler may start the handler
+//! (aborted once it sees the lock lost) of a tick another replica ran.
+//!
 //! # Clock skew
 //!
 //! Replicas' clocks may differ by up to the skew tolerance (default 5 s,
