@@ -6,10 +6,11 @@
 //! [`Capabilities`](lock_core::Capabilities), never by its name, and each run
 //! uses its own random name prefix.
 //!
-//! Servers come from, in order: an URL in the environment, a private server
-//! the [`harness`] starts from the binary on `PATH`, or (with the `docker`
-//! feature) a container. With `CI=true`, a backend whose server cannot be had
-//! fails the run instead of being skipped.
+//! Servers come from an URL in the environment or a private server the
+//! [`harness`] starts from the binary on `PATH`; with the `docker` feature,
+//! the `docker_*` rows run the suite against containers as well. With
+//! `CI=true`, a backend whose server cannot be had fails the run instead of
+//! being skipped (for the docker rows, `DISTLOCK_REQUIRE_DOCKER=1`).
 
 pub mod availability;
 pub mod backends;

@@ -20,7 +20,8 @@ fn main() -> ExitCode {
     let mut suite = Suite::new();
     suite.add(Arc::new(MemoryFactory::new()));
     conformance_tests::backends::memory::add_specific(&mut suite);
-    let redis = RedisRun::register(&mut suite);
+    #[allow(unused_mut)] // only the docker rows add to it
+    let mut redis = RedisRun::register(&mut suite);
     conformance_tests::backends::postgres::register(&mut suite);
     suite.add_server_backend("etcd", etcd::factory());
     etcd::add_specific(&mut suite);
@@ -29,10 +30,24 @@ fn main() -> ExitCode {
     for trial in conformance_tests::backends::connect_urls::trials(suite.run_id()) {
         suite.push(trial);
     }
-    let code = suite.run(&args);
+    #[cfg(feature = "docker")]
+    conformance_tests::backends::docker::register(&mut suite, &mut redis, &args);
+    let mut code = suite.run(&args);
     if let Err(e) = redis.check_no_leftover_keys() {
         eprintln!("leftover check failed: {e}");
-        return ExitCode::FAILURE;
+        code = ExitCode::FAILURE;
+    }
+    // The docker rows' containers went with their factories; this removes
+    // any a hung case still held.
+    drop(redis);
+    #[cfg(feature = "docker")]
+    match conformance_tests::harness::docker::remove_leftovers() {
+        Ok(0) => {}
+        Ok(n) => eprintln!("removed {n} containers a case still held"),
+        Err(e) => {
+            eprintln!("could not remove this run's containers: {e}");
+            code = ExitCode::FAILURE;
+        }
     }
     code
 }

@@ -1,28 +1,392 @@
-//! Servers in containers, through testcontainers (the `docker` feature), for
-//! machines with a Docker engine but without the server binaries. Every
-//! container publishes its port on the host's loopback and is removed when
-//! its handle drops.
+//! Servers in containers (the `docker` feature), driven through the `docker`
+//! command-line client.
+//!
+//! Why not testcontainers: every testcontainers-rs release from 0.16 on talks
+//! to the engine through bollard with a fixed API version (1.44 and up) that
+//! it never negotiates down, so an engine older than the client (Debian
+//! bookworm's 20.10, API 1.41) refuses every call. The CLI negotiates.
+//!
+//! Images come from `.ci/images` (built from Debian packages, no registry);
+//! nothing here pulls. Every container and network carries the [`LABEL`]
+//! label with this process's run id, publishes its ports on the host's
+//! loopback only, and is removed when its handle drops; [`remove_leftovers`]
+//! is the backstop for handles that never drop (a hung case's thread).
 
-use testcontainers::core::wait::LogWaitStrategy;
-use testcontainers::core::{IntoContainerPort, WaitFor};
-use testcontainers::runners::SyncRunner;
-use testcontainers::{Container, GenericImage, ImageExt};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use crate::BoxError;
 
-/// Which server a container runs.
+/// The label every container and network of the suite carries; its value
+/// is the run id. `docker ps -a --filter label=distlock.conformance` lists
+/// what a run left behind.
+pub const LABEL: &str = "distlock.conformance";
+
+/// Set to `1` to make a missing engine or image a failure instead of a skip
+/// (`.ci/run` sets it).
+pub const REQUIRE_VAR: &str = "DISTLOCK_REQUIRE_DOCKER";
+
+/// The script that builds the images.
+pub const IMAGES_SCRIPT: &str = ".ci/images";
+
+/// How long a container may take to print its readiness line.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Whether a missing engine or image must fail the run ([`REQUIRE_VAR`]).
+pub fn required() -> bool {
+    std::env::var(REQUIRE_VAR).is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// This process's run id, the value of [`LABEL`] on what it starts.
+pub fn run_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        format!(
+            "{}-{:08x}",
+            std::process::id(),
+            getrandom::u32().unwrap_or(0)
+        )
+    })
+}
+
+fn label_arg() -> String {
+    format!("{LABEL}={}", run_id())
+}
+
+/// Runs `docker args…` and returns its trimmed stdout.
+fn docker(args: &[&str]) -> Result<String, BoxError> {
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run the docker client ({e}); is it installed?"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`docker {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The engine's version and API version, e.g. `20.10.24 (API 1.41)`.
+///
+/// # Errors
+///
+/// When no engine answers.
+pub fn engine() -> Result<String, BoxError> {
+    docker(&[
+        "version",
+        "--format",
+        "{{.Server.Version}} (API {{.Server.APIVersion}})",
+    ])
+    .map_err(|e| format!("no Docker engine answers: {e}").into())
+}
+
+/// Checks that `image` is on the machine.
+///
+/// # Errors
+///
+/// Names the script that builds it: nothing here pulls from a registry.
+pub fn ensure_image(image: &str) -> Result<(), BoxError> {
+    docker(&["image", "inspect", "--format", "{{.Id}}", image]).map_err(|_| {
+        format!("image {image} is not on this machine: build it with `bash {IMAGES_SCRIPT}` (no registry is used)")
+    })?;
+    Ok(())
+}
+
+/// What to start.
+#[derive(Debug, Clone, Default)]
+pub struct Spec {
+    /// The image, built by [`IMAGES_SCRIPT`].
+    pub image: &'static str,
+    /// Container ports to publish on a random loopback port of the host.
+    pub publish: Vec<u16>,
+    /// A network of the suite's to attach to (else the default bridge).
+    pub network: Option<String>,
+    /// The container's host name, also its name on `network`.
+    pub hostname: Option<String>,
+    /// More networks of the suite's to attach to before the start, each
+    /// with the container's name there.
+    pub also_on: Vec<(String, String)>,
+    /// Paths to mount a tmpfs on (data dirs that need no disk).
+    pub tmpfs: Vec<&'static str>,
+    /// The command; the image's own when empty.
+    pub command: Vec<String>,
+    /// The log line (stdout or stderr) that says the server accepts clients.
+    pub ready: &'static str,
+}
+
+/// A running container of the suite's; removed (with its volumes) on drop.
+#[derive(Debug)]
+pub struct Container {
+    id: String,
+}
+
+impl Container {
+    /// Starts `spec` and waits until its readiness line is logged.
+    ///
+    /// # Errors
+    ///
+    /// No engine, a missing image, or a server that exits or stays silent
+    /// for a minute (its last log lines are in the error). The container is
+    /// removed on every error path.
+    pub fn run(spec: &Spec) -> Result<Self, BoxError> {
+        let container = Self::create(spec)?;
+        container.start()?;
+        container.wait_for_log(spec.ready, READY_TIMEOUT)?;
+        Ok(container)
+    }
+
+    /// Creates `spec`'s container, attached to its networks, without
+    /// starting it: members of a cluster must all be up before any of them
+    /// reports ready.
+    ///
+    /// # Errors
+    ///
+    /// No engine, or a missing image. The container is removed on every
+    /// error path.
+    pub fn create(spec: &Spec) -> Result<Self, BoxError> {
+        ensure_image(spec.image)?;
+        let label = label_arg();
+        let publish: Vec<String> = spec
+            .publish
+            .iter()
+            .map(|p| format!("127.0.0.1::{p}"))
+            .collect();
+        let mut args: Vec<&str> = vec!["create", "--label", &label];
+        for p in &publish {
+            args.extend(["--publish", p]);
+        }
+        for t in &spec.tmpfs {
+            args.extend(["--tmpfs", t]);
+        }
+        if let Some(n) = &spec.network {
+            args.extend(["--network", n]);
+        }
+        if let Some(h) = &spec.hostname {
+            args.extend(["--hostname", h, "--network-alias", h]);
+        }
+        args.push(spec.image);
+        args.extend(spec.command.iter().map(String::as_str));
+        let id = docker(&args)?;
+        // From here on the handle's drop removes the container.
+        let container = Self { id };
+        for (network, alias) in &spec.also_on {
+            container.connect(network, alias)?;
+        }
+        Ok(container)
+    }
+
+    /// Starts a created container.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses.
+    pub fn start(&self) -> Result<(), BoxError> {
+        docker(&["start", &self.id]).map(drop)
+    }
+
+    /// The container's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The loopback port of the host that `inner` is published on.
+    ///
+    /// # Errors
+    ///
+    /// If `inner` is not published.
+    pub fn host_port(&self, inner: u16) -> Result<u16, BoxError> {
+        let out = docker(&["port", &self.id, &format!("{inner}/tcp")])?;
+        out.lines()
+            .filter_map(|l| l.rsplit_once(':'))
+            .find_map(|(_, port)| port.trim().parse().ok())
+            .ok_or_else(|| format!("container port {inner} is not published ({out:?})").into())
+    }
+
+    /// The container's address on `network`.
+    ///
+    /// # Errors
+    ///
+    /// If it is not attached to `network`.
+    pub fn ip(&self, network: &str) -> Result<String, BoxError> {
+        let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
+        let ip = docker(&["inspect", "--format", &format, &self.id])?;
+        if ip.is_empty() {
+            return Err(format!("container {} has no address on {network}", self.id).into());
+        }
+        Ok(ip)
+    }
+
+    /// Everything the container logged so far, stdout and stderr.
+    ///
+    /// # Errors
+    ///
+    /// If the engine cannot say.
+    pub fn logs(&self) -> Result<String, BoxError> {
+        let out = Command::new("docker")
+            .args(["logs", &self.id])
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "docker logs {}: {}",
+                self.id,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+            .into());
+        }
+        let mut all = String::from_utf8_lossy(&out.stdout).into_owned();
+        all.push_str(&String::from_utf8_lossy(&out.stderr));
+        Ok(all)
+    }
+
+    /// Waits until `line` appears in the logs.
+    ///
+    /// # Errors
+    ///
+    /// If the container stops first, or `timeout` passes.
+    pub fn wait_for_log(&self, line: &str, timeout: Duration) -> Result<(), BoxError> {
+        let start = Instant::now();
+        loop {
+            let logs = self.logs()?;
+            if logs.contains(line) {
+                return Ok(());
+            }
+            let running = docker(&["inspect", "--format", "{{.State.Running}}", &self.id])?;
+            let why = if running != "true" {
+                Some("exited")
+            } else if start.elapsed() > timeout {
+                Some("did not become ready in time")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                let tail: Vec<&str> = logs.lines().rev().take(10).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Err(format!(
+                    "container {} {why} (waited {:?} for {line:?}); its last log lines:\n{}",
+                    self.id,
+                    start.elapsed(),
+                    tail.join("\n")
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Detaches the container from `network`: every packet to or from its
+    /// address there stops at once, and the name stops resolving.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses.
+    pub fn disconnect(&self, network: &str) -> Result<(), BoxError> {
+        docker(&["network", "disconnect", "--force", network, &self.id]).map(drop)
+    }
+
+    /// Attaches the container to `network` again, under `alias`.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses.
+    pub fn connect(&self, network: &str, alias: &str) -> Result<(), BoxError> {
+        docker(&["network", "connect", "--alias", alias, network, &self.id]).map(drop)
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if let Err(e) = docker(&["rm", "--force", "--volumes", &self.id]) {
+            tracing::warn!(container = %self.id, error = %e, "could not remove a test container");
+        }
+    }
+}
+
+/// A user-defined bridge network of the suite's; removed on drop (after the
+/// containers on it, which must drop first).
+#[derive(Debug)]
+pub struct Network {
+    name: String,
+}
+
+impl Network {
+    /// Creates a network named after `purpose` and this run.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses (no engine, no free address range).
+    pub fn create(purpose: &str) -> Result<Self, BoxError> {
+        let name = format!("distlock-{purpose}-{}", run_id());
+        docker(&["network", "create", "--label", &label_arg(), &name])?;
+        Ok(Self { name })
+    }
+
+    /// Its name, for [`Spec::network`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        if let Err(e) = docker(&["network", "rm", &self.name]) {
+            tracing::warn!(network = %self.name, error = %e, "could not remove a test network");
+        }
+    }
+}
+
+/// Removes every container and network this process started that is still
+/// there: the backstop for handles that never drop. Returns how many
+/// containers it removed.
+///
+/// # Errors
+///
+/// If the engine cannot list or remove them.
+pub fn remove_leftovers() -> Result<usize, BoxError> {
+    let filter = format!("label={}", label_arg());
+    let ids = docker(&["ps", "--all", "--quiet", "--filter", &filter])?;
+    let ids: Vec<&str> = ids.lines().filter(|l| !l.is_empty()).collect();
+    if !ids.is_empty() {
+        let mut args = vec!["rm", "--force", "--volumes"];
+        args.extend(ids.iter().copied());
+        docker(&args)?;
+    }
+    let nets = docker(&["network", "ls", "--quiet", "--filter", &filter])?;
+    for net in nets.lines().filter(|l| !l.is_empty()) {
+        docker(&["network", "rm", net])?;
+    }
+    Ok(ids.len())
+}
+
+/// Which server a [`DockerServer`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// `redis:7`, without persistence.
+    /// Redis 7 from Debian, without persistence.
     Redis,
-    /// `postgres:16`, trust authentication for the `postgres` user.
+    /// PostgreSQL 15 from Debian, trust for everyone, database `test`.
     Postgres,
-    /// etcd 3.5 from its project registry, one member.
+    /// etcd 3.4 from Debian, one member, with the suite's raft timings.
     Etcd,
 }
 
 impl Kind {
-    fn port(self) -> u16 {
+    /// The image `.ci/images` builds for it.
+    pub fn image(self) -> &'static str {
+        match self {
+            Self::Redis => "distlock-test/redis:bookworm",
+            Self::Postgres => "distlock-test/postgres:bookworm",
+            Self::Etcd => "distlock-test/etcd:bookworm",
+        }
+    }
+
+    /// The port the server listens on inside its container.
+    pub fn port(self) -> u16 {
         match self {
             Self::Redis => 6379,
             Self::Postgres => 5432,
@@ -30,31 +394,47 @@ impl Kind {
         }
     }
 
-    fn scheme(self) -> &'static str {
+    /// The line the server logs once it accepts clients (checked against
+    /// what the images print).
+    pub fn ready_line(self) -> &'static str {
         match self {
-            Self::Redis => "redis",
-            Self::Postgres => "postgres",
-            Self::Etcd => "http",
+            Self::Redis => "Ready to accept connections",
+            // One start only: the image's cluster was made at build time.
+            Self::Postgres => "database system is ready to accept connections",
+            // etcd 3.4 with the zap logger, at info level.
+            Self::Etcd => "serving client traffic insecurely",
         }
     }
 }
 
-/// A running server container; removed on drop.
+/// etcd's flags in the suite's containers: the private servers' raft timings
+/// (1 s leases allowed), compaction, and the info level the readiness line
+/// is logged at.
+pub fn etcd_flags() -> Vec<String> {
+    [
+        "--heartbeat-interval",
+        "100",
+        "--election-timeout",
+        "500",
+        "--auto-compaction-mode",
+        "revision",
+        "--auto-compaction-retention",
+        "1000",
+        "--logger",
+        "zap",
+        "--log-level",
+        "info",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// A single server in a container, published on the host's loopback.
+#[derive(Debug)]
 pub struct DockerServer {
     kind: Kind,
     port: u16,
-    // Held for its drop, which removes the container. Boxed: the handle is
-    // large, and factories keep it in an enum beside small variants.
-    _container: Box<Container<GenericImage>>,
-}
-
-impl std::fmt::Debug for DockerServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DockerServer")
-            .field("kind", &self.kind)
-            .field("port", &self.port)
-            .finish_non_exhaustive()
-    }
+    container: Container,
 }
 
 impl DockerServer {
@@ -62,47 +442,42 @@ impl DockerServer {
     ///
     /// # Errors
     ///
-    /// When there is no Docker engine, the image cannot be pulled, or the
-    /// server does not become ready.
+    /// When there is no engine, the image is missing (the error names
+    /// [`IMAGES_SCRIPT`]), or the server does not become ready.
     pub fn start(kind: Kind) -> Result<Self, BoxError> {
-        let inner = kind.port();
-        let image = match kind {
-            Kind::Redis => GenericImage::new("redis", "7")
-                .with_exposed_port(inner.tcp())
-                .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
-                .with_cmd(["redis-server", "--save", "", "--appendonly", "no"]),
-            // The entrypoint starts the server twice (once to initialise):
-            // the second "ready" is the one that counts.
-            Kind::Postgres => GenericImage::new("postgres", "16")
-                .with_exposed_port(inner.tcp())
-                .with_wait_for(WaitFor::log(
-                    LogWaitStrategy::stderr("database system is ready to accept connections")
-                        .with_times(2),
-                ))
-                .with_env_var("POSTGRES_HOST_AUTH_METHOD", "trust"),
-            Kind::Etcd => GenericImage::new("gcr.io/etcd-development/etcd", "v3.5.17")
-                .with_exposed_port(inner.tcp())
-                .with_wait_for(WaitFor::message_on_stderr("ready to serve client requests"))
-                .with_cmd([
+        let command = match kind {
+            Kind::Etcd => {
+                let mut c: Vec<String> = [
                     "etcd",
+                    "--name",
+                    "default",
+                    "--data-dir",
+                    "/var/lib/etcd/default",
                     "--listen-client-urls",
                     "http://0.0.0.0:2379",
                     "--advertise-client-urls",
                     "http://127.0.0.1:2379",
-                    "--auto-compaction-retention",
-                    "1",
-                ]),
+                ]
+                .map(str::to_owned)
+                .to_vec();
+                c.extend(etcd_flags());
+                c
+            }
+            Kind::Redis | Kind::Postgres => Vec::new(),
         };
-        let container = image
-            .start()
-            .map_err(|e| format!("docker: cannot start a {kind:?} container: {e}"))?;
-        let port = container
-            .get_host_port_ipv4(inner.tcp())
-            .map_err(|e| format!("docker: no published port for {kind:?}: {e}"))?;
+        let container = Container::run(&Spec {
+            image: kind.image(),
+            publish: vec![kind.port()],
+            command,
+            ready: kind.ready_line(),
+            ..Spec::default()
+        })
+        .map_err(|e| format!("docker: cannot start a {kind:?} container: {e}"))?;
+        let port = container.host_port(kind.port())?;
         Ok(Self {
             kind,
             port,
-            _container: Box::new(container),
+            container,
         })
     }
 
@@ -111,12 +486,18 @@ impl DockerServer {
         self.port
     }
 
-    /// The server's URL: `redis://…`, `postgres://postgres@…/postgres` or
+    /// The container.
+    pub fn container(&self) -> &Container {
+        &self.container
+    }
+
+    /// The server's URL: `redis://…`, `postgres://postgres@…/test` or
     /// `http://…` (an etcd endpoint).
     pub fn url(&self) -> String {
         match self.kind {
-            Kind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", self.port),
-            _ => format!("{}://127.0.0.1:{}", self.kind.scheme(), self.port),
+            Kind::Redis => format!("redis://127.0.0.1:{}", self.port),
+            Kind::Postgres => format!("postgres://postgres@127.0.0.1:{}/test", self.port),
+            Kind::Etcd => format!("http://127.0.0.1:{}", self.port),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Test servers: where they come from, and control over private ones.
 //!
-//! A backend's server is taken, in order, from an URL in the environment,
-//! from a private server started from its binary on `PATH` ([`ServerProcess`]),
-//! or, with the `docker` feature, from a container. [`Availability`] turns
+//! A backend's server is taken from an URL in the environment or from a
+//! private server started from its binary on `PATH` ([`ServerProcess`]);
+//! with the `docker` feature the `docker_*` rows run containers too
+//! ([`docker`]). [`Availability`] turns
 //! "none of these worked" into a failure under `CI=true` and a loud skip
 //! elsewhere, so a missing server is never silently passed over in CI.
 

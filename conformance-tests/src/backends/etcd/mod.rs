@@ -80,30 +80,26 @@ pub fn find() -> Availability<Arc<EtcdFactory>> {
     }
     match which("etcd") {
         Some(_) => Availability::Ready(Arc::new(EtcdFactory::private())),
-        None => docker_or("etcd is not on PATH and ETCD_ENDPOINTS is unset"),
+        None => Availability::Missing("etcd is not on PATH and ETCD_ENDPOINTS is unset".into()),
     }
-}
-
-#[cfg(feature = "docker")]
-fn docker_or(why: &str) -> Availability<Arc<EtcdFactory>> {
-    use crate::harness::docker::{DockerServer, Kind};
-    match DockerServer::start(Kind::Etcd) {
-        Ok(c) => Availability::Ready(Arc::new(EtcdFactory {
-            name: "etcd",
-            source: Source::Container(Arc::new(c)),
-        })),
-        Err(e) => Availability::Missing(format!("{why}; {e}")),
-    }
-}
-
-#[cfg(not(feature = "docker"))]
-fn docker_or(why: &str) -> Availability<Arc<EtcdFactory>> {
-    Availability::Missing(format!(
-        "{why}; build with --features docker to start a container"
-    ))
 }
 
 impl EtcdFactory {
+    /// A factory over a server in a container, as `docker_etcd` (the
+    /// `docker` feature); the container is removed with the factory.
+    ///
+    /// # Errors
+    ///
+    /// When the container cannot be started (no engine, no image).
+    #[cfg(feature = "docker")]
+    pub fn docker() -> Result<Self, BoxError> {
+        use crate::harness::docker::{DockerServer, Kind};
+        Ok(Self {
+            name: "docker_etcd",
+            source: Source::Container(Arc::new(DockerServer::start(Kind::Etcd)?)),
+        })
+    }
+
     /// A factory over its own private server, started on first use.
     pub fn private() -> Self {
         Self {
@@ -205,8 +201,9 @@ impl BackendFactory for EtcdFactory {
     fn timing(&self) -> Timing {
         let ttl = match self.source {
             Source::Env(_) => ENV_TTL,
+            // The container runs with the private servers' raft timings.
             #[cfg(feature = "docker")]
-            Source::Container(_) => ENV_TTL,
+            Source::Container(_) => TTL,
             Source::Private(_) => TTL,
         };
         Timing {

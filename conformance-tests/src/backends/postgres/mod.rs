@@ -223,28 +223,8 @@ pub fn factory(run: &str) -> Availability<Arc<PostgresFactory>> {
             Source::Private(Arc::default()),
             run,
         ))),
-        None => docker_or("no Postgres server binary (pg_config --bindir)", run),
+        None => Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
     }
-}
-
-#[cfg(feature = "docker")]
-fn docker_or(why: &str, run: &str) -> Availability<Arc<PostgresFactory>> {
-    use crate::harness::docker::{DockerServer, Kind};
-    match DockerServer::start(Kind::Postgres) {
-        Ok(c) => Availability::Ready(Arc::new(PostgresFactory::new(
-            "postgres",
-            Source::Container(Arc::new(c)),
-            run,
-        ))),
-        Err(e) => Availability::Missing(format!("{why}; {e}")),
-    }
-}
-
-#[cfg(not(feature = "docker"))]
-fn docker_or(why: &str, _run: &str) -> Availability<Arc<PostgresFactory>> {
-    Availability::Missing(format!(
-        "{why}; build with --features docker to start a container"
-    ))
 }
 
 /// A factory on a private server of its own, started on first use: the
@@ -278,17 +258,13 @@ pub fn register(suite: &mut Suite) {
             suite.add_server_backend("postgres", Availability::Ready(as_dyn));
             Some(factory)
         }
-        None => match docker_or("no Postgres server binary (pg_config --bindir)", &run) {
-            Availability::Ready(factory) => {
-                let as_dyn: Arc<dyn BackendFactory> = factory.clone();
-                suite.add_server_backend("postgres", Availability::Ready(as_dyn));
-                Some(factory)
-            }
-            Availability::Missing(why) => {
-                suite.add_server_backend("postgres", Availability::Missing(why));
-                None
-            }
-        },
+        None => {
+            suite.add_server_backend(
+                "postgres",
+                Availability::Missing("no Postgres server binary (pg_config --bindir)".into()),
+            );
+            None
+        }
     };
     let env = match std::env::var(lock_postgres::ENV_VAR) {
         Ok(url) => {
@@ -312,4 +288,28 @@ pub fn register(suite: &mut Suite) {
     for f in private.iter().chain(env.iter()) {
         specific::register_leftover_check(suite, f);
     }
+}
+
+/// The `docker_postgres` factory, on a server in a container (removed with
+/// the factory), and its leftover check as a trial to run after its cases.
+///
+/// # Errors
+///
+/// When the container cannot be started (no engine, no image).
+#[cfg(feature = "docker")]
+pub fn docker_factory() -> Result<Arc<PostgresFactory>, BoxError> {
+    use crate::harness::docker::{DockerServer, Kind};
+    let container = DockerServer::start(Kind::Postgres)?;
+    Ok(Arc::new(PostgresFactory::new(
+        "docker_postgres",
+        Source::Container(Arc::new(container)),
+        &random_id(),
+    )))
+}
+
+/// Adds the check that `f`'s sessions and advisory locks are gone once its
+/// cases end.
+#[cfg(feature = "docker")]
+pub fn register_leftover_check(suite: &mut Suite, f: &Arc<PostgresFactory>) {
+    specific::register_leftover_check(suite, f);
 }

@@ -1,8 +1,9 @@
 //! The Redis backend's factory and test servers.
 //!
 //! Two factories can run the whole suite: `redis` on a private
-//! `redis-server` started from `PATH` (or, with the `docker` feature, a
-//! container), and `redis_env` on the server at `REDIS_URL` when it is set.
+//! `redis-server` started from `PATH`, and `redis_env` on the server at
+//! `REDIS_URL` when it is set (with the `docker` feature, `docker_redis` on
+//! a container too).
 //! Redis-specific tests (`redis::<test>`) run on private servers only, since
 //! they flush scripts, pause and restart their server.
 
@@ -176,8 +177,13 @@ impl BackendFactory for RedisFactory {
     }
 
     fn server_addr(&self) -> Option<SocketAddr> {
-        self.process()
-            .map(|p| SocketAddr::from((Ipv4Addr::LOCALHOST, p.port())))
+        let port = match &self.server {
+            Server::Private(p) => p.port(),
+            #[cfg(feature = "docker")]
+            Server::Container(c) => c.port(),
+            Server::External => return None,
+        };
+        Some(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
     }
 
     async fn replica_via(
@@ -408,33 +414,35 @@ fn from_env(prefix: &str) -> Option<RedisFactory> {
 }
 
 fn private(prefix: &str) -> Result<RedisFactory, BoxError> {
-    let server = match server::start_plain() {
-        Ok(p) => Server::Private(p),
-        Err(e) => docker_or(e)?,
-    };
-    let port = match &server {
-        Server::Private(p) => p.port(),
-        #[cfg(feature = "docker")]
-        Server::Container(c) => c.port(),
-        Server::External => return Err("no private server".into()),
-    };
+    let server = server::start_plain()?;
     Ok(RedisFactory {
         name: "redis",
-        url: format!("redis://127.0.0.1:{port}"),
+        url: format!("redis://127.0.0.1:{}", server.port()),
         prefix: prefix.to_owned(),
-        server,
+        server: Server::Private(server),
         fencing: true,
     })
 }
 
 #[cfg(feature = "docker")]
-fn docker_or(binary: BoxError) -> Result<Server, BoxError> {
-    crate::harness::docker::DockerServer::start(crate::harness::docker::Kind::Redis)
-        .map(Server::Container)
-        .map_err(|e| format!("{binary}; {e}").into())
-}
-
-#[cfg(not(feature = "docker"))]
-fn docker_or(binary: BoxError) -> Result<Server, BoxError> {
-    Err(format!("{binary}; build with --features docker to start a container").into())
+impl RedisRun {
+    /// The `docker_redis` factory, on a server in a container (removed with
+    /// the run), its keys added to the leftover check.
+    ///
+    /// # Errors
+    ///
+    /// When the container cannot be started (no engine, no image).
+    pub fn docker_factory(&mut self, run_id: &str) -> Result<Arc<RedisFactory>, BoxError> {
+        use crate::harness::docker::{DockerServer, Kind};
+        let container = DockerServer::start(Kind::Redis)?;
+        let factory = Arc::new(RedisFactory {
+            name: "docker_redis",
+            url: container.url(),
+            prefix: format!("lock-test:{run_id}:docker:"),
+            server: Server::Container(container),
+            fencing: true,
+        });
+        self.factories.push(Arc::clone(&factory));
+        Ok(factory)
+    }
 }

@@ -1,6 +1,5 @@
-//! Private `redis-server`s for the suite: plain and TLS. (With the `docker`
-//! feature, a container stands in when no binary is installed: see
-//! `harness::docker`.)
+//! Private `redis-server`s for the suite: plain and TLS. (Containers, for
+//! the `docker_redis` row, are in `harness::docker`.)
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,0 +1,310 @@
+//! A 3-member etcd cluster in containers (the `docker` feature), for
+//! partitions between hosts: each member is a container whose raft traffic
+//! runs on a private network of its own, and whose client port is published
+//! on the host's loopback from a second network. `docker network
+//! disconnect` from the raft network cuts a member off from its peers both
+//! ways while its clients still reach it, the fault the nftables-based
+//! `etcd_cluster::chaos_minority_partition` injects on processes.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{Client, ConnectOptions};
+use lock_core::{Capabilities, LockBackend, TickStore};
+use lock_etcd::{EtcdBackend, EtcdBuilder};
+
+use super::etcd::{server, EtcdSaboteur};
+use crate::harness::docker::{etcd_flags, Container, Kind, Network, Spec};
+use crate::harness::free_port;
+use crate::{BackendFactory, BoxError, Saboteur, Timing};
+
+/// Members in the cluster: the smallest that survives losing one.
+pub const MEMBERS: usize = 3;
+
+/// The suite's TTL on this cluster, as on the process-based one.
+const TTL: Duration = Duration::from_secs(2);
+
+/// A 3-member cluster. Members drop (are removed) before the networks.
+#[derive(Debug)]
+pub struct DockerEtcdCluster {
+    members: Vec<Container>,
+    ports: Vec<u16>,
+    raft: Network,
+    _clients: Network,
+}
+
+fn member_name(i: usize) -> String {
+    format!("m{i}")
+}
+
+impl DockerEtcdCluster {
+    /// Creates the networks and the three members, starts them together and
+    /// waits until each serves clients (once the cluster has a leader).
+    ///
+    /// # Errors
+    ///
+    /// No engine, no image (the error names `.ci/images`), or a member that
+    /// does not become ready; everything made so far is removed.
+    pub fn start() -> Result<Self, BoxError> {
+        let raft = Network::create("etcd-raft")?;
+        let clients = Network::create("etcd-clients")?;
+        let initial: Vec<String> = (0..MEMBERS)
+            .map(|i| format!("{0}=http://{0}:2380", member_name(i)))
+            .collect();
+        let token = format!("distlock-{}", crate::harness::docker::run_id());
+        let mut members = Vec::with_capacity(MEMBERS);
+        for i in 0..MEMBERS {
+            let name = member_name(i);
+            let mut command: Vec<String> = [
+                "etcd",
+                "--name",
+                &name,
+                "--data-dir",
+                "/var/lib/etcd/data",
+                "--listen-client-urls",
+                "http://0.0.0.0:2379",
+                "--advertise-client-urls",
+                &format!("http://{name}:2379"),
+                "--listen-peer-urls",
+                "http://0.0.0.0:2380",
+                "--initial-advertise-peer-urls",
+                &format!("http://{name}:2380"),
+                "--initial-cluster",
+                &initial.join(","),
+                "--initial-cluster-token",
+                &token,
+                "--initial-cluster-state",
+                "new",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            command.extend(etcd_flags());
+            // Three members on a loaded 2-core machine: a longer election
+            // timeout than a lone member's, against leader churn.
+            if let Some(at) = command.iter().position(|a| a == "--election-timeout") {
+                if let Some(value) = command.get_mut(at + 1) {
+                    "1000".clone_into(value);
+                }
+            }
+            members.push(Container::create(&Spec {
+                image: Kind::Etcd.image(),
+                publish: vec![Kind::Etcd.port()],
+                network: Some(clients.name().to_owned()),
+                also_on: vec![(raft.name().to_owned(), name.clone())],
+                // Raft fsyncs of three members on one shared disk would
+                // push requests past their 1 s timeout.
+                tmpfs: vec!["/var/lib/etcd"],
+                command,
+                ..Spec::default()
+            })?);
+        }
+        for m in &members {
+            m.start()?;
+        }
+        let mut ports = Vec::with_capacity(MEMBERS);
+        for m in &members {
+            m.wait_for_log(Kind::Etcd.ready_line(), Duration::from_secs(60))?;
+            ports.push(m.host_port(Kind::Etcd.port())?);
+        }
+        Ok(Self {
+            members,
+            ports,
+            raft,
+            _clients: clients,
+        })
+    }
+
+    /// The loopback endpoints of the members, in order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// A builder over the given members, with the suite's timeouts.
+    ///
+    /// # Errors
+    ///
+    /// If a member index is out of range.
+    pub fn builder_over(&self, members: &[usize]) -> Result<EtcdBuilder, BoxError> {
+        let hosts: Vec<String> = members
+            .iter()
+            .map(|i| {
+                self.ports
+                    .get(*i)
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .ok_or_else(|| BoxError::from(format!("no member {i}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(
+            EtcdBuilder::from_url(&format!("etcd://{}", hosts.join(",")))?
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_request_timeout(Duration::from_secs(1)),
+        )
+    }
+
+    /// A builder over every member.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::builder_over`].
+    pub fn builder(&self) -> Result<EtcdBuilder, BoxError> {
+        let all: Vec<usize> = (0..MEMBERS).collect();
+        self.builder_over(&all)
+    }
+
+    /// Cuts member `i` off from its peers: off the raft network.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses.
+    pub fn cut(&self, i: usize) -> Result<(), BoxError> {
+        self.member(i)?.disconnect(self.raft.name())
+    }
+
+    /// Puts member `i` back on the raft network under its name.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses.
+    pub fn heal(&self, i: usize) -> Result<(), BoxError> {
+        self.member(i)?.connect(self.raft.name(), &member_name(i))
+    }
+
+    fn member(&self, i: usize) -> Result<&Container, BoxError> {
+        self.members
+            .get(i)
+            .ok_or_else(|| format!("no member {i}").into())
+    }
+
+    /// The member that leads: the one that reports itself as leader with the
+    /// highest raft term among those that answer within 1 s (a cut-off old
+    /// leader may still believe it leads until its check-quorum timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn leader(&self) -> Result<usize, BoxError> {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, port) in self.ports.iter().enumerate() {
+            let Ok(Ok(status)) =
+                tokio::time::timeout(Duration::from_secs(1), status_of(*port)).await
+            else {
+                continue;
+            };
+            let me = status.header().map(|h| h.member_id());
+            if me == Some(status.leader()) && best.is_none_or(|(t, _)| status.raft_term() > t) {
+                best = Some((status.raft_term(), i));
+            }
+        }
+        best.map(|(_, i)| i)
+            .ok_or_else(|| "no member reports itself as leader".into())
+    }
+
+    /// Waits up to `within` for a leader other than `not`, and returns it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn wait_leader(
+        &self,
+        not: Option<usize>,
+        within: Duration,
+    ) -> Result<usize, BoxError> {
+        let until = Instant::now() + within;
+        loop {
+            match self.leader().await {
+                Ok(i) if Some(i) != not => return Ok(i),
+                _ if Instant::now() >= until => {
+                    return Err(format!("no new leader within {within:?}").into())
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+}
+
+async fn status_of(port: u16) -> Result<etcd_client::StatusResponse, BoxError> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(500))
+        .with_timeout(Duration::from_millis(800));
+    let mut client = Client::connect([format!("http://127.0.0.1:{port}")], Some(options)).await?;
+    Ok(client.status().await?)
+}
+
+/// `docker_etcd_cluster`: replicas connected to all three members of a
+/// [`DockerEtcdCluster`], started on first use.
+#[derive(Debug, Default)]
+pub struct DockerEtcdClusterFactory {
+    cluster: OnceLock<Result<Arc<DockerEtcdCluster>, String>>,
+}
+
+impl DockerEtcdClusterFactory {
+    /// The cluster, started on first call.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot be started.
+    pub fn cluster(&self) -> Result<&Arc<DockerEtcdCluster>, BoxError> {
+        self.cluster
+            .get_or_init(|| {
+                DockerEtcdCluster::start()
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| format!("etcd cluster in containers: {e}").into())
+    }
+
+    async fn connect(&self) -> Result<EtcdBackend, BoxError> {
+        server::connect_when_ready(self.cluster()?.builder()?).await
+    }
+}
+
+#[async_trait]
+impl BackendFactory for DockerEtcdClusterFactory {
+    fn name(&self) -> &str {
+        "docker_etcd_cluster"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        super::etcd::capabilities()
+    }
+
+    fn timing(&self) -> Timing {
+        Timing {
+            ttl: TTL,
+            // As the process-based cluster's.
+            tolerance: Duration::from_millis(900),
+            paused_clock: false,
+        }
+    }
+
+    async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
+        Ok(Arc::new(self.connect().await?))
+    }
+
+    async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {
+        let endpoints = self.cluster()?.endpoints();
+        Ok(Box::new(
+            EtcdSaboteur::connect(&endpoints, lock_etcd::DEFAULT_PREFIX).await?,
+        ))
+    }
+
+    async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
+        Ok(Some(Arc::new(self.connect().await?)))
+    }
+
+    fn server_addr(&self) -> Option<SocketAddr> {
+        None
+    }
+
+    async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
+        let port = free_port().ok()?;
+        let backend = server::builder(port).build().ok()?;
+        Some(Arc::new(backend))
+    }
+}
