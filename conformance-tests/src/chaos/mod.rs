@@ -253,6 +253,8 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
         }));
     }
     out.extend(cluster::trials(run_id, bins));
+    #[cfg(feature = "docker")]
+    out.extend(cluster::docker_trials(run_id));
     out.extend(pg::trials(run_id, bins));
     out
 }

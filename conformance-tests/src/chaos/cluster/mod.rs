@@ -5,6 +5,8 @@
 //!
 //! Each trial starts its own cluster, since it kills or cuts its members.
 
+#[cfg(feature = "docker")]
+mod docker_partition;
 mod leader;
 mod member;
 mod partition;
@@ -22,6 +24,8 @@ use crate::backends::etcd::cluster::EtcdCluster;
 use crate::backends::etcd::EtcdClusterFactory;
 use crate::harness::{in_ci, nft, which};
 use crate::Ctx;
+#[cfg(feature = "docker")]
+pub(super) use docker_partition::trials as docker_trials;
 
 /// A trial's body, given the run id.
 type ClusterTrial = Box<dyn FnOnce(&str) -> Result<(), Failed> + Send>;

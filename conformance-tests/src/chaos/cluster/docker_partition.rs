@@ -1,0 +1,236 @@
+//! The raft leader cut off from its peers between hosts (the `docker`
+//! feature): a 3-member etcd cluster in containers, the leader taken off the
+//! raft network with `docker network disconnect` while holders renew and
+//! waiters wait. Its clients still reach it, as in the nftables-based
+//! minority partition, and it must grant nothing.
+//!
+//! An isolated leader still answers lease keep-alives until its
+//! check-quorum timeout steps it down, and the new leader extends every
+//! lease by its full TTL when it is elected; so a holder either keeps its
+//! lease through the new leader or aborts by its local deadline, nobody else
+//! acquires before the holder let go, and no write is accepted under its
+//! token afterwards.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
+use lock_core::{LockGuard, LockName};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, Instant};
+
+use super::leader::waiter;
+use super::watch::RenewWatch;
+use crate::backends::docker_cluster::{DockerEtcdCluster, DockerEtcdClusterFactory};
+use crate::backends::etcd::server;
+use crate::chaos::cases::{wind_down, Handover, Target};
+use crate::chaos::figures::{self, Row};
+use crate::chaos::holder::{Holder, Resource};
+use crate::harness::docker;
+use crate::{Ctx, Replica};
+
+/// Locks held across each fault, each with a waiter queued behind it.
+const HOLDERS: usize = 2;
+
+/// How long the majority may take to elect a new leader.
+const ELECTION_WITHIN: Duration = Duration::from_secs(10);
+
+/// Smoke iterations; `CHAOS_SOAK` multiplies them.
+const SMOKE_ITERATIONS: usize = 2;
+
+const CASE: &str = "chaos_leader_partition";
+
+/// The trial, `docker_etcd_cluster::chaos_leader_partition`. A missing
+/// engine or image fails it under `DISTLOCK_REQUIRE_DOCKER=1` and skips it
+/// loudly elsewhere.
+pub(in crate::chaos) fn trials(run_id: &str) -> Vec<Trial> {
+    let name = format!("docker_etcd_cluster::{CASE}");
+    if let Err(e) = docker::engine().and_then(|_| docker::ensure_image(docker::Kind::Etcd.image()))
+    {
+        if docker::required() {
+            let msg = format!("docker_etcd_cluster: {e}");
+            return vec![Trial::test(name, move || Err(msg.into()))];
+        }
+        eprintln!("!!! SKIPPING {name}: {e}");
+        return Vec::new();
+    }
+    let target = Target {
+        op_timeout: Duration::from_secs(1),
+        iterations: figures::iterations(SMOKE_ITERATIONS),
+        scheme: "etcd",
+    };
+    let run_id = run_id.to_owned();
+    vec![Trial::test(name, move || run(&run_id, target))]
+}
+
+fn run(run_id: &str, target: Target) -> Result<(), Failed> {
+    let factory = Arc::new(DockerEtcdClusterFactory::default());
+    let cluster = Arc::clone(
+        factory
+            .cluster()
+            .map_err(|e| Failed::from(format!("no cluster: {e}")))?,
+    );
+    let handle = Arc::clone(&cluster);
+    let outcome = crate::chaos::run_on(factory, run_id, CASE, move |ctx| {
+        leader_partition(ctx, handle, target)
+    });
+    // The containers and networks go with the last handle, a failed case
+    // included.
+    drop(cluster);
+    outcome
+}
+
+struct Pair {
+    name: LockName,
+    resource: Arc<Resource>,
+    holder: Holder,
+    watch: RenewWatch,
+    waiter_rep: Replica,
+    waiter: JoinHandle<(Instant, LockGuard)>,
+}
+
+/// Cuts the leader off once per iteration with [`HOLDERS`] holders and
+/// their waiters, then heals it.
+async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Target) {
+    let timing = ctx.timing();
+    let (ttl, tol) = (timing.ttl, timing.tolerance);
+    let opts = ctx.opts();
+    let mut row = Row {
+        backend: ctx.factory().name().to_owned(),
+        case: CASE.to_owned(),
+        ..Row::default()
+    };
+    let (mut kept, mut lost, mut elections) = (0, 0, Vec::new());
+    for i in 0..target.iterations {
+        let mut pairs = Vec::new();
+        for h in 0..HOLDERS {
+            let holder_rep = ctx.replica().await;
+            let waiter_rep = ctx.replica().await;
+            let name = ctx.name(&format!("leader-partition-{i}-{h}"));
+            let resource = Arc::new(Resource::default());
+            let holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
+            let watch = RenewWatch::start(holder.handle.clone());
+            let wait = opts.clone().with_acquire_timeout(ttl * 10);
+            let waiter = waiter(
+                waiter_rep.clone(),
+                name.clone(),
+                wait,
+                Arc::clone(&resource),
+            );
+            pairs.push(Pair {
+                name,
+                resource,
+                holder,
+                watch,
+                waiter_rep,
+                waiter,
+            });
+        }
+        let leader = cluster
+            .wait_leader(None, ELECTION_WITHIN)
+            .await
+            .expect("the cluster has a leader");
+        // A client pinned to the leader, connected while it is healthy.
+        let builder = cluster.builder_over(&[leader]).expect("a builder");
+        let pinned = server::connect_when_ready(builder)
+            .await
+            .expect("connects to the leader");
+        let pinned = ctx.replica_over(Arc::new(pinned));
+        sleep(ttl).await;
+        let fault_at = Instant::now();
+        tokio::task::block_in_place(|| cluster.cut(leader)).expect("docker cuts the leader off");
+        row.faults += 1;
+        let next = cluster
+            .wait_leader(Some(leader), ELECTION_WITHIN)
+            .await
+            .expect("the majority elects a leader");
+        elections.push(fault_at.elapsed());
+        // The cut-off member commits nothing: no grant through it.
+        let probe = ctx.name(&format!("leader-partition-probe-{i}"));
+        let call_at = Instant::now();
+        let refused = pinned.locker.try_lock(&probe, &opts).await;
+        let took = call_at.elapsed();
+        row.max_blocked = row.max_blocked.max(Some(took));
+        assert!(
+            refused.is_err(),
+            "the cut-off old leader granted {probe:?} without a quorum"
+        );
+        assert!(
+            took <= target.op_timeout * 2 + tol,
+            "a call through the cut-off member blocked {took:?}"
+        );
+        // Past a whole TTL after the fault: a holder whose renewals have not
+        // come through by now has lost its lease.
+        sleep_until(fault_at + ttl * 2).await;
+        for p in pairs {
+            let Pair {
+                name,
+                resource,
+                mut holder,
+                watch,
+                waiter_rep,
+                waiter,
+            } = p;
+            let (let_go_at, writes) = if holder.handle.is_held() {
+                kept += 1;
+                holder
+                    .handle
+                    .verify()
+                    .await
+                    .expect("a lease held locally is held by the new leader");
+                row.stall.push(watch.stall(fault_at, Instant::now()));
+                let (released, at, writes) = holder.release(ttl).await;
+                released.expect("the holder releases through the new leader");
+                (at, writes)
+            } else {
+                lost += 1;
+                let (lost_at, reason) = holder
+                    .lost_by(Instant::now() + Duration::from_millis(200))
+                    .await
+                    .expect("a lease not held was lost");
+                row.abort.push(lost_at - fault_at);
+                row.stall.push(watch.stall(fault_at, lost_at));
+                let deadline_ok = resource.log.after_deadline() == 0;
+                assert!(deadline_ok, "writes after the deadline ({reason:?})");
+                let (_old, writes) = holder.writes(ttl).await;
+                (lost_at, writes)
+            };
+            let (acquired_at, succ) = tokio::time::timeout(ttl * 12, waiter)
+                .await
+                .expect("the waiter acquires in time")
+                .expect("waiter task");
+            assert!(
+                let_go_at <= acquired_at,
+                "double grant: the waiter acquired {:?} before the holder let go",
+                let_go_at - acquired_at
+            );
+            let late = resource.log.after_deadline();
+            let h = Handover {
+                locker: &waiter_rep.locker,
+                name: &name,
+                opts: &opts,
+            };
+            wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
+        }
+        tokio::task::block_in_place(|| cluster.heal(leader)).expect("docker reconnects the member");
+        println!(
+            "docker_etcd_cluster: leader m{leader} cut off, m{next} elected after {:?}",
+            elections.last().copied().unwrap_or_default()
+        );
+        // The healed member catches up before the next fault.
+        cluster
+            .wait_leader(None, ELECTION_WITHIN)
+            .await
+            .expect("a leader after healing");
+        sleep(ttl).await;
+    }
+    row.iterations = target.iterations;
+    println!(
+        "docker_etcd_cluster: leader partition: {kept} holders kept their lease, {lost} lost it; elections {elections:?}; max abort allowed {:?}",
+        ttl + tol
+    );
+    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    let summary = format!("{row:?}");
+    figures::record(row);
+    assert!(ok, "unsafe writes or leaks: {summary}");
+}
