@@ -3,7 +3,7 @@
 //! A backend's server is taken from an URL in the environment or from a
 //! private server started from its binary on `PATH` ([`ServerProcess`]);
 //! with the `docker` feature the `docker_*` rows run containers too
-//! ([`docker`]). [`Availability`] turns
+//! (`harness::docker`). [`Availability`] turns
 //! "none of these worked" into a failure under `CI=true` and a loud skip
 //! elsewhere, so a missing server is never silently passed over in CI.
 
