@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         suite.push(trial);
     }
     #[cfg(feature = "docker")]
-    conformance_tests::backends::docker::register(&mut suite, &mut redis, &args);
+    let docker_used = conformance_tests::backends::docker::register(&mut suite, &mut redis, &args);
     let mut code = suite.run(&args);
     if let Err(e) = redis.check_no_leftover_keys() {
         eprintln!("leftover check failed: {e}");
@@ -41,10 +41,10 @@ fn main() -> ExitCode {
     // any a hung case still held.
     drop(redis);
     #[cfg(feature = "docker")]
-    match conformance_tests::harness::docker::remove_leftovers() {
-        Ok(0) => {}
-        Ok(n) => eprintln!("removed {n} containers a case still held"),
-        Err(e) => {
+    match docker_used.then(conformance_tests::harness::docker::remove_leftovers) {
+        None | Some(Ok(0)) => {}
+        Some(Ok(n)) => eprintln!("removed {n} containers a case still held"),
+        Some(Err(e)) => {
             eprintln!("could not remove this run's containers: {e}");
             code = ExitCode::FAILURE;
         }

@@ -25,11 +25,13 @@ pub const CASES_VAR: &str = "DISTLOCK_DOCKER_CASES";
 /// The rows, in the order they are registered.
 pub const ROWS: [&str; 3] = ["docker_redis", "docker_postgres", "docker_etcd"];
 
-/// Adds the docker rows the filter in `args` can select.
-pub fn register(suite: &mut Suite, redis: &mut RedisRun, args: &Arguments) {
+/// Adds the docker rows the filter in `args` can select; returns whether
+/// the engine answered (and so may hold containers of this run to remove
+/// at the end).
+pub fn register(suite: &mut Suite, redis: &mut RedisRun, args: &Arguments) -> bool {
     let wanted: Vec<&str> = ROWS.into_iter().filter(|r| selects(args, r)).collect();
     if wanted.is_empty() {
-        return;
+        return false;
     }
     match docker::engine() {
         Ok(engine) => eprintln!("docker rows: engine {engine}"),
@@ -37,7 +39,7 @@ pub fn register(suite: &mut Suite, redis: &mut RedisRun, args: &Arguments) {
             for row in wanted {
                 missing(suite, row, &e);
             }
-            return;
+            return false;
         }
     }
     let only = subset();
@@ -56,6 +58,7 @@ pub fn register(suite: &mut Suite, redis: &mut RedisRun, args: &Arguments) {
             missing(suite, row, &e);
         }
     }
+    true
 }
 
 /// The cases [`CASES_VAR`] names, if it is set.
