@@ -1,0 +1,199 @@
+//! The Redis store: one Lua script per decision, on the server's clock.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Script, Value};
+
+use super::{Store, StoreDecision, StoreRequest};
+use crate::error::{StoreError, StoreErrorKind};
+
+/// GCRA over every key of one request, transcribed from
+/// [`gcra::decide`](crate::gcra::decide). Times are integer microseconds
+/// from `TIME`; TATs are written as decimal integers (`%d`), never through
+/// Lua's float formatting. Each key expires when its bucket is full again.
+/// ARGV: cost, then interval and capacity per key.
+const SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cost = tonumber(ARGV[1])
+local allowed = 1
+local retry, refused_by = 0, 1
+local tats, news = {}, {}
+for i = 1, #KEYS do
+  local interval = tonumber(ARGV[2 * i])
+  local full_at = now + tonumber(ARGV[2 * i + 1])
+  local tat = tonumber(redis.call('GET', KEYS[i]) or now) or now
+  if tat < now then tat = now end
+  if tat > full_at then tat = full_at end
+  local new = tat + cost * interval
+  if new > full_at then
+    allowed = 0
+    if new - full_at > retry then retry = new - full_at; refused_by = i end
+  end
+  tats[i] = tat
+  news[i] = new
+end
+local remaining, least, reset = -1, 1, 0
+for i = 1, #KEYS do
+  local after = tats[i]
+  if allowed == 1 then after = news[i] end
+  local left = math.floor((now + tonumber(ARGV[2 * i + 1]) - after) / tonumber(ARGV[2 * i]))
+  if remaining < 0 or left < remaining then remaining = left; least = i end
+  if after - now > reset then reset = after - now end
+  if allowed == 1 and after > now then
+    redis.call('SET', KEYS[i], string.format('%d', after), 'PX', math.ceil((after - now) / 1000))
+  end
+end
+if remaining < 0 then remaining = 0 end
+local limiting = least
+if allowed == 0 then limiting = refused_by end
+return {allowed, string.format('%d', remaining), string.format('%d', retry), string.format('%d', reset), limiting - 1, string.format('%d', now)}
+";
+
+/// Buckets in Redis, shared by every replica that uses the same server and
+/// key prefix.
+///
+/// Every decision is one `EVALSHA` of a script that reads the server's
+/// `TIME`; on `NOSCRIPT` (after `SCRIPT FLUSH` or a restart) the body is
+/// loaded and the call repeated, so a flushed script cache never opens the
+/// gate. The keys of one request share a hash tag (the hashed subject), so
+/// on Redis Cluster they sit in one slot and the script stays atomic.
+///
+/// It works over any connection of the `redis` crate: a
+/// [`ConnectionManager`] ([`connect`](Self::connect) makes one from a URL and
+/// reconnects after errors), a cluster connection, or one a Sentinel client
+/// handed out ([`with_connection`](Self::with_connection)).
+#[derive(Clone)]
+pub struct RedisStore<C = ConnectionManager> {
+    connection: C,
+    script: Script,
+}
+
+impl<C> fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+impl RedisStore<ConnectionManager> {
+    /// A store over a reconnecting connection to the server `url` names
+    /// (`redis://` or `rediss://`). The connection is made at the first
+    /// decision, so a server that is down at start does not stop the
+    /// service; its decisions fail until it answers, and the limiter's policy
+    /// applies.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] (kind `Protocol`) for a URL the `redis` crate cannot
+    /// parse; the message never repeats the URL's password.
+    pub fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Protocol,
+                format!(
+                    "cannot use Redis URL {}: {}",
+                    lock_core::redact::redact_url(url),
+                    e.kind_name()
+                ),
+            )
+        })?;
+        // No retries inside a call: the limiter's timeout and breaker decide
+        // how long a request waits, and the manager reconnects in the
+        // background.
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
+            .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
+            .set_response_timeout(Some(std::time::Duration::from_secs(2)));
+        let connection =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| map_error(&e))?;
+        Ok(Self::with_connection(connection))
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store over `connection` (a cluster connection, or one a Sentinel
+    /// client resolved).
+    #[must_use]
+    pub fn with_connection(connection: C) -> Self {
+        Self {
+            connection,
+            script: Script::new(SCRIPT),
+        }
+    }
+}
+
+trait KindName {
+    fn kind_name(&self) -> &'static str;
+}
+
+impl KindName for RedisError {
+    fn kind_name(&self) -> &'static str {
+        if self.is_io_error() {
+            "I/O error"
+        } else {
+            "invalid URL or option"
+        }
+    }
+}
+
+fn map_error(e: &RedisError) -> StoreError {
+    let kind = if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
+        StoreErrorKind::Connection
+    } else if matches!(e.kind(), ErrorKind::Server(_)) {
+        StoreErrorKind::Server
+    } else {
+        StoreErrorKind::Protocol
+    };
+    StoreError::new(kind, e.to_string())
+}
+
+fn int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl<C> Store for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn decide(&self, request: &StoreRequest<'_>) -> Result<StoreDecision, StoreError> {
+        let mut invocation = self.script.prepare_invoke();
+        for key in request.keys {
+            invocation.key(key.as_str());
+        }
+        invocation.arg(request.cost);
+        for cell in request.cells {
+            invocation.arg(cell.interval).arg(cell.capacity);
+        }
+        let mut connection = self.connection.clone();
+        let reply: Vec<Value> = invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(|e| map_error(&e))?;
+        let bad = || StoreError::new(StoreErrorKind::Protocol, "unexpected script reply");
+        let field = |i: usize| reply.get(i).and_then(int).ok_or_else(bad);
+        Ok(StoreDecision {
+            allowed: field(0)? == 1,
+            remaining: field(1)?,
+            retry_after_us: field(2)?,
+            reset_after_us: field(3)?,
+            limiting: usize::try_from(field(4)?).map_err(|_| bad())?,
+            now_us: field(5)?,
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
