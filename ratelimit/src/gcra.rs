@@ -26,7 +26,8 @@ pub struct Verdict {
     pub remaining: u64,
     /// Microseconds until this request could be admitted (0 when it was).
     pub retry_after: u64,
-    /// Microseconds until every bucket is full again.
+    /// Microseconds until the bucket of the limit at `limiting` is full
+    /// again.
     pub reset_after: u64,
     /// The index of the limit that decided `remaining` (admitted) or
     /// `retry_after` (refused).
@@ -71,8 +72,8 @@ pub fn decide(now: u64, stored: &[Option<u64>], cells: &[Cell], cost: u64) -> Ve
         tats.push((tat, new_tat));
     }
     let mut remaining = u64::MAX;
-    let mut reset_after = 0;
     let mut least = 0;
+    let mut resets = Vec::with_capacity(cells.len());
     for (i, (cell, &(tat, new_tat))) in cells.iter().zip(&tats).enumerate() {
         let after = if allowed { new_tat } else { tat };
         let left = now.saturating_add(cell.capacity).saturating_sub(after) / cell.interval.max(1);
@@ -80,17 +81,18 @@ pub fn decide(now: u64, stored: &[Option<u64>], cells: &[Cell], cost: u64) -> Ve
             remaining = left;
             least = i;
         }
-        reset_after = reset_after.max(after - now);
+        resets.push(after - now);
     }
     if cells.is_empty() {
         remaining = 0;
     }
+    let limiting = if allowed { least } else { refused_by };
     Verdict {
         allowed,
         remaining,
         retry_after,
-        reset_after,
-        limiting: if allowed { least } else { refused_by },
+        reset_after: resets.get(limiting).copied().unwrap_or(0),
+        limiting,
         new_tats: allowed.then(|| tats.iter().map(|&(_, new_tat)| new_tat).collect()),
     }
 }

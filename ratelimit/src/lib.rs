@@ -21,6 +21,8 @@
 //! - Metrics in [`RateLimitMetrics`]: `rate_limit_decisions_total`,
 //!   `rate_limit_store_fallbacks_total` and the store's errors, latency and
 //!   breaker state.
+//! - With the `tower` feature, [`layer::RateLimitLayer`]: 429 with
+//!   `Retry-After` and the IETF `RateLimit` / `RateLimit-Policy` headers.
 //! - [`gcra::decide`] is the algorithm as a pure function over integer
 //!   microseconds, which every store implements.
 #![forbid(unsafe_code)]
@@ -29,6 +31,8 @@ mod breaker;
 mod env;
 mod error;
 pub mod gcra;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod limiter;
 mod metrics;
 mod policy;

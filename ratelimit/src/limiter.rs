@@ -32,7 +32,7 @@ pub struct Decision {
     pub remaining: u64,
     /// When the request could be admitted (zero when it was).
     pub retry_after: Duration,
-    /// When every bucket is full again.
+    /// When the bucket of [`limit`](Self::limit) is full again.
     pub reset_after: Duration,
     /// Where the decision was made.
     pub source: Source,

@@ -45,7 +45,8 @@ pub struct StoreDecision {
     pub remaining: u64,
     /// Microseconds until the request could be admitted (0 when it was).
     pub retry_after_us: u64,
-    /// Microseconds until every bucket is full again.
+    /// Microseconds until the bucket of the limit at `limiting` is full
+    /// again.
     pub reset_after_us: u64,
     /// The index of the limit that decided `remaining` or `retry_after_us`.
     pub limiting: usize,

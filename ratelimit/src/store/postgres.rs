@@ -58,7 +58,7 @@ DECLARE
   refused_by int := 1;
   remaining bigint := -1;
   least_i int := 1;
-  reset_us bigint := 0;
+  resets bigint[] := '{{}}';
   after_us bigint;
   left_units bigint;
 BEGIN
@@ -88,7 +88,7 @@ BEGIN
       remaining := left_units;
       least_i := i;
     END IF;
-    reset_us := greatest(reset_us, after_us - now_us);
+    resets[i] := after_us - now_us;
     IF allowed THEN
       UPDATE {table} SET tat = after_us WHERE key = p_keys[i];
     END IF;
@@ -97,8 +97,11 @@ BEGIN
     DELETE FROM {table} WHERE key IN (
       SELECT key FROM {table} WHERE tat < now_us - 60000000 LIMIT 100 FOR UPDATE SKIP LOCKED);
   END IF;
-  RETURN ARRAY[allowed::int::bigint, greatest(remaining, 0), retry, reset_us,
-    (CASE WHEN allowed THEN least_i ELSE refused_by END) - 1, now_us];
+  IF NOT allowed THEN
+    least_i := refused_by;
+  END IF;
+  RETURN ARRAY[allowed::int::bigint, greatest(remaining, 0), retry, coalesce(resets[least_i], 0),
+    least_i - 1, now_us];
 END
 $fn$;
 "

@@ -35,13 +35,13 @@ for i = 1, #KEYS do
   tats[i] = tat
   news[i] = new
 end
-local remaining, least, reset = -1, 1, 0
+local remaining, least, resets = -1, 1, {}
 for i = 1, #KEYS do
   local after = tats[i]
   if allowed == 1 then after = news[i] end
   local left = math.floor((now + tonumber(ARGV[2 * i + 1]) - after) / tonumber(ARGV[2 * i]))
   if remaining < 0 or left < remaining then remaining = left; least = i end
-  if after - now > reset then reset = after - now end
+  resets[i] = after - now
   if allowed == 1 and after > now then
     redis.call('SET', KEYS[i], string.format('%d', after), 'PX', math.ceil((after - now) / 1000))
   end
@@ -49,7 +49,7 @@ end
 if remaining < 0 then remaining = 0 end
 local limiting = least
 if allowed == 0 then limiting = refused_by end
-return {allowed, string.format('%d', remaining), string.format('%d', retry), string.format('%d', reset), limiting - 1, string.format('%d', now)}
+return {allowed, string.format('%d', remaining), string.format('%d', retry), string.format('%d', resets[limiting] or 0), limiting - 1, string.format('%d', now)}
 ";
 
 /// Buckets in Redis, shared by every replica that uses the same server and
