@@ -143,7 +143,7 @@ impl RateLimitConfig {
 
 /// The store a URL names: `memory://`; `redis://`, `rediss://` (feature
 /// `redis`); `postgres://`, `postgresql://` (feature `postgres`, table
-/// [`DEFAULT_TABLE`](crate::store::DEFAULT_TABLE)). Server stores connect at
+/// `store::DEFAULT_TABLE`). Server stores connect at
 /// their first decision.
 ///
 /// # Errors

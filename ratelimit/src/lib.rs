@@ -21,7 +21,7 @@
 //! - Metrics in [`RateLimitMetrics`]: `rate_limit_decisions_total`,
 //!   `rate_limit_store_fallbacks_total` and the store's errors, latency and
 //!   breaker state.
-//! - With the `tower` feature, [`layer::RateLimitLayer`]: 429 with
+//! - With the `tower` feature, `layer::RateLimitLayer`: 429 with
 //!   `Retry-After` and the IETF `RateLimit` / `RateLimit-Policy` headers.
 //! - [`gcra::decide`] is the algorithm as a pure function over integer
 //!   microseconds, which every store implements.
