@@ -462,3 +462,29 @@ async fn etcd_is_refused_with_the_reason() {
     let err = distlock_ratelimit::store_from_url("ftp://user:hunter2@x").expect_err("scheme");
     assert!(!err.to_string().contains("hunter2"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_unreachable_deny_refuses_within_the_timeout() -> TestResult {
+    timeout(CASE, async {
+        let dead: Arc<dyn Store> = Arc::new(PostgresStore::connect(
+            "postgres://postgres@127.0.0.1:1/test",
+            "rl_test_limits",
+        )?);
+        let m = RateLimitMetrics::register(&Registry::new())?;
+        let deny = outage_limiter("pg-deny", dead, OnStoreError::Deny, &m)?;
+        let mut worst = Duration::ZERO;
+        for _ in 0..100 {
+            let started = Instant::now();
+            assert!(matches!(
+                deny.check("k").await,
+                Err(Error::StoreUnavailable { .. })
+            ));
+            worst = worst.max(started.elapsed());
+        }
+        eprintln!("postgres down, deny: 100 refusals, worst latency {worst:?}");
+        assert!(worst <= Duration::from_millis(50) + SLACK);
+        assert_eq!(m.decisions("pg-deny", "unavailable", Source::None), 100);
+        Ok(())
+    })
+    .await?
+}

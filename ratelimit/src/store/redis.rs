@@ -1,6 +1,8 @@
 //! The Redis store: one Lua script per decision, on the server's clock.
 
 use std::fmt;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -65,10 +67,20 @@ return {allowed, string.format('%d', remaining), string.format('%d', retry), str
 /// [`ConnectionManager`] ([`connect`](Self::connect) makes one from a URL and
 /// reconnects after errors), a cluster connection, or one a Sentinel client
 /// handed out ([`with_connection`](Self::with_connection)).
-#[derive(Clone)]
 pub struct RedisStore<C = ConnectionManager> {
-    connection: C,
+    connection: Connection<C>,
     script: Script,
+}
+
+enum Connection<C> {
+    Given(C),
+    /// Made at the first decision: the connection manager needs a running
+    /// Tokio runtime, which a service may not have yet when it builds its
+    /// limiters.
+    Url {
+        client: Box<redis::Client>,
+        manager: OnceLock<ConnectionManager>,
+    },
 }
 
 impl<C> fmt::Debug for RedisStore<C> {
@@ -79,9 +91,9 @@ impl<C> fmt::Debug for RedisStore<C> {
 
 impl RedisStore<ConnectionManager> {
     /// A store over a reconnecting connection to the server `url` names
-    /// (`redis://` or `rediss://`). The connection is made at the first
-    /// decision, so a server that is down at start does not stop the
-    /// service; its decisions fail until it answers, and the limiter's policy
+    /// (`redis://` or `rediss://`). It may be called outside a Tokio
+    /// runtime; the connection is made at the first decision, so a server
+    /// that is down at start does not stop the service; its decisions fail until it answers, and the limiter's policy
     /// applies.
     ///
     /// # Errors
@@ -99,17 +111,43 @@ impl RedisStore<ConnectionManager> {
                 ),
             )
         })?;
-        // No retries inside a call: the limiter's timeout and breaker decide
-        // how long a request waits, and the manager reconnects in the
-        // background.
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(0)
-            .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
-            .set_response_timeout(Some(std::time::Duration::from_secs(2)));
-        let connection =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| map_error(&e))?;
-        Ok(Self::with_connection(connection))
+        Ok(Self {
+            connection: Connection::Url {
+                client: Box::new(client),
+                manager: OnceLock::new(),
+            },
+            script: Script::new(SCRIPT),
+        })
     }
+}
+
+impl<C: Clone> RedisStore<C> {
+    /// The connection to send the next call on.
+    fn connection(&self) -> Result<Either<C>, StoreError> {
+        match &self.connection {
+            Connection::Given(c) => Ok(Either::Given(c.clone())),
+            Connection::Url { client, manager } => {
+                if let Some(m) = manager.get() {
+                    return Ok(Either::Manager(m.clone()));
+                }
+                // No retries inside a call: the limiter's timeout and
+                // breaker decide how long a request waits, and the manager
+                // reconnects in the background.
+                let config = ConnectionManagerConfig::new()
+                    .set_number_of_retries(0)
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(Duration::from_secs(2)));
+                let made = ConnectionManager::new_lazy_with_config((**client).clone(), config)
+                    .map_err(|e| map_error(&e))?;
+                Ok(Either::Manager(manager.get_or_init(|| made).clone()))
+            }
+        }
+    }
+}
+
+enum Either<C> {
+    Given(C),
+    Manager(ConnectionManager),
 }
 
 impl<C> RedisStore<C>
@@ -121,7 +159,7 @@ where
     #[must_use]
     pub fn with_connection(connection: C) -> Self {
         Self {
-            connection,
+            connection: Connection::Given(connection),
             script: Script::new(SCRIPT),
         }
     }
@@ -176,11 +214,11 @@ where
         for cell in request.cells {
             invocation.arg(cell.interval).arg(cell.capacity);
         }
-        let mut connection = self.connection.clone();
-        let reply: Vec<Value> = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|e| map_error(&e))?;
+        let reply: Vec<Value> = match self.connection()? {
+            Either::Given(mut c) => invocation.invoke_async(&mut c).await,
+            Either::Manager(mut m) => invocation.invoke_async(&mut m).await,
+        }
+        .map_err(|e| map_error(&e))?;
         let bad = || StoreError::new(StoreErrorKind::Protocol, "unexpected script reply");
         let field = |i: usize| reply.get(i).and_then(int).ok_or_else(bad);
         Ok(StoreDecision {
