@@ -16,10 +16,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, Instant};
 
+mod common;
+use common::{check_bound, hammer, run_id, RUN};
+
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 const CASE: Duration = Duration::from_secs(40);
-const RUN: Duration = Duration::from_secs(3);
 
 fn server(var: &str) -> Option<String> {
     match std::env::var(var) {
@@ -35,88 +37,8 @@ fn server(var: &str) -> Option<String> {
     }
 }
 
-fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("t{}x{nanos}", std::process::id())
-}
-
 fn limit(name: &str, count: u64, period: Duration) -> Limit {
     Limit::new(name, Quota::new(count, period).expect("quota")).expect("limit")
-}
-
-/// 3 stores (separate connections, as 3 replicas) × 16 tasks on one key for
-/// `RUN`: admitted ≤ burst + rate × elapsed on the store's clock, and ≥ 95 %
-/// of it. Returns (admitted, bound).
-async fn hammer(
-    stores: Vec<Arc<dyn Store>>,
-    side: impl std::future::Future<Output = ()>,
-) -> Result<(u64, u64), Box<dyn std::error::Error + Send + Sync>> {
-    // 200 a second with a burst of a second's worth: a process stalled by a
-    // loaded machine for under a second loses no admissions (the bucket
-    // refills meanwhile and the backlog takes it), so the 95 % floor holds.
-    let cell = Quota::per_second(200)?.cell();
-    let key = format!("rl-test:{}:{{one}}:s", run_id());
-    let deadline = Instant::now() + RUN;
-    let mut tasks = Vec::new();
-    for store in &stores {
-        for _ in 0..16 {
-            let store = Arc::clone(store);
-            let keys = [key.clone()];
-            tasks.push(tokio::spawn(async move {
-                let mut admitted = Vec::new();
-                let mut calls = 0u32;
-                while Instant::now() < deadline && calls < 1_000_000 {
-                    calls += 1;
-                    let request = StoreRequest {
-                        subject: "one",
-                        keys: &keys,
-                        cells: &[cell],
-                        cost: 1,
-                    };
-                    let d = store.decide(&request).await?;
-                    if d.allowed {
-                        admitted.push(d.now_us);
-                    }
-                    // The memory store answers without ever yielding; let
-                    // the other tasks (and the runtime) run.
-                    tokio::task::yield_now().await;
-                }
-                Ok::<_, distlock_ratelimit::StoreError>(admitted)
-            }));
-        }
-    }
-    let (results, ()) = tokio::join!(futures_join(tasks), side);
-    let mut times = Vec::new();
-    for r in results {
-        times.extend(r??);
-    }
-    let first = times.iter().min().copied().ok_or("nothing admitted")?;
-    let last = times.iter().max().copied().ok_or("nothing admitted")?;
-    let admitted = u64::try_from(times.len())?;
-    let bound = cell.capacity / cell.interval + (last - first) / cell.interval;
-    Ok((admitted, bound))
-}
-
-async fn futures_join<T>(
-    tasks: Vec<tokio::task::JoinHandle<T>>,
-) -> Vec<Result<T, tokio::task::JoinError>> {
-    let mut out = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        out.push(t.await);
-    }
-    out
-}
-
-fn check_bound(backend: &str, admitted: u64, bound: u64) {
-    eprintln!("{backend}: admitted {admitted}, bound {bound}");
-    assert!(admitted <= bound, "{backend} admitted {admitted} > {bound}");
-    assert!(
-        admitted * 100 >= bound * 95,
-        "{backend} admitted only {admitted} of {bound}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
