@@ -141,16 +141,16 @@ impl RateLimitConfig {
     }
 }
 
-/// The store a URL names: `memory://`; `redis://`, `rediss://` (feature
-/// `redis`); `postgres://`, `postgresql://` (feature `postgres`, table
+/// The store a URL names: `memory://`; `redis://`, `rediss://`,
+/// `redis+cluster://` (feature `redis`); `postgres://`, `postgresql://` (feature `postgres`, table
 /// `store::DEFAULT_TABLE`). Server stores connect at
 /// their first decision.
 ///
 /// # Errors
 ///
 /// [`Error::Unsupported`] for etcd (every decision would be a raft write:
-/// a consensus round and a disk sync per request) and for Sentinel and
-/// Cluster URLs (build their connection with the `redis` crate and pass it to
+/// a consensus round and a disk sync per request) and for Sentinel URLs
+/// (resolve the primary with the `redis` crate and pass the connection to
 /// `RedisStore::with_connection`); [`Error::Config`] for another scheme or a
 /// store whose feature is off; [`Error::Store`] for a malformed URL. No
 /// message repeats a password.
@@ -164,10 +164,14 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn Store>> {
              or leave it unset for in-process limits"
                 .into(),
         )),
-        "redis+sentinel" | "redis+cluster" => Err(Error::Unsupported(format!(
-            "{scheme}:// is not read from a URL yet: connect with the redis crate and pass the \
-             connection to RedisStore::with_connection"
-        ))),
+        "redis+sentinel" => Err(Error::Unsupported(
+            "redis+sentinel:// is not read from a URL yet: resolve the primary with the redis \
+             crate's sentinel client and pass the connection to RedisStore::with_connection, or \
+             set RATE_LIMIT_URL to the primary's redis:// URL"
+                .into(),
+        )),
+        #[cfg(feature = "redis")]
+        "redis+cluster" => Ok(Arc::new(crate::store::RedisStore::connect_cluster(url)?)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Arc::new(crate::store::RedisStore::connect(url)?)),
         #[cfg(feature = "postgres")]
@@ -176,14 +180,16 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn Store>> {
             crate::store::DEFAULT_TABLE,
         )?)),
         #[cfg(not(all(feature = "redis", feature = "postgres")))]
-        "redis" | "rediss" | "postgres" | "postgresql" => Err(Error::Config(format!(
-            "{scheme}:// needs the distlock-ratelimit feature {}",
-            if scheme.starts_with("redis") {
-                "redis"
-            } else {
-                "postgres"
-            }
-        ))),
+        "redis" | "rediss" | "redis+cluster" | "postgres" | "postgresql" => {
+            Err(Error::Config(format!(
+                "{scheme}:// needs the distlock-ratelimit feature {}",
+                if scheme.starts_with("redis") {
+                    "redis"
+                } else {
+                    "postgres"
+                }
+            )))
+        }
         _ => Err(Error::Config(format!(
             "no rate-limit store for the URL {}; use memory://, redis://, rediss://, postgres:// \
              or postgresql://",

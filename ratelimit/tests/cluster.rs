@@ -179,6 +179,26 @@ async fn cluster_keeps_a_subjects_limits_in_one_slot_and_the_bound() -> TestResu
             assert!(!d.allowed);
             assert_eq!(d.limit.name(), "hour");
         }
+        // The same cluster named by a URL, as RATE_LIMIT_URL would.
+        let url = format!(
+            "redis+cluster://{}",
+            nodes
+                .ports
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let by_url = Limiter::builder("cluster-url")
+            .with_limit(Limit::new("second", Quota::per_second(2)?)?)
+            .with_store(distlock_ratelimit::store_from_url(&url)?)
+            .with_on_store_error(OnStoreError::Deny)
+            .with_store_timeout(Duration::from_secs(2))
+            .with_metrics(RateLimitMetrics::register(&Registry::new())?)
+            .build()?;
+        assert!(by_url.check("someone").await?.allowed);
+        assert!(by_url.check("someone").await?.allowed);
+        assert!(!by_url.check("someone").await?.allowed);
         // Over-admission across 3 connections x 16 tasks on one key, 3 s.
         let (admitted, bound) = common::hammer(stores, async {}).await?;
         common::check_bound("redis_cluster", admitted, bound);

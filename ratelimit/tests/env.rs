@@ -28,6 +28,12 @@ fn no_url_keeps_limits_in_process_and_fails_open_by_default() -> Result<(), Erro
 fn the_locks_url_is_used_unless_the_rate_limit_url_is_set() -> Result<(), Error> {
     let c = config(&[("LOCK_URL", "redis://127.0.0.1:6379")])?;
     assert_eq!(c.store().kind(), "redis");
+    let c = config(&[("LOCK_URL", "redis+cluster://127.0.0.1:7000,127.0.0.1:7001")])?;
+    assert_eq!(c.store().kind(), "redis");
+    assert!(matches!(
+        config(&[("LOCK_URL", "redis+sentinel://127.0.0.1:26379/locks")]),
+        Err(Error::Unsupported(_))
+    ));
     let c = config(&[
         ("LOCK_URL", "redis://127.0.0.1:6379"),
         ("RATE_LIMIT_URL", "postgres://postgres@127.0.0.1:5432/test"),
@@ -74,6 +80,8 @@ fn fail_open_false_denies_and_replicas_set_the_share() -> Result<(), Error> {
 #[test]
 fn a_password_in_a_bad_url_is_never_repeated() {
     let err = config(&[("RATE_LIMIT_URL", "redis://app:hunter2@[::1")]).expect_err("bad URL");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    let err = config(&[("RATE_LIMIT_URL", "redis+cluster://app:hunter2@")]).expect_err("no hosts");
     assert!(!err.to_string().contains("hunter2"), "{err}");
     let err = config(&[("RATE_LIMIT_URL", "postgres://app:hunter2@host:notaport/db")])
         .expect_err("bad URL");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, Value};
 
 use super::{Store, StoreDecision, StoreRequest};
@@ -81,6 +82,12 @@ enum Connection<C> {
         client: Box<redis::Client>,
         manager: OnceLock<ConnectionManager>,
     },
+    /// Made at the first decision that finds the cluster; a failed attempt
+    /// is retried at the next.
+    Cluster {
+        client: Box<redis::cluster::ClusterClient>,
+        connection: tokio::sync::OnceCell<ClusterConnection>,
+    },
 }
 
 impl<C> fmt::Debug for RedisStore<C> {
@@ -121,10 +128,60 @@ impl RedisStore<ConnectionManager> {
     }
 }
 
+impl RedisStore<ConnectionManager> {
+    /// A store over a Redis Cluster:
+    /// `redis+cluster://[user[:password]@]host1[:port1][,host2[:port2]...]`
+    /// names the seed nodes (port 6379 unless given). The cluster connection
+    /// is made at the first decision and follows `MOVED`/`ASK` redirections.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] (kind `Protocol`) for a malformed URL; the message never
+    /// repeats the password.
+    pub fn connect_cluster(url: &str) -> Result<Self, StoreError> {
+        let shown = lock_core::redact::redact_url(url);
+        let bad = || {
+            StoreError::new(
+                StoreErrorKind::Protocol,
+                format!("cannot use Redis Cluster URL {shown}: expected redis+cluster://[user[:password]@]host[:port][,host[:port]...]"),
+            )
+        };
+        let rest = url.strip_prefix("redis+cluster://").ok_or_else(bad)?;
+        let (credentials, hosts) = match rest.rsplit_once('@') {
+            Some((c, h)) => (format!("{c}@"), h),
+            None => (String::new(), rest),
+        };
+        let hosts = hosts.split('/').next().unwrap_or_default();
+        let seeds: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{credentials}{h}"))
+            .collect();
+        if seeds.is_empty() {
+            return Err(bad());
+        }
+        let client = redis::cluster::ClusterClient::new(seeds).map_err(|_| bad())?;
+        Ok(Self {
+            connection: Connection::Cluster {
+                client: Box::new(client),
+                connection: tokio::sync::OnceCell::new(),
+            },
+            script: Script::new(SCRIPT),
+        })
+    }
+}
+
 impl<C: Clone> RedisStore<C> {
     /// The connection to send the next call on.
-    fn connection(&self) -> Result<Either<C>, StoreError> {
+    async fn connection(&self) -> Result<Either<C>, StoreError> {
         match &self.connection {
+            Connection::Cluster { client, connection } => {
+                let c = connection
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await
+                    .map_err(|e| map_error(&e))?;
+                Ok(Either::Cluster(c.clone()))
+            }
             Connection::Given(c) => Ok(Either::Given(c.clone())),
             Connection::Url { client, manager } => {
                 if let Some(m) = manager.get() {
@@ -148,6 +205,7 @@ impl<C: Clone> RedisStore<C> {
 enum Either<C> {
     Given(C),
     Manager(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
 impl<C> RedisStore<C>
@@ -214,9 +272,10 @@ where
         for cell in request.cells {
             invocation.arg(cell.interval).arg(cell.capacity);
         }
-        let reply: Vec<Value> = match self.connection()? {
+        let reply: Vec<Value> = match self.connection().await? {
             Either::Given(mut c) => invocation.invoke_async(&mut c).await,
             Either::Manager(mut m) => invocation.invoke_async(&mut m).await,
+            Either::Cluster(mut c) => invocation.invoke_async(&mut c).await,
         }
         .map_err(|e| map_error(&e))?;
         let bad = || StoreError::new(StoreErrorKind::Protocol, "unexpected script reply");
