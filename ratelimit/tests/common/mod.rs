@@ -1,5 +1,8 @@
 //! What the server cases share: the over-admission run.
 
+// Each test binary includes this module and uses a part of it.
+#![allow(dead_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,17 +31,49 @@ pub(crate) async fn hammer(
     stores: Vec<Arc<dyn Store>>,
     side: impl std::future::Future<Output = ()>,
 ) -> Result<(u64, u64), BoxError> {
-    // 200 a second with a burst of a second's worth: a process stalled by a
-    // loaded machine for under a second loses no admissions (the bucket
-    // refills meanwhile and the backlog takes it), so the 95 % floor holds.
-    let cell = Quota::per_second(200)?.cell();
     let key = format!("rl-test:{}:{{one}}:s", run_id());
+    let (times, ()) = tokio::join!(admissions(stores, &key), side);
+    bound(&times?)
+}
+
+/// 200 a second with a burst of a second's worth: a process stalled by a
+/// loaded machine for under a second loses no admissions (the bucket refills
+/// meanwhile and the backlog takes it), so the 95 % floor holds.
+pub(crate) fn cell() -> distlock_ratelimit::gcra::Cell {
+    Quota::per_second(200)
+        .map(|q| q.cell())
+        .unwrap_or(distlock_ratelimit::gcra::Cell {
+            interval: 5_000,
+            capacity: 1_000_000,
+        })
+}
+
+/// (admitted, burst + rate × elapsed) for these admission times (store
+/// clock, µs).
+pub(crate) fn bound(times: &[u64]) -> Result<(u64, u64), BoxError> {
+    let cell = cell();
+    let first = times.iter().min().copied().ok_or("nothing admitted")?;
+    let last = times.iter().max().copied().ok_or("nothing admitted")?;
+    let admitted = u64::try_from(times.len())?;
+    Ok((
+        admitted,
+        cell.capacity / cell.interval + (last - first) / cell.interval,
+    ))
+}
+
+/// 16 tasks per store deciding on `key` for `RUN`; the store's clock at each
+/// admission.
+pub(crate) async fn admissions(
+    stores: Vec<Arc<dyn Store>>,
+    key: &str,
+) -> Result<Vec<u64>, BoxError> {
+    let cell = cell();
     let deadline = Instant::now() + RUN;
     let mut tasks = Vec::new();
     for store in &stores {
         for _ in 0..16 {
             let store = Arc::clone(store);
-            let keys = [key.clone()];
+            let keys = [key.to_owned()];
             tasks.push(tokio::spawn(async move {
                 let mut admitted = Vec::new();
                 let mut calls = 0u32;
@@ -62,16 +97,11 @@ pub(crate) async fn hammer(
             }));
         }
     }
-    let (results, ()) = tokio::join!(futures_join(tasks), side);
     let mut times = Vec::new();
-    for r in results {
+    for r in futures_join(tasks).await {
         times.extend(r??);
     }
-    let first = times.iter().min().copied().ok_or("nothing admitted")?;
-    let last = times.iter().max().copied().ok_or("nothing admitted")?;
-    let admitted = u64::try_from(times.len())?;
-    let bound = cell.capacity / cell.interval + (last - first) / cell.interval;
-    Ok((admitted, bound))
+    Ok(times)
 }
 
 pub(crate) async fn futures_join<T>(
