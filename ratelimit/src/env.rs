@@ -179,17 +179,14 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn Store>> {
             url,
             crate::store::DEFAULT_TABLE,
         )?)),
-        #[cfg(not(all(feature = "redis", feature = "postgres")))]
-        "redis" | "rediss" | "redis+cluster" | "postgres" | "postgresql" => {
-            Err(Error::Config(format!(
-                "{scheme}:// needs the distlock-ratelimit feature {}",
-                if scheme.starts_with("redis") {
-                    "redis"
-                } else {
-                    "postgres"
-                }
-            )))
-        }
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" | "redis+cluster" => Err(Error::Config(format!(
+            "{scheme}:// needs the distlock-ratelimit feature redis"
+        ))),
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => Err(Error::Config(format!(
+            "{scheme}:// needs the distlock-ratelimit feature postgres"
+        ))),
         _ => Err(Error::Config(format!(
             "no rate-limit store for the URL {}; use memory://, redis://, rediss://, postgres:// \
              or postgresql://",
