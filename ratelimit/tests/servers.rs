@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, Instant};
 
 mod common;
-use common::{check_bound, hammer, run_id, RUN};
+use common::{check_bound, hammer, run_id, BoxError, RUN};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -321,58 +321,101 @@ async fn redis_unreachable_deny_refuses_and_fallback_admits_its_share() -> TestR
     .await?
 }
 
+/// The `host:port` of a server URL, and the same URL pointing at `port` on
+/// loopback instead.
+fn through_port(url: &str, port: u16) -> Result<(String, String), BoxError> {
+    let (scheme, rest) = url.split_once("://").ok_or("no scheme")?;
+    let (auth, hostpath) = match rest.rsplit_once('@') {
+        Some((a, h)) => (format!("{a}@"), h),
+        None => (String::new(), rest),
+    };
+    let (host, path) = hostpath.split_once('/').unwrap_or((hostpath, ""));
+    Ok((
+        host.to_owned(),
+        format!("{scheme}://{auth}127.0.0.1:{port}/{path}"),
+    ))
+}
+
+/// The server behind a proxy that stops passing bytes: every refusal comes
+/// within the store timeout (plus slack) under deny, and the breaker closes
+/// once the server answers again.
+async fn paused_outage(
+    backend: &str,
+    url: &str,
+    store: impl Fn(&str) -> Result<Arc<dyn Store>, BoxError>,
+) -> TestResult {
+    let (upstream, _) = through_port(url, 0)?;
+    let proxy = PausingProxy::start(upstream).await?;
+    let (_, proxied) = through_port(url, proxy.port)?;
+    let m = RateLimitMetrics::register(&Registry::new())?;
+    let limiter = outage_limiter("paused", store(&proxied)?, OnStoreError::Deny, &m)?;
+    // The first call connects (and on Postgres creates the schema).
+    let first = timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(d) = limiter.check("k").await {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await?;
+    assert_eq!(first.source, Source::Store);
+    proxy.pause(true);
+    let mut worst = Duration::ZERO;
+    for _ in 0..100 {
+        let started = Instant::now();
+        assert!(
+            limiter.check("k").await.is_err(),
+            "deny gives refusals only"
+        );
+        worst = worst.max(started.elapsed());
+    }
+    eprintln!("{backend} paused, deny: 100 refusals, worst latency {worst:?}");
+    assert!(worst <= Duration::from_millis(50) + SLACK);
+    assert!(m.breaker_open("paused"));
+    proxy.pause(false);
+    let resumed = Instant::now();
+    let mut closed = false;
+    while resumed.elapsed() < Duration::from_secs(10) {
+        if let Ok(d) = limiter.check("k").await {
+            assert_eq!(d.source, Source::Store);
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(closed, "the breaker closed once {backend} answered");
+    assert!(!m.breaker_open("paused"));
+    eprintln!(
+        "{backend} resumed: breaker closed after {:?}",
+        resumed.elapsed()
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_costs_at_most_the_timeout_and_the_breaker_closes_after() -> TestResult {
     let Some(url) = server("REDIS_URL") else {
         return Ok(());
     };
-    timeout(CASE, async {
-        let upstream = url
-            .trim_start_matches("redis://")
-            .split('/')
-            .next()
-            .ok_or("host")?
-            .to_owned();
-        let proxy = PausingProxy::start(upstream).await?;
-        let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&format!(
-            "redis://127.0.0.1:{}",
-            proxy.port
-        ))?);
-        let m = RateLimitMetrics::register(&Registry::new())?;
-        let limiter = outage_limiter("paused", store, OnStoreError::Deny, &m)?;
-        assert_eq!(limiter.check("k").await?.source, Source::Store);
-        proxy.pause(true);
-        let mut worst = Duration::ZERO;
-        for _ in 0..100 {
-            let started = Instant::now();
-            assert!(
-                limiter.check("k").await.is_err(),
-                "deny gives refusals only"
-            );
-            worst = worst.max(started.elapsed());
-        }
-        eprintln!("redis paused, deny: 100 refusals, worst latency {worst:?}");
-        assert!(worst <= Duration::from_millis(50) + SLACK);
-        assert!(m.breaker_open("paused"));
-        proxy.pause(false);
-        let resumed = Instant::now();
-        let mut closed = false;
-        while resumed.elapsed() < Duration::from_secs(10) {
-            if let Ok(d) = limiter.check("k").await {
-                assert_eq!(d.source, Source::Store);
-                closed = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(closed, "the breaker closed once Redis answered");
-        assert!(!m.breaker_open("paused"));
-        eprintln!(
-            "redis resumed: breaker closed after {:?}",
-            resumed.elapsed()
-        );
-        Ok(())
-    })
+    timeout(
+        CASE,
+        paused_outage("redis", &url, |u| Ok(Arc::new(RedisStore::connect(u)?))),
+    )
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_paused_costs_at_most_the_timeout_and_the_breaker_closes_after() -> TestResult {
+    let Some(url) = server("DATABASE_URL") else {
+        return Ok(());
+    };
+    timeout(
+        CASE,
+        paused_outage("postgres", &url, |u| {
+            Ok(Arc::new(PostgresStore::connect(u, "rl_test_limits")?))
+        }),
+    )
     .await?
 }
 
