@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::breaker::{Breaker, BreakerConfig, Change, Permit};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::gcra::Cell;
-use crate::metrics::{Outcome, RateLimitMetrics, Source};
+use crate::metrics::{LimiterSeries, Outcome, RateLimitMetrics, Source};
 use crate::policy::OnStoreError;
 use crate::quota::{check_name, Limit};
 use crate::store::{MemoryStore, Store, StoreDecision, StoreRequest};
@@ -149,7 +149,7 @@ impl LimiterBuilder {
             Some(m) => m,
             None => RateLimitMetrics::default_registry()?,
         };
-        metrics.init(&self.name);
+        let series = metrics.series(&self.name);
         let cells: Vec<Cell> = self.limits.iter().map(|l| l.quota().cell()).collect();
         let fallback = match self.on_store_error {
             OnStoreError::Fallback { replicas } => {
@@ -182,6 +182,7 @@ impl LimiterBuilder {
                 timeout: self.timeout,
                 fallback,
                 metrics,
+                series,
             }),
         })
     }
@@ -223,6 +224,7 @@ struct Inner {
     breaker: Breaker,
     fallback: Option<(MemoryStore, Vec<Cell>)>,
     metrics: RateLimitMetrics,
+    series: LimiterSeries,
 }
 
 impl fmt::Debug for Limiter {
@@ -349,13 +351,11 @@ impl Limiter {
         let inner = &*self.inner;
         let started = Instant::now();
         let result = tokio::time::timeout(inner.timeout, inner.store.decide(request)).await;
-        inner
-            .metrics
-            .store_duration(&inner.name, started.elapsed().as_secs_f64());
+        inner.series.store_duration(started.elapsed().as_secs_f64());
         let error = match result {
             Ok(Ok(decision)) if decision.limiting < inner.limits.len() => {
                 if inner.breaker.success() == Some(Change::Closed) {
-                    inner.metrics.breaker(&inner.name, false);
+                    inner.series.breaker(false);
                     tracing::warn!(
                         limiter = %inner.name,
                         store = inner.store.kind(),
@@ -374,9 +374,9 @@ impl Limiter {
                 format!("no answer within {:?}", inner.timeout),
             ),
         };
-        inner.metrics.store_error(&inner.name, error.kind);
+        inner.series.store_error(error.kind);
         if inner.breaker.failure() == Some(Change::Opened) {
-            inner.metrics.breaker(&inner.name, true);
+            inner.series.breaker(true);
             tracing::warn!(
                 limiter = %inner.name,
                 store = inner.store.kind(),
@@ -399,9 +399,7 @@ impl Limiter {
                 Ok(self.finish(decision, Source::Fallback))
             }
             (OnStoreError::Allow, _) | (OnStoreError::Fallback { .. }, None) => {
-                inner
-                    .metrics
-                    .decision(&inner.name, Outcome::Allowed, Source::None);
+                inner.series.decision(Outcome::Allowed, Source::None);
                 let limit = Arc::clone(&inner.limits[0]);
                 Ok(Decision {
                     allowed: true,
@@ -413,9 +411,7 @@ impl Limiter {
                 })
             }
             (OnStoreError::Deny, _) => {
-                inner
-                    .metrics
-                    .decision(&inner.name, Outcome::Unavailable, Source::None);
+                inner.series.decision(Outcome::Unavailable, Source::None);
                 Err(Error::StoreUnavailable {
                     limiter: inner.name.clone(),
                     retry_after: inner.breaker.retry_after().max(Duration::from_secs(1)),
@@ -431,7 +427,7 @@ impl Limiter {
         } else {
             Outcome::Limited
         };
-        inner.metrics.decision(&inner.name, outcome, source);
+        inner.series.decision(outcome, source);
         let limit = inner.limits.get(d.limiting).unwrap_or(&inner.limits[0]);
         Decision {
             allowed: d.allowed,

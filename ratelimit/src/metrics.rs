@@ -5,9 +5,47 @@ use std::sync::OnceLock;
 
 use lock_core::shared_metrics::{register_shared, MetricSet, SharedRegistrationError};
 use prometheus::core::Collector;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
 
 use crate::error::{Error, Result, StoreErrorKind};
+
+/// One limiter's series, resolved at build.
+#[derive(Clone)]
+pub(crate) struct LimiterSeries {
+    decisions: [[IntCounter; 3]; 3],
+    fallbacks: IntCounter,
+    errors: [IntCounter; 4],
+    duration: Histogram,
+    breaker_open: IntGauge,
+}
+
+impl LimiterSeries {
+    pub(crate) fn decision(&self, outcome: Outcome, source: Source) {
+        self.decisions[outcome as usize][source as usize].inc();
+        if source == Source::Fallback || (source == Source::None && outcome == Outcome::Allowed) {
+            self.fallbacks.inc();
+        }
+    }
+
+    pub(crate) fn store_error(&self, kind: StoreErrorKind) {
+        let i = StoreErrorKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(0);
+        self.errors[i].inc();
+    }
+
+    pub(crate) fn store_duration(&self, seconds: f64) {
+        self.duration.observe(seconds);
+    }
+
+    pub(crate) fn breaker(&self, open: bool) {
+        self.breaker_open.set(i64::from(open));
+    }
+}
 
 /// Where a decision came from, for the `source` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,14 +86,6 @@ impl Outcome {
         (Self::Limited, "limited"),
         (Self::Unavailable, "unavailable"),
     ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Limited => "limited",
-            Self::Unavailable => "unavailable",
-        }
-    }
 }
 
 /// The rate-limit metrics of one registry, shared by every limiter that
@@ -175,47 +205,27 @@ impl RateLimitMetrics {
         })
     }
 
-    /// Creates every series of `limiter` at 0.
-    pub(crate) fn init(&self, limiter: &str) {
-        for (_, outcome) in Outcome::ALL {
-            for source in [Source::Store, Source::Fallback, Source::None] {
-                self.decisions
-                    .with_label_values(&[limiter, outcome, source.as_str()]);
-            }
+    /// Creates every series of `limiter` at 0 and resolves them once, so a
+    /// decision costs no label lookup.
+    pub(crate) fn series(&self, limiter: &str) -> LimiterSeries {
+        let sources = [Source::Store, Source::Fallback, Source::None];
+        LimiterSeries {
+            decisions: Outcome::ALL.map(|(_, outcome)| {
+                sources.map(|source| {
+                    self.decisions
+                        .with_label_values(&[limiter, outcome, source.as_str()])
+                })
+            }),
+            fallbacks: self.fallbacks.with_label_values(&[limiter]),
+            errors: StoreErrorKind::ALL
+                .map(|kind| self.errors.with_label_values(&[limiter, kind.as_str()])),
+            duration: self.duration.with_label_values(&[limiter]),
+            breaker_open: {
+                let g = self.breaker_open.with_label_values(&[limiter]);
+                g.set(0);
+                g
+            },
         }
-        self.fallbacks.with_label_values(&[limiter]);
-        for kind in StoreErrorKind::ALL {
-            self.errors.with_label_values(&[limiter, kind.as_str()]);
-        }
-        self.duration.with_label_values(&[limiter]);
-        self.breaker_open.with_label_values(&[limiter]).set(0);
-    }
-
-    pub(crate) fn decision(&self, limiter: &str, outcome: Outcome, source: Source) {
-        self.decisions
-            .with_label_values(&[limiter, outcome.as_str(), source.as_str()])
-            .inc();
-        if matches!(source, Source::Fallback)
-            || (source == Source::None && outcome == Outcome::Allowed)
-        {
-            self.fallbacks.with_label_values(&[limiter]).inc();
-        }
-    }
-
-    pub(crate) fn store_error(&self, limiter: &str, kind: StoreErrorKind) {
-        self.errors
-            .with_label_values(&[limiter, kind.as_str()])
-            .inc();
-    }
-
-    pub(crate) fn store_duration(&self, limiter: &str, seconds: f64) {
-        self.duration.with_label_values(&[limiter]).observe(seconds);
-    }
-
-    pub(crate) fn breaker(&self, limiter: &str, open: bool) {
-        self.breaker_open
-            .with_label_values(&[limiter])
-            .set(i64::from(open));
     }
 
     /// The decisions counted for `limiter` with this outcome label and source.

@@ -110,7 +110,14 @@ impl MemoryStore {
         if let Some(tats) = &verdict.new_tats {
             for (key, &tat) in request.keys.iter().zip(tats) {
                 if tat > now {
-                    shard.tats.insert(key.as_str().into(), tat);
+                    // Update in place: a new key costs an allocation, a
+                    // known one none.
+                    match shard.tats.get_mut(key.as_str()) {
+                        Some(slot) => *slot = tat,
+                        None => {
+                            shard.tats.insert(key.as_str().into(), tat);
+                        }
+                    }
                 }
             }
             if shard.tats.len() >= shard.sweep_at {
