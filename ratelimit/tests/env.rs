@@ -78,6 +78,17 @@ fn fail_open_false_denies_and_replicas_set_the_share() -> Result<(), Error> {
 }
 
 #[test]
+fn a_postgres_url_that_requires_tls_is_refused_at_start() {
+    let err = config(&[(
+        "RATE_LIMIT_URL",
+        "postgres://app:hunter2@db/x?sslmode=require",
+    )])
+    .expect_err("TLS required");
+    assert!(err.to_string().contains("with_client"), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+#[test]
 fn a_password_in_a_bad_url_is_never_repeated() {
     let err = config(&[("RATE_LIMIT_URL", "redis://app:hunter2@[::1")]).expect_err("bad URL");
     assert!(!err.to_string().contains("hunter2"), "{err}");

@@ -133,15 +133,27 @@ impl PostgresStore {
     /// [`StoreError`] (kind `Protocol`) for a malformed URL or table name.
     pub fn connect(url: &str, table: &str) -> Result<Self, StoreError> {
         check_table(table)?;
-        url.parse::<tokio_postgres::Config>().map_err(|_| {
+        let shown = lock_core::redact::redact_url(url);
+        let config = url.parse::<tokio_postgres::Config>().map_err(|_| {
             StoreError::new(
                 StoreErrorKind::Protocol,
-                format!(
-                    "cannot use Postgres URL {}",
-                    lock_core::redact::redact_url(url)
-                ),
+                format!("cannot use Postgres URL {shown}"),
             )
         })?;
+        // This constructor connects without TLS; a URL that demands it
+        // would fail at every decision, so refuse it at start instead.
+        if !matches!(
+            config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable | tokio_postgres::config::SslMode::Prefer
+        ) {
+            return Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!(
+                    "{shown} requires TLS, which PostgresStore::connect does not make: connect a \
+                     client with TLS and pass it to PostgresStore::with_client"
+                ),
+            ));
+        }
         Ok(Self {
             url: Some(url.to_owned()),
             table: table.to_owned(),
