@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, ColorSetting, Completion, Failed, Trial};
 use lock_core::Capabilities;
 
 use crate::harness::{in_ci, Availability};
@@ -173,8 +173,89 @@ impl Suite {
 
     /// Runs the trials with libtest's command-line arguments.
     pub fn run(self, args: &Arguments) -> ExitCode {
-        libtest_mimic::run(args, self.trials).exit_code()
+        libtest_mimic::run(args, timed("conformance", self.trials)).exit_code()
     }
+}
+
+/// The environment variable naming the file [`timed`] appends to.
+pub const TIMES_ENV: &str = "CONFORMANCE_TIMES";
+
+/// Makes each trial append `seconds\t[suite] name` to the file that
+/// `CONFORMANCE_TIMES` names once it has run, so CI can list the slowest
+/// cases; returns the trials unchanged when the variable is unset.
+///
+/// libtest-mimic keeps a trial's body private, so each trial is wrapped in
+/// a one-trial run of its own whose report goes to a scratch file: the
+/// wrapper passes, fails (with the inner report as its message) or is
+/// ignored as the inner trial was.
+pub fn timed(suite: &'static str, trials: Vec<Trial>) -> Vec<Trial> {
+    match std::env::var_os(TIMES_ENV) {
+        Some(path) => timed_into(suite, trials, std::path::PathBuf::from(path)),
+        None => trials,
+    }
+}
+
+fn timed_into(suite: &'static str, trials: Vec<Trial>, path: std::path::PathBuf) -> Vec<Trial> {
+    let path = Arc::new(path);
+    trials
+        .into_iter()
+        .map(|inner| {
+            if !inner.is_test() {
+                return inner;
+            }
+            let name = inner.name().to_owned();
+            let kind = inner.kind().to_owned();
+            let ignored = inner.has_ignored_flag();
+            let path = Arc::clone(&path);
+            let label = name.clone();
+            Trial::ignorable_test(name, move || run_timed(suite, &label, inner, &path))
+                .with_kind(kind)
+                .with_ignored_flag(ignored)
+        })
+        .collect()
+}
+
+fn run_timed(
+    suite: &str,
+    name: &str,
+    inner: Trial,
+    times: &std::path::Path,
+) -> Result<Completion, Failed> {
+    let report = tempfile::NamedTempFile::new()?;
+    let args = Arguments {
+        // The outer run already chose this trial; the inner one runs it.
+        include_ignored: true,
+        test_threads: Some(1),
+        logfile: Some(report.path().to_string_lossy().into_owned()),
+        color: Some(ColorSetting::Never),
+        ..Arguments::default()
+    };
+    let started = std::time::Instant::now();
+    let conclusion = libtest_mimic::run(&args, vec![inner]);
+    let line = format!("{:.3}\t[{suite}] {name}\n", started.elapsed().as_secs_f64());
+    // One write per line on an append-mode file: parallel trials do not
+    // interleave within a line.
+    if let Err(e) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(times)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()))
+    {
+        eprintln!("cannot append to {}: {e}", times.display());
+    }
+    if conclusion.num_failed > 0 {
+        let text = std::fs::read_to_string(report.path()).unwrap_or_default();
+        let header = format!("---- {name} ----\n");
+        let message = text
+            .split_once(&header)
+            .and_then(|(_, rest)| rest.split_once("\n\nfailures:").map(|(m, _)| m))
+            .unwrap_or(&text);
+        return Err(Failed::from(message.trim_end()));
+    }
+    if conclusion.num_passed == 0 {
+        return Ok(Completion::ignored());
+    }
+    Ok(Completion::Completed)
 }
 
 /// Wall-clock slack past [`CASE_TIMEOUT`] before a case counts as hung even
@@ -249,5 +330,75 @@ fn run_case_here(factory: Arc<dyn BackendFactory>, run_id: &str, case: Case) -> 
             rt.shutdown_timeout(Duration::from_secs(5));
             outcome
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(trial: Trial, times: &std::path::Path) -> Result<Completion, Failed> {
+        run_timed("unit", trial.name().to_owned().as_str(), trial, times)
+    }
+
+    fn failure(trial: Trial, times: &std::path::Path) -> Failed {
+        match one(trial, times) {
+            Err(failed) => failed,
+            Ok(_) => panic!("the trial should have failed"),
+        }
+    }
+
+    #[test]
+    fn timed_trials_keep_their_outcome_and_append_one_line_each() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let times = dir.path().join("times.tsv");
+        assert!(matches!(
+            one(Trial::test("a::passes", || Ok(())), &times),
+            Ok(Completion::Completed)
+        ));
+        let failed = failure(Trial::test("a::fails", || Err("boom here".into())), &times);
+        assert_eq!(failed.message(), Some("boom here"));
+        let panicked = failure(Trial::test("a::panics", || panic!("it broke")), &times);
+        assert!(panicked.message().is_some_and(|m| m.contains("it broke")));
+        assert!(matches!(
+            one(
+                Trial::ignorable_test("a::skips", || Ok(Completion::ignored())),
+                &times
+            ),
+            Ok(Completion::Ignored { .. })
+        ));
+        let text = std::fs::read_to_string(&times).expect("times file");
+        let names: Vec<&str> = text
+            .lines()
+            .map(|l| {
+                let (secs, name) = l.split_once('\t').expect("a tab");
+                assert!(secs.parse::<f64>().is_ok(), "seconds first: {l}");
+                name
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "[unit] a::passes",
+                "[unit] a::fails",
+                "[unit] a::panics",
+                "[unit] a::skips"
+            ]
+        );
+    }
+
+    #[test]
+    fn wrapped_trials_keep_name_and_ignored_flag() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let trials = vec![
+            Trial::test("b::plain", || Ok(())),
+            Trial::test("b::ignored", || Ok(())).with_ignored_flag(true),
+        ];
+        let wrapped = timed_into("unit", trials, dir.path().join("t.tsv"));
+        let seen: Vec<(&str, bool)> = wrapped
+            .iter()
+            .map(|t| (t.name(), t.has_ignored_flag()))
+            .collect();
+        assert_eq!(seen, [("b::plain", false), ("b::ignored", true)]);
     }
 }

@@ -5,5 +5,10 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args = libtest_mimic::Arguments::from_args();
-    libtest_mimic::run(&args, conformance_tests::availability::trials()).exit_code()
+    let trials = conformance_tests::availability::trials();
+    libtest_mimic::run(
+        &args,
+        conformance_tests::suite::timed("availability", trials),
+    )
+    .exit_code()
 }

@@ -26,16 +26,14 @@ fn main() -> ExitCode {
         args.test_threads = Some(1);
     }
     let run_id = format!("{:08x}", getrandom::u32().unwrap_or(0));
-    let conclusion = libtest_mimic::run(
-        &args,
-        chaos::trials(
-            &run_id,
-            &chaos::Bins {
-                holder: PathBuf::from(env!("CARGO_BIN_EXE_chaos-holder")),
-                replica: PathBuf::from(env!("CARGO_BIN_EXE_chaos-replica")),
-            },
-        ),
+    let trials = chaos::trials(
+        &run_id,
+        &chaos::Bins {
+            holder: PathBuf::from(env!("CARGO_BIN_EXE_chaos-holder")),
+            replica: PathBuf::from(env!("CARGO_BIN_EXE_chaos-replica")),
+        },
     );
+    let conclusion = libtest_mimic::run(&args, conformance_tests::suite::timed("chaos", trials));
     let table = chaos::figures::table();
     if table.lines().count() > 2 {
         println!("\nchaos figures:\n{table}");

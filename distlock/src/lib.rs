@@ -90,6 +90,9 @@ pub use lock_etcd::{self as etcd, EtcdBackend, EtcdBuilder};
 #[cfg(feature = "scheduler")]
 pub use lock_scheduler as scheduler;
 
+#[cfg(feature = "ratelimit")]
+pub use distlock_ratelimit as ratelimit;
+
 /// README.md's code blocks, compiled and run as doctests so the README cannot rot.
 #[cfg(all(doctest, feature = "scheduler"))]
 #[doc = include_str!("../../README.md")]

@@ -82,7 +82,13 @@ impl LockSession {
         let mut session = Self {
             client,
             pid: 0,
-            statement_timeout: cfg.statement_timeout,
+            // The set-up statements are part of connecting: a freshly started
+            // server process answers its first statements more slowly (it
+            // loads its caches), and on a loaded server that alone can exceed
+            // a short statement timeout. `connect` bounds the whole set-up by
+            // the connect timeout; the statement timeout applies from the
+            // first call on.
+            statement_timeout: cfg.connect_timeout.max(cfg.statement_timeout),
             lifeline,
             driver,
             prepared: Mutex::new(HashMap::new()),
@@ -115,6 +121,7 @@ impl LockSession {
         if standby || read_only {
             return Err(read_only_session(standby));
         }
+        session.statement_timeout = cfg.statement_timeout;
         debug!(pid = session.pid, "Postgres lock session connected");
         Ok(session)
     }

@@ -1,6 +1,7 @@
 //! Postgres trials with real faults: a frozen server session, and a
 //! transaction-mode PgBouncer in front of the private server.
 
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +14,9 @@ use lock_postgres::PostgresBackend;
 use tokio::time::{timeout, Instant};
 
 use super::specific::{backend_as, hold, locker, name};
-use super::{holder_pid, plain_session, PostgresFactory, TTL};
+use super::{holder_pid, plain_session, PostgresFactory, OP_TIMEOUT, TTL};
 use crate::harness::{which, ServerProcess, ServerSpec};
+use crate::proxy::FaultProxy;
 use crate::BoxError;
 
 /// Sends SIGCONT to a stopped process when dropped, so a failing trial never
@@ -305,6 +307,53 @@ fn parse_ss_time(text: &str) -> Option<Duration> {
         None => return None,
     };
     Some(Duration::from_secs(mins * 60 + secs) + Duration::from_millis(millis))
+}
+
+/// A new lock session on a slow server (every reply 1.3 s late, as a freshly
+/// forked server process on a loaded machine can be) is set up within the
+/// connect timeout, not the shorter statement timeout; the lock calls on it
+/// are still bounded by the statement timeout.
+pub(super) async fn slow_session_setup_is_bounded_by_connect_timeout(
+    f: Arc<PostgresFactory>,
+) -> Result<(), BoxError> {
+    let port = tokio::task::block_in_place(|| f.private_started())?.port();
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let slow = OP_TIMEOUT + Duration::from_millis(300);
+    proxy.set_response_delay(slow);
+    let via = format!("postgres://postgres@{}/postgres", proxy.addr());
+    let connect_timeout = Duration::from_secs(15);
+    let backend = timeout(
+        connect_timeout + Duration::from_secs(2),
+        f.builder_for(&via)?
+            .with_connect_timeout(connect_timeout)
+            .connect(),
+    )
+    .await
+    .map_err(|_| "connecting hung past its connect timeout")?
+    .map_err(|e| format!("a slow session was not set up within the connect timeout: {e}"))?;
+    if backend.config().statement_timeout() != OP_TIMEOUT {
+        return Err("the statement timeout changed".into());
+    }
+    let n = name(&f, "slow-setup");
+    let asked = Instant::now();
+    let r = timeout(
+        OP_TIMEOUT * 4,
+        backend.try_acquire(&n, &OwnerToken::generate()?, TTL),
+    )
+    .await
+    .map_err(|_| "a lock call on the slow session hung")?;
+    match r {
+        Err(e) if e.kind() == BackendErrorKind::Timeout => {}
+        other => {
+            return Err(
+                format!("a lock call slower than the statement timeout gave {other:?}").into(),
+            )
+        }
+    }
+    if asked.elapsed() > OP_TIMEOUT + Duration::from_millis(500) {
+        return Err(format!("the lock call's timeout took {:?}", asked.elapsed()).into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -103,6 +103,12 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "server_keepalive_follows_max_ttl", |f| {
         Box::pin(faults::server_keepalive_follows_max_ttl(f))
     });
+    add(
+        suite,
+        f,
+        "slow_session_setup_is_bounded_by_connect_timeout",
+        |f| Box::pin(faults::slow_session_setup_is_bounded_by_connect_timeout(f)),
+    );
     add(suite, f, "frozen_session_fails_closed", |f| {
         Box::pin(faults::frozen_session_fails_closed(f))
     });

@@ -1,0 +1,441 @@
+//! The limiter: limits, a store, a policy for store failures, metrics.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use crate::breaker::{Breaker, BreakerConfig, Change, Permit};
+use crate::error::{Error, Result, StoreErrorKind};
+use crate::gcra::Cell;
+use crate::metrics::{LimiterSeries, Outcome, RateLimitMetrics, Source};
+use crate::policy::OnStoreError;
+use crate::quota::{check_name, Limit};
+use crate::store::{MemoryStore, Store, StoreDecision, StoreRequest};
+use crate::MAX_KEY_LEN;
+
+/// The store timeout unless set: long enough for a loaded server on the same
+/// network, short enough that an outage costs each request little.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The key prefix unless set.
+pub const DEFAULT_PREFIX: &str = "distlock:rl";
+
+/// The answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may proceed.
+    pub allowed: bool,
+    /// Units left over the tightest limit after this request.
+    pub remaining: u64,
+    /// When the request could be admitted (zero when it was).
+    pub retry_after: Duration,
+    /// When the bucket of [`limit`](Self::limit) is full again.
+    pub reset_after: Duration,
+    /// Where the decision was made.
+    pub source: Source,
+    /// The limit that decided `remaining` (admitted) or `retry_after`
+    /// (refused).
+    pub limit: Arc<Limit>,
+}
+
+/// Builds a [`Limiter`]: [`Limiter::builder`], then `with_*`, then
+/// [`build`](Self::build).
+#[derive(Debug)]
+#[must_use]
+pub struct LimiterBuilder {
+    name: String,
+    limits: Vec<Limit>,
+    store: Option<Arc<dyn Store>>,
+    prefix: String,
+    on_store_error: OnStoreError,
+    timeout: Duration,
+    breaker: BreakerConfig,
+    metrics: Option<RateLimitMetrics>,
+}
+
+impl LimiterBuilder {
+    /// Adds a limit; a request must pass every limit.
+    pub fn with_limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Keeps buckets in `store` (default: a [`MemoryStore`] of this process).
+    pub fn with_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Prefixes every store key (default [`DEFAULT_PREFIX`]); the limiter's
+    /// name follows it, so limiters never share buckets.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// What to do when the store fails (default [`OnStoreError::FALLBACK`]).
+    pub fn with_on_store_error(mut self, policy: OnStoreError) -> Self {
+        self.on_store_error = policy;
+        self
+    }
+
+    /// How long a store call may take before it counts as failed (default
+    /// [`DEFAULT_STORE_TIMEOUT`]).
+    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The circuit breaker's settings.
+    pub fn with_breaker(mut self, breaker: BreakerConfig) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// Reports into these metrics (default: the default registry's).
+    pub fn with_metrics(mut self, metrics: RateLimitMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Checks the settings and builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid limiter name, no limits, two limits
+    /// of one name, a key prefix that is empty, longer than 100 bytes or holds
+    /// `{`, `}` or whitespace, a zero or over-an-hour store timeout, or
+    /// metrics that cannot be registered.
+    pub fn build(self) -> Result<Limiter> {
+        check_name("limiter", &self.name)?;
+        if self.limits.is_empty() {
+            return Err(Error::Config(format!(
+                "limiter {} has no limits; add one with with_limit",
+                self.name
+            )));
+        }
+        for (i, l) in self.limits.iter().enumerate() {
+            if self.limits[..i].iter().any(|o| o.name() == l.name()) {
+                return Err(Error::Config(format!(
+                    "limiter {} has two limits named {}",
+                    self.name,
+                    l.name()
+                )));
+            }
+        }
+        let prefix_ok = !self.prefix.is_empty()
+            && self.prefix.len() <= 100
+            && !self
+                .prefix
+                .chars()
+                .any(|c| c == '{' || c == '}' || c.is_whitespace());
+        if !prefix_ok {
+            return Err(Error::Config(
+                "a rate-limit key prefix must be 1 to 100 bytes without braces or whitespace \
+                 (braces would change the Redis Cluster hash tag)"
+                    .into(),
+            ));
+        }
+        if self.timeout.is_zero() || self.timeout > Duration::from_secs(3600) {
+            return Err(Error::Config(format!(
+                "a store timeout of {:?} is out of range; use tens of milliseconds",
+                self.timeout
+            )));
+        }
+        let metrics = match self.metrics {
+            Some(m) => m,
+            None => RateLimitMetrics::default_registry()?,
+        };
+        let series = metrics.series(&self.name);
+        let cells: Vec<Cell> = self.limits.iter().map(|l| l.quota().cell()).collect();
+        let fallback = match self.on_store_error {
+            OnStoreError::Fallback { replicas } => {
+                let n = u64::from(replicas.get());
+                let cells = self
+                    .limits
+                    .iter()
+                    .map(|l| {
+                        let burst = l.quota().burst().div_ceil(n).max(1);
+                        let interval = l.quota().cell().interval.saturating_mul(n);
+                        Cell {
+                            interval,
+                            capacity: interval.saturating_mul(burst),
+                        }
+                    })
+                    .collect();
+                Some((MemoryStore::new(), cells))
+            }
+            _ => None,
+        };
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                breaker: Breaker::new(self.breaker, self.timeout),
+                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                key_base: format!("{}:{}", self.prefix, self.name),
+                name: self.name,
+                limits: self.limits.into_iter().map(Arc::new).collect(),
+                cells,
+                on_store_error: self.on_store_error,
+                timeout: self.timeout,
+                fallback,
+                metrics,
+                series,
+            }),
+        })
+    }
+}
+
+/// Decides requests against a set of limits for one kind of request
+/// (`login`, `api`), per subject (a client address, a user id). Cheap to
+/// clone; clones share everything.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock_ratelimit::Result<()> {
+/// use distlock_ratelimit::{Limit, Limiter, Quota};
+///
+/// let login = Limiter::builder("login")
+///     .with_limit(Limit::new("minute", Quota::per_minute(5)?)?)
+///     .with_limit(Limit::new("day", Quota::per_day(100)?)?)
+///     .build()?;
+/// let decision = login.check("203.0.113.7").await?;
+/// assert!(decision.allowed);
+/// assert_eq!(decision.remaining, 4);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    key_base: String,
+    limits: Vec<Arc<Limit>>,
+    cells: Vec<Cell>,
+    store: Arc<dyn Store>,
+    on_store_error: OnStoreError,
+    timeout: Duration,
+    breaker: Breaker,
+    fallback: Option<(MemoryStore, Vec<Cell>)>,
+    metrics: RateLimitMetrics,
+    series: LimiterSeries,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("name", &self.inner.name)
+            .field("limits", &self.inner.limits)
+            .field("store", &self.inner.store.kind())
+            .field("on_store_error", &self.inner.on_store_error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hashed subject: 128 bits of SHA-256 in hex. Keys carry this, never the
+/// caller's text, so a token used as a key never reaches the store or a log.
+fn subject_hash(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Limiter {
+    /// Starts a limiter called `name` (1 to 64 characters of
+    /// `[A-Za-z0-9._-]`; the `limiter` label and part of every key).
+    pub fn builder(name: impl Into<String>) -> LimiterBuilder {
+        LimiterBuilder {
+            name: name.into(),
+            limits: Vec::new(),
+            store: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            on_store_error: OnStoreError::FALLBACK,
+            timeout: DEFAULT_STORE_TIMEOUT,
+            breaker: BreakerConfig::default(),
+            metrics: None,
+        }
+    }
+
+    /// The limiter's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The limits, in the order they were added.
+    #[must_use]
+    pub fn limits(&self) -> &[Arc<Limit>] {
+        &self.inner.limits
+    }
+
+    /// The metrics this limiter reports into.
+    #[must_use]
+    pub fn metrics(&self) -> &RateLimitMetrics {
+        &self.inner.metrics
+    }
+
+    /// Decides a request of cost 1 from `key`; see [`check_cost`](Self::check_cost).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_cost`](Self::check_cost).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`check_cost`](Self::check_cost).
+    pub async fn check(&self, key: &str) -> Result<Decision> {
+        self.check_cost(key, 1).await
+    }
+
+    /// Decides a request of `cost` units from `key` against every limit at
+    /// once: admitted and charged to all, or refused and charged to none.
+    /// Cost 0 reads the state without charging.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`], [`Error::KeyTooLong`],
+    /// [`Error::CostExceedsBurst`] for requests that can never be decided;
+    /// [`Error::StoreUnavailable`] when the store failed and the policy is
+    /// [`OnStoreError::Deny`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the request charged or not (the store
+    /// decides atomically either way); nothing else is left behind.
+    pub async fn check_cost(&self, key: &str, cost: u64) -> Result<Decision> {
+        let inner = &*self.inner;
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(Error::KeyTooLong {
+                len: key.len(),
+                max: MAX_KEY_LEN,
+            });
+        }
+        if let Some(limit) = inner.limits.iter().find(|l| cost > l.quota().burst()) {
+            return Err(Error::CostExceedsBurst {
+                cost,
+                burst: limit.quota().burst(),
+                limit: limit.name().to_owned(),
+            });
+        }
+        let subject = subject_hash(key);
+        let keys: Vec<String> = inner
+            .limits
+            .iter()
+            .map(|l| format!("{}:{{{subject}}}:{}", inner.key_base, l.name()))
+            .collect();
+        let request = StoreRequest {
+            subject: &subject,
+            keys: &keys,
+            cells: &inner.cells,
+            cost,
+        };
+        if inner.breaker.permit() == Permit::Call {
+            if let Some(decision) = self.call_store(&request).await {
+                return Ok(self.finish(decision, Source::Store));
+            }
+        }
+        self.on_failure(&request).await
+    }
+
+    /// One store call under the timeout, with its latency, error count and
+    /// breaker bookkeeping; `None` when it failed.
+    async fn call_store(&self, request: &StoreRequest<'_>) -> Option<StoreDecision> {
+        let inner = &*self.inner;
+        let started = Instant::now();
+        let result = tokio::time::timeout(inner.timeout, inner.store.decide(request)).await;
+        inner.series.store_duration(started.elapsed().as_secs_f64());
+        let error = match result {
+            Ok(Ok(decision)) if decision.limiting < inner.limits.len() => {
+                if inner.breaker.success() == Some(Change::Closed) {
+                    inner.series.breaker(false);
+                    tracing::warn!(
+                        limiter = %inner.name,
+                        store = inner.store.kind(),
+                        "rate-limit store answers again; circuit breaker closed"
+                    );
+                }
+                return Some(decision);
+            }
+            Ok(Ok(_)) => crate::error::StoreError::new(
+                StoreErrorKind::Protocol,
+                "the store named a limit the limiter does not have",
+            ),
+            Ok(Err(e)) => e,
+            Err(_) => crate::error::StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {:?}", inner.timeout),
+            ),
+        };
+        inner.series.store_error(error.kind);
+        if inner.breaker.failure() == Some(Change::Opened) {
+            inner.series.breaker(true);
+            tracing::warn!(
+                limiter = %inner.name,
+                store = inner.store.kind(),
+                error = %error,
+                policy = inner.on_store_error.label(),
+                "rate-limit store failing; circuit breaker open, requests follow the store-error policy"
+            );
+        } else {
+            tracing::debug!(limiter = %inner.name, error = %error, "rate-limit store call failed");
+        }
+        None
+    }
+
+    async fn on_failure(&self, request: &StoreRequest<'_>) -> Result<Decision> {
+        let inner = &*self.inner;
+        match (&inner.on_store_error, &inner.fallback) {
+            (OnStoreError::Fallback { .. }, Some((store, cells))) => {
+                let local = StoreRequest { cells, ..*request };
+                let decision = store.decide_now(&local);
+                Ok(self.finish(decision, Source::Fallback))
+            }
+            (OnStoreError::Allow, _) | (OnStoreError::Fallback { .. }, None) => {
+                inner.series.decision(Outcome::Allowed, Source::None);
+                let limit = Arc::clone(&inner.limits[0]);
+                Ok(Decision {
+                    allowed: true,
+                    remaining: limit.quota().burst(),
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                    source: Source::None,
+                    limit,
+                })
+            }
+            (OnStoreError::Deny, _) => {
+                inner.series.decision(Outcome::Unavailable, Source::None);
+                Err(Error::StoreUnavailable {
+                    limiter: inner.name.clone(),
+                    retry_after: inner.breaker.retry_after().max(Duration::from_secs(1)),
+                })
+            }
+        }
+    }
+
+    fn finish(&self, d: StoreDecision, source: Source) -> Decision {
+        let inner = &*self.inner;
+        let outcome = if d.allowed {
+            Outcome::Allowed
+        } else {
+            Outcome::Limited
+        };
+        inner.series.decision(outcome, source);
+        let limit = inner.limits.get(d.limiting).unwrap_or(&inner.limits[0]);
+        Decision {
+            allowed: d.allowed,
+            remaining: d.remaining,
+            retry_after: Duration::from_micros(d.retry_after_us),
+            reset_after: Duration::from_micros(d.reset_after_us),
+            source,
+            limit: Arc::clone(limit),
+        }
+    }
+}

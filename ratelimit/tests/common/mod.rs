@@ -1,0 +1,125 @@
+//! What the server cases share: the over-admission run.
+
+// Each test binary includes this module and uses a part of it.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_ratelimit::store::{Store, StoreRequest};
+use distlock_ratelimit::Quota;
+use tokio::time::Instant;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long each over-admission run lasts.
+pub(crate) const RUN: Duration = Duration::from_secs(3);
+
+/// A key prefix unique to this run.
+pub(crate) fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("t{}x{nanos}", std::process::id())
+}
+
+/// 3 stores (separate connections, as 3 replicas) × 16 tasks on one key for
+/// `RUN`: admitted ≤ burst + rate × elapsed on the store's clock, and ≥ 95 %
+/// of it. Returns (admitted, bound).
+pub(crate) async fn hammer(
+    stores: Vec<Arc<dyn Store>>,
+    side: impl std::future::Future<Output = ()>,
+) -> Result<(u64, u64), BoxError> {
+    let key = format!("rl-test:{}:{{one}}:s", run_id());
+    let (times, ()) = tokio::join!(admissions(stores, &key), side);
+    bound(&times?)
+}
+
+/// 200 a second with a burst of a second's worth: a process stalled by a
+/// loaded machine for under a second loses no admissions (the bucket refills
+/// meanwhile and the backlog takes it), so the 95 % floor holds.
+pub(crate) fn cell() -> distlock_ratelimit::gcra::Cell {
+    Quota::per_second(200)
+        .map(|q| q.cell())
+        .unwrap_or(distlock_ratelimit::gcra::Cell {
+            interval: 5_000,
+            capacity: 1_000_000,
+        })
+}
+
+/// (admitted, burst + rate × elapsed) for these admission times (store
+/// clock, µs).
+pub(crate) fn bound(times: &[u64]) -> Result<(u64, u64), BoxError> {
+    let cell = cell();
+    let first = times.iter().min().copied().ok_or("nothing admitted")?;
+    let last = times.iter().max().copied().ok_or("nothing admitted")?;
+    let admitted = u64::try_from(times.len())?;
+    Ok((
+        admitted,
+        cell.capacity / cell.interval + (last - first) / cell.interval,
+    ))
+}
+
+/// 16 tasks per store deciding on `key` for `RUN`; the store's clock at each
+/// admission.
+pub(crate) async fn admissions(
+    stores: Vec<Arc<dyn Store>>,
+    key: &str,
+) -> Result<Vec<u64>, BoxError> {
+    let cell = cell();
+    let deadline = Instant::now() + RUN;
+    let mut tasks = Vec::new();
+    for store in &stores {
+        for _ in 0..16 {
+            let store = Arc::clone(store);
+            let keys = [key.to_owned()];
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = Vec::new();
+                let mut calls = 0u32;
+                while Instant::now() < deadline && calls < 1_000_000 {
+                    calls += 1;
+                    let request = StoreRequest {
+                        subject: "one",
+                        keys: &keys,
+                        cells: &[cell],
+                        cost: 1,
+                    };
+                    let d = store.decide(&request).await?;
+                    if d.allowed {
+                        admitted.push(d.now_us);
+                    }
+                    // The memory store answers without ever yielding; let
+                    // the other tasks (and the runtime) run.
+                    tokio::task::yield_now().await;
+                }
+                Ok::<_, distlock_ratelimit::StoreError>(admitted)
+            }));
+        }
+    }
+    let mut times = Vec::new();
+    for r in futures_join(tasks).await {
+        times.extend(r??);
+    }
+    Ok(times)
+}
+
+pub(crate) async fn futures_join<T>(
+    tasks: Vec<tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await);
+    }
+    out
+}
+
+/// Asserts admitted ≤ bound and ≥ 95 % of it, printing both.
+pub(crate) fn check_bound(backend: &str, admitted: u64, bound: u64) {
+    eprintln!("{backend}: admitted {admitted}, bound {bound}");
+    assert!(admitted <= bound, "{backend} admitted {admitted} > {bound}");
+    assert!(
+        admitted * 100 >= bound * 95,
+        "{backend} admitted only {admitted} of {bound}"
+    );
+}

@@ -1,0 +1,316 @@
+//! The limiter on the memory store and a switchable store, under tokio's
+//! paused clock: policies, the breaker, several limits, bad input.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_ratelimit::store::{MemoryStore, Store, StoreRequest, SwitchStore};
+use distlock_ratelimit::{
+    BreakerConfig, Error, Limit, Limiter, OnStoreError, Quota, RateLimitMetrics, Source,
+    StoreErrorKind,
+};
+use prometheus::Registry;
+use tokio::time::{timeout, Instant};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const CASE: Duration = Duration::from_secs(60);
+
+fn metrics() -> RateLimitMetrics {
+    RateLimitMetrics::register(&Registry::new()).expect("a fresh registry")
+}
+
+fn limit(name: &str, count: u64, period: Duration) -> Limit {
+    Limit::new(name, Quota::new(count, period).expect("quota")).expect("limit")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_by_one_limit_charges_none() -> TestResult {
+    timeout(CASE, async {
+        let limiter = Limiter::builder("login")
+            .with_limit(limit("minute", 5, Duration::from_secs(60)))
+            .with_limit(limit("day", 3, Duration::from_secs(86_400)))
+            .with_metrics(metrics())
+            .build()?;
+        // Cost 3 takes all of "day" but only 3 of 5 of "minute".
+        let d = limiter.check_cost("alice", 3).await?;
+        assert!(d.allowed);
+        assert_eq!((d.remaining, d.limit.name()), (0, "day"));
+        // Refused by "day": "minute" must not be charged either.
+        for _ in 0..10 {
+            let d = limiter.check_cost("alice", 2).await?;
+            assert!(!d.allowed);
+            assert_eq!(d.limit.name(), "day");
+        }
+        // "minute" still has 2 left (of 5, refilled by 1 in 8 h): the next
+        // request is admitted as soon as "day" has one unit again.
+        tokio::time::advance(Duration::from_secs(86_400 / 3)).await;
+        let d = limiter.check("alice").await?;
+        assert!(d.allowed, "day refilled one unit, minute had 2 left");
+        assert_eq!(limiter.check("bob").await?.remaining, 2);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await?
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_do_not_charge_the_other_limit() -> TestResult {
+    timeout(CASE, async {
+        // Without all-or-none, each refused request below would take a unit
+        // from "minute" and the final check would be refused.
+        let limiter = Limiter::builder("api")
+            .with_limit(limit("second", 1, Duration::from_secs(1)))
+            .with_limit(limit("minute", 3, Duration::from_secs(60)))
+            .with_metrics(metrics())
+            .build()?;
+        assert!(limiter.check("k").await?.allowed);
+        for _ in 0..5 {
+            assert!(!limiter.check("k").await?.allowed);
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(limiter.check("k").await?.allowed);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(limiter.check("k").await?.allowed);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let d = limiter.check("k").await?;
+        assert!(!d.allowed, "minute's 3 are spent");
+        assert_eq!(d.limit.name(), "minute");
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await?
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_carry_retry_and_reset_times() -> TestResult {
+    let limiter = Limiter::builder("r")
+        .with_limit(limit("s", 2, Duration::from_secs(10)))
+        .with_metrics(metrics())
+        .build()?;
+    assert!(limiter.check("k").await?.allowed);
+    let d = limiter.check("k").await?;
+    assert!(d.allowed);
+    assert_eq!(d.reset_after, Duration::from_secs(10));
+    let d = limiter.check("k").await?;
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Duration::from_secs(5));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(limiter.check("k").await?.allowed);
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_is_a_typed_error_never_a_panic() -> TestResult {
+    let limiter = Limiter::builder("bad")
+        .with_limit(limit("s", 2, Duration::from_secs(1)))
+        .with_metrics(metrics())
+        .build()?;
+    assert!(matches!(limiter.check("").await, Err(Error::EmptyKey)));
+    let huge = "x".repeat(distlock_ratelimit::MAX_KEY_LEN + 1);
+    assert!(matches!(
+        limiter.check(&huge).await,
+        Err(Error::KeyTooLong { .. })
+    ));
+    let err = limiter
+        .check_cost("k", 3)
+        .await
+        .expect_err("cost above burst");
+    assert!(matches!(
+        err,
+        Error::CostExceedsBurst {
+            cost: 3,
+            burst: 2,
+            ..
+        }
+    ));
+    assert!(limiter.check_cost("k", u64::MAX).await.is_err());
+    // A key that looks like a secret never shows in errors or Debug.
+    let secret = "Bearer sk_live_password=hunter2";
+    let d = limiter.check(secret).await?;
+    assert!(!format!("{d:?}").contains("hunter2"));
+    let long_secret = format!("{secret}{}", "y".repeat(5000));
+    let err = limiter.check(&long_secret).await.expect_err("too long");
+    assert!(!err.to_string().contains("hunter2"));
+    for build in [
+        Limiter::builder("").with_limit(limit("s", 1, Duration::from_secs(1))),
+        Limiter::builder("no-limits"),
+        Limiter::builder("dup")
+            .with_limit(limit("s", 1, Duration::from_secs(1)))
+            .with_limit(limit("s", 2, Duration::from_secs(1))),
+        Limiter::builder("p")
+            .with_limit(limit("s", 1, Duration::from_secs(1)))
+            .with_key_prefix("a{b}"),
+        Limiter::builder("t")
+            .with_limit(limit("s", 1, Duration::from_secs(1)))
+            .with_store_timeout(Duration::ZERO),
+        Limiter::builder("t")
+            .with_limit(limit("s", 1, Duration::from_secs(1)))
+            .with_store_timeout(Duration::MAX),
+    ] {
+        assert!(matches!(
+            build.with_metrics(metrics()).build(),
+            Err(Error::Config(_))
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_stays_bounded_with_a_million_keys() -> TestResult {
+    timeout(CASE, async {
+        let store = MemoryStore::with_max_keys(10_000);
+        let cells = [Quota::per_minute(10)?.cell()];
+        let mut max_len = 0;
+        for i in 0..1_000_000u32 {
+            let key = [format!("k{i}")];
+            let subject = format!("{i:x}");
+            let d = store.decide_now(&StoreRequest {
+                subject: &subject,
+                keys: &key,
+                cells: &cells,
+                cost: 1,
+            });
+            assert!(d.allowed);
+            if i % 1000 == 0 {
+                max_len = max_len.max(store.len());
+            }
+        }
+        max_len = max_len.max(store.len());
+        assert!(max_len <= 10_000, "held {max_len} keys");
+        // Once every bucket has refilled, a sweep drops them all.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        for i in 0..10_000u32 {
+            let key = [format!("again{i}")];
+            let subject = format!("again{i:x}");
+            let _ = store.decide_now(&StoreRequest {
+                subject: &subject,
+                keys: &key,
+                cells: &cells,
+                cost: 1,
+            });
+        }
+        assert!(store.len() <= 10_000);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await?
+}
+
+fn switched(
+    name: &str,
+    policy: OnStoreError,
+    m: &RateLimitMetrics,
+) -> Result<(Limiter, SwitchStore), Error> {
+    let store = SwitchStore::new(Arc::new(MemoryStore::new()));
+    let limiter = Limiter::builder(name)
+        .with_limit(limit("s", 10, Duration::from_secs(10)))
+        .with_store(Arc::new(store.clone()) as Arc<dyn Store>)
+        .with_on_store_error(policy)
+        .with_store_timeout(Duration::from_millis(50))
+        .with_breaker(BreakerConfig {
+            failures: 3,
+            open_for: Duration::from_secs(1),
+        })
+        .with_metrics(m.clone())
+        .build()?;
+    Ok((limiter, store))
+}
+
+#[tokio::test(start_paused = true)]
+async fn deny_refuses_every_request_while_the_store_is_down() -> TestResult {
+    let m = metrics();
+    let (limiter, store) = switched("deny", OnStoreError::Deny, &m)?;
+    store.refuse();
+    for _ in 0..20 {
+        match limiter.check("k").await {
+            Err(Error::StoreUnavailable { retry_after, .. }) => {
+                assert!(retry_after >= Duration::from_secs(1));
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(m.decisions("deny", "unavailable", Source::None), 20);
+    assert_eq!(m.fallbacks("deny"), 0);
+    // Three calls opened the breaker; the rest never reached the store.
+    assert_eq!(m.store_errors("deny", StoreErrorKind::Connection), 3);
+    assert!(m.breaker_open("deny"));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_store_costs_at_most_the_timeout_and_the_breaker_recovers() -> TestResult {
+    timeout(CASE, async {
+        let m = metrics();
+        let (limiter, store) = switched("hang", OnStoreError::Deny, &m)?;
+        store.hang();
+        let mut slow = 0;
+        for _ in 0..10 {
+            let started = Instant::now();
+            assert!(limiter.check("k").await.is_err());
+            let took = started.elapsed();
+            assert!(took <= Duration::from_millis(50), "took {took:?}");
+            if took > Duration::ZERO {
+                slow += 1;
+            }
+        }
+        assert_eq!(slow, 3, "only the calls before the breaker opened waited");
+        assert_eq!(m.store_errors("hang", StoreErrorKind::Timeout), 3);
+        // Still down at the first probe: open again, no state-change noise.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(limiter.check("k").await.is_err());
+        assert!(m.breaker_open("hang"));
+        store.restore();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(
+            limiter.check("k").await?.allowed,
+            "the probe reaches the store"
+        );
+        assert!(!m.breaker_open("hang"));
+        assert_eq!(limiter.check("k").await?.source, Source::Store);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await?
+}
+
+#[tokio::test(start_paused = true)]
+async fn fallback_admits_at_most_its_share_and_counts_every_fallback() -> TestResult {
+    let m = metrics();
+    let replicas = NonZeroU32::new(4).ok_or("4")?;
+    let (limiter, store) = switched("fb", OnStoreError::Fallback { replicas }, &m)?;
+    store.refuse();
+    let mut admitted = 0;
+    for _ in 0..100 {
+        let d = limiter.check("k").await?;
+        assert_eq!(d.source, Source::Fallback);
+        admitted += u64::from(d.allowed);
+    }
+    // 10 per 10 s over 4 replicas: a burst of 3 (rounded up), no refill in
+    // paused time.
+    assert_eq!(admitted, 3);
+    let fallback_decisions = m.decisions("fb", "allowed", Source::Fallback)
+        + m.decisions("fb", "limited", Source::Fallback);
+    assert_eq!(fallback_decisions, 100);
+    assert_eq!(m.fallbacks("fb"), fallback_decisions);
+    // Over 10 s, one replica's share refills by 10 / 4 = 2.5 units: 2 whole.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let mut later = 0;
+    for _ in 0..100 {
+        later += u64::from(limiter.check("k").await?.allowed);
+    }
+    assert_eq!(later, 2);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn allow_admits_unchecked_and_counts_fallbacks() -> TestResult {
+    let m = metrics();
+    let (limiter, store) = switched("allow", OnStoreError::Allow, &m)?;
+    store.refuse();
+    for _ in 0..50 {
+        let d = limiter.check("k").await?;
+        assert!(d.allowed);
+        assert_eq!(d.source, Source::None);
+    }
+    assert_eq!(m.fallbacks("allow"), 50);
+    assert_eq!(m.decisions("allow", "allowed", Source::None), 50);
+    Ok(())
+}
