@@ -2,10 +2,13 @@
 
 use std::time::Duration;
 
-use lock_core::{async_trait, BackendError, LockName, TickStore};
+use lock_core::tick_record::decode;
+use lock_core::{
+    async_trait, BackendError, LockName, OnStale, TickAnswer, TickRecord, TickStore, TickWrite,
+};
 
 use crate::error::protocol;
-use crate::scripts::RECORD_TICK;
+use crate::scripts::{RECORD_TICK, WRITE_TICK};
 use crate::RedisBackend;
 
 /// Ticks live in `<prefix>#tick:<job>` without expiry, one key per job.
@@ -63,6 +66,77 @@ impl TickStore for RedisBackend {
             .map(|_| ())
     }
 
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        let shared = self.shared();
+        let keys = [
+            shared.keys.tick_record(job, tick),
+            shared.keys.tick(job),
+            shared.keys.tick_mark(job, tick),
+        ];
+        let keep_ms = keep.as_millis().max(1).to_string();
+        let args = match write {
+            TickWrite::Start {
+                token,
+                replica,
+                at,
+                on_stale,
+            } => {
+                let stale = match on_stale {
+                    OnStale::Refuse => "R",
+                    OnStale::Abandon => "A",
+                    OnStale::TakeOver => "T",
+                };
+                [
+                    "S".to_owned(),
+                    token.to_string(),
+                    at.to_string(),
+                    replica.clone(),
+                    stale.to_owned(),
+                    keep_ms,
+                    tick.to_string(),
+                ]
+            }
+            TickWrite::Complete { token } => [
+                "C".to_owned(),
+                token.to_string(),
+                String::new(),
+                String::new(),
+                String::new(),
+                keep_ms,
+                tick.to_string(),
+            ],
+        };
+        let after: Option<String> = shared
+            .conn
+            .run("write tick record", |mut c| async move {
+                WRITE_TICK.run(&mut c, &keys, &args).await
+            })
+            .await?;
+        Ok(write.answer(parse_record(shared.conn.target(), after)?))
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        let shared = self.shared();
+        let key = shared.keys.tick_record(job, tick);
+        let value: Option<String> = shared
+            .conn
+            .run("read tick record", |mut c| async move {
+                redis::cmd("GET").arg(key).query_async(&mut c).await
+            })
+            .await?;
+        parse_record(shared.conn.target(), value)
+    }
+
     async fn last_completed_many(
         &self,
         jobs: &[LockName],
@@ -95,4 +169,10 @@ impl TickStore for RedisBackend {
             })
             .await
     }
+}
+
+fn parse_record(target: &str, value: Option<String>) -> Result<Option<TickRecord>, BackendError> {
+    value
+        .map(|v| decode(&v).ok_or_else(|| protocol("read tick record", target, format!("{v:?}"))))
+        .transpose()
 }

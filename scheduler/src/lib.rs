@@ -171,6 +171,7 @@ mod builder;
 mod clock;
 mod connect;
 mod context;
+mod delivery;
 mod driver;
 mod error;
 mod job;
@@ -178,6 +179,7 @@ mod leader;
 mod metrics;
 mod missed;
 mod overlap;
+mod pause;
 mod per_tick;
 mod policy;
 mod run;
@@ -193,6 +195,7 @@ pub use builder::{
 pub use clock::{SystemClock, WallClock};
 pub use connect::{connect, Backend, LockMode};
 pub use context::JobContext;
+pub use delivery::{Delivery, UnknownDelivery};
 pub use error::{Error, JobError, Result};
 pub use job::{Job, DEFAULT_JOB_TTL, MAX_JOB_NAME_LEN};
 pub use leader::{
@@ -200,6 +203,9 @@ pub use leader::{
 };
 pub use metrics::{SchedulerMetrics, TickOutcome};
 pub use missed::MissedTicks;
+#[cfg(feature = "test-util")]
+pub use pause::PauseHook;
+pub use pause::ProtocolPoint;
 pub use policy::{connect_from_env, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 pub use runtime::RunReport;
 pub use schedule::Schedule;
