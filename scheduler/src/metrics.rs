@@ -315,10 +315,18 @@ mod tests {
             })
             .collect();
         outcomes.sort();
-        let expected: Vec<(String, u64)> = ["aborted", "failure", "panicked", "skipped", "success"]
-            .iter()
-            .map(|o| ((*o).to_owned(), 0))
-            .collect();
+        let expected: Vec<(String, u64)> = [
+            "abandoned",
+            "aborted",
+            "failure",
+            "fenced_out",
+            "panicked",
+            "skipped",
+            "success",
+        ]
+        .iter()
+        .map(|o| ((*o).to_owned(), 0))
+        .collect();
         assert_eq!(outcomes, expected);
         report.run(TickOutcome::Panicked);
         assert_eq!(m.runs("report", TickOutcome::Panicked), 1);
