@@ -11,7 +11,12 @@ use crate::error::protocol;
 use crate::scripts::{RECORD_TICK, WRITE_TICK};
 use crate::RedisBackend;
 
-/// Ticks live in `<prefix>#tick:<job>` without expiry, one key per job.
+/// Ticks live in `<prefix>#tick:<job>` without expiry, one key per job; a
+/// tick's mark in `<prefix>#tick:<job>#<tick>` and its record (the fenced
+/// start protocol) in `<prefix>#tick:<job>#<tick>#run`, both expiring after
+/// `keep`. In cluster mode the job is the hash tag, so one script reaches
+/// all three. With replica acknowledgement on, record writes wait for the
+/// replicas like acquires do.
 /// Values are compared as Lua numbers (doubles), exact for Unix milliseconds
 /// for the next quarter of a million years.
 #[async_trait]
@@ -112,12 +117,40 @@ impl TickStore for RedisBackend {
                 tick.to_string(),
             ],
         };
-        let after: Option<String> = shared
-            .conn
-            .run("write tick record", |mut c| async move {
-                WRITE_TICK.run(&mut c, &keys, &args).await
-            })
-            .await?;
+        let after: Option<String> = match &shared.replica_ack {
+            // With replica acknowledgement a record counts only once enough
+            // replicas have it: a failover then cannot lose a Started
+            // record and let another replica start the tick again.
+            Some(ack) => {
+                let (after, acked) = crate::ack::eval_and_wait(
+                    &shared.conn,
+                    ack,
+                    "write tick record",
+                    &WRITE_TICK,
+                    &keys,
+                    &args,
+                )
+                .await?;
+                if acked < u64::from(ack.replicas()) {
+                    return Err(BackendError::unavailable(format!(
+                        "write tick record on {}: {acked} of {} replicas acknowledged it within {:?}; \
+                         not counted (check the replicas' link to the primary)",
+                        shared.conn.target(),
+                        ack.replicas(),
+                        ack.timeout()
+                    )));
+                }
+                after
+            }
+            None => {
+                shared
+                    .conn
+                    .run("write tick record", |mut c| async move {
+                        WRITE_TICK.run(&mut c, &keys, &args).await
+                    })
+                    .await?
+            }
+        };
         Ok(write.answer(parse_record(shared.conn.target(), after)?))
     }
 

@@ -161,6 +161,16 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(
+        ticks::tick_records_transitions_follow_the_token,
+        Requires::Nothing
+    ),
+    case!(
+        ticks::tick_records_take_over_and_fence_out,
+        Requires::Nothing
+    ),
+    case!(ticks::tick_records_abandon, Requires::Nothing),
+    case!(ticks::tick_records_one_start_wins, Requires::Nothing),
+    case!(
         scheduler::scheduler_per_tick_exactly_once,
         Requires::Nothing
     ),
