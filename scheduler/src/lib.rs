@@ -86,12 +86,14 @@
 //! replicates asynchronously**: a failover can promote a replica that missed
 //! a `Started` record, and a replica then firing the tick finds no record and
 //! runs it again (at most once broken), or misses a `Completed` and takes the
-//! tick over (a second run at least once allows). lock-redis's replica
-//! acknowledgement ([`with_replica_ack`], `replica_ack=` in the URL) makes
-//! acquires and renewals wait for replicas, but the tick store's writes do
-//! not wait yet: closing this needs the same `WAIT` after the record's
-//! script. Until then use Postgres or etcd for jobs that must not run twice
-//! across a Redis failover.
+//! tick over (a second run at least once allows). Turn on lock-redis's
+//! replica acknowledgement ([`with_replica_ack`], `replica_ack=N` in the
+//! URL): every tick record write then waits (`WAIT`) for N replicas, and one
+//! that fewer acknowledged is an error, so the tick is not run. `WAIT` is
+//! not consensus: the guarantee holds if the replica a failover promotes is
+//! one that acknowledged, which asking every replica (N = the number of
+//! replicas) ensures and a smaller N makes likely, not certain. For jobs
+//! that must never run twice whatever the failover, use Postgres or etcd.
 //!
 //! [`with_replica_ack`]: https://docs.rs/lock-redis/latest/lock_redis/struct.RedisBuilder.html#method.with_replica_ack
 //!
