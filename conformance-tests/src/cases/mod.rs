@@ -183,6 +183,7 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_missed_tick_policies_after_outage,
         Requires::Nothing
     ),
+    case!(scheduler::scheduler_pause_matrix, Requires::Nothing),
     case!(
         scheduler::scheduler_overlapping_tick_is_skipped,
         Requires::Nothing
