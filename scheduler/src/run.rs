@@ -107,11 +107,10 @@ pub(crate) async fn execute(
         Err(_) => return TickOutcome::Aborted,
     };
     pause::at(rt, ProtocolPoint::HandlerReturned, label, tick.at).await;
-    // The handler finished while the lock was valid by its local deadline,
-    // so its work is done: mark it before anything else. A mark written
-    // after a verification round trip would leave a window in which the
-    // lease lapses and a replica whose clock is behind takes the tick and,
-    // finding no mark, runs a finished tick again.
+    // The handler finished: record it before anything else, under the
+    // token. If this replica stalled past its lock meanwhile, another one
+    // has marked the tick abandoned or taken it over, and the write is
+    // refused (fenced out) instead of landing on a record no longer ours.
     let recorded = match complete(rt, job, tick, token).await {
         Completion::Recorded => true,
         Completion::Failed => false,
@@ -123,7 +122,7 @@ pub(crate) async fn execute(
     let lost = match lease.verify().await {
         Ok(()) => false,
         Err(LockError::LockLost { reason, .. }) => {
-            warn!(job = label, tick = %tick.at, %reason, "tick lock found lost after the run finished; another replica may have run the tick alongside this one");
+            warn!(job = label, tick = %tick.at, %reason, "tick lock found lost after the run finished and was recorded complete");
             true
         }
         Err(e) => {
