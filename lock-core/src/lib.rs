@@ -48,6 +48,7 @@ mod name;
 mod options;
 mod outcome;
 pub mod redact;
+pub mod tick_record;
 mod ticks;
 mod token;
 mod wait;
@@ -70,6 +71,7 @@ pub mod shared_metrics {
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, MAX_TTL};
 pub use outcome::{RunError, RunOutcome, SkipReason};
+pub use tick_record::{OnStale, TickAnswer, TickRecord, TickWrite};
 pub use ticks::TickStore;
 pub use token::OwnerToken;
 

@@ -1,9 +1,10 @@
 //! [`LocalTicks`]: completed scheduler ticks kept in this process.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use crate::tick_record::{TickAnswer, TickRecord, TickWrite};
 use crate::{async_trait, BackendError, LockName, TickStore};
 
 /// A [`TickStore`] kept in this process: the latest completed tick of each
@@ -19,6 +20,7 @@ pub struct LocalTicks {
 struct Job {
     latest: Option<i64>,
     marks: BTreeSet<i64>,
+    runs: BTreeMap<i64, TickRecord>,
 }
 
 impl LocalTicks {
@@ -42,6 +44,39 @@ impl TickStore for LocalTicks {
     ) -> Result<(), BackendError> {
         record(&mut self.jobs(), job, tick, keep);
         Ok(())
+    }
+
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        Ok(write_one(&mut self.jobs(), job, tick, write, keep))
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        Ok(self
+            .jobs()
+            .get(job)
+            .and_then(|j| j.runs.get(&tick).cloned()))
+    }
+
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        let mut map = self.jobs();
+        writes
+            .iter()
+            .map(|(job, tick, write)| Ok(write_one(&mut map, job, *tick, write, keep)))
+            .collect()
     }
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
@@ -99,6 +134,30 @@ fn record(jobs: &mut HashMap<LockName, Job>, job: &LockName, tick: i64, keep: Du
     // bounded by the ticks of one `keep` window.
     let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
     entry.marks = entry.marks.split_off(&tick.saturating_sub(keep_ms));
+}
+
+/// Applies `write` to the record of `tick` under the map's lock (one step),
+/// records the tick as completed when it completes, and drops records more
+/// than `keep` older than `tick`.
+fn write_one(
+    jobs: &mut HashMap<LockName, Job>,
+    job: &LockName,
+    tick: i64,
+    write: &TickWrite,
+    keep: Duration,
+) -> TickAnswer {
+    let entry = jobs.entry(job.clone()).or_default();
+    if let Some(next) = write.apply(entry.runs.get(&tick)) {
+        let completed = matches!(next, TickRecord::Completed { .. });
+        entry.runs.insert(tick, next);
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        entry.runs = entry.runs.split_off(&tick.saturating_sub(keep_ms));
+        if completed {
+            record(jobs, job, tick, keep);
+        }
+    }
+    let after = jobs.get(job).and_then(|j| j.runs.get(&tick).cloned());
+    write.answer(after)
 }
 
 #[cfg(test)]

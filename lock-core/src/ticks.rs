@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 
-use crate::{BackendError, LockName};
+use crate::tick_record::{TickAnswer, TickRecord, TickWrite};
+use crate::{BackendError, BackendErrorKind, LockName};
 
 /// Records, per job, the latest scheduled tick that completed, in the same
 /// server as the locks, so a replica taking over after a failover knows which
@@ -38,6 +39,17 @@ use crate::{BackendError, LockName};
 ///   carries an error, as its single call's failure would. The defaults call
 ///   the single methods concurrently, so an implementation only overrides
 ///   them to save round trips.
+/// - `write_tick` applies one [`TickWrite`] to the tick's [`TickRecord`] in
+///   ONE server-side step, exactly as [`TickWrite::apply`] says: a `Start`
+///   onto a record that exists is refused unless it is a `Started` of a
+///   lower token (then its `on_stale` decides); a `Complete` lands only on
+///   the `Started` of its own token, and in the same step does what
+///   `record_completed` does for the tick. The answer is
+///   [`TickWrite::answer`] of the record after the step, so a write sent
+///   again with the same token (a retry after a lost reply) changes nothing
+///   and answers as the first did. Records MUST last at least `keep` past
+///   their last write (or until a tick more than `keep` later is written),
+///   like the marks.
 #[async_trait]
 pub trait TickStore: fmt::Debug + Send + Sync {
     /// The latest completed tick recorded for `job`, if any.
@@ -68,6 +80,51 @@ pub trait TickStore: fmt::Debug + Send + Sync {
     /// round trip; cancel safe (a read).
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
         Ok(None)
+    }
+
+    /// Applies `write` to the record of `tick` of `job` in one server-side
+    /// step (see the contract) and answers whether it won. Not cancel safe
+    /// in the sense that a cancelled call may or may not have applied the
+    /// write: send the same write again to learn which.
+    ///
+    /// The default refuses with a [`BackendErrorKind::Config`] error: a
+    /// store that keeps no records cannot run the fenced protocol, and the
+    /// scheduler then runs nothing (fail closed).
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        let _ = (job, tick, write, keep);
+        Err(no_records())
+    }
+
+    /// The record of `tick` of `job`, if there is one. Cancel safe (a read).
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        let _ = (job, tick);
+        Err(no_records())
+    }
+
+    /// [`TickStore::write_tick`] for each `(job, tick, write)` of `writes`,
+    /// in as few round trips as the backend allows, one answer per item in
+    /// order. Each item is its own step (a batch is not a transaction).
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        join_all(
+            writes
+                .iter()
+                .map(|(job, tick, write)| self.write_tick(job, *tick, write, keep)),
+        )
+        .await
     }
 
     /// The latest completed tick of each of `jobs`, in order: what
@@ -114,4 +171,11 @@ pub trait TickStore: fmt::Debug + Send + Sync {
         )
         .await
     }
+}
+
+fn no_records() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Config,
+        "this tick store keeps no tick records (TickStore::write_tick); use a backend's own tick store",
+    )
 }

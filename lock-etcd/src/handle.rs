@@ -7,7 +7,8 @@ use std::time::Duration;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, Capabilities, LockBackend, LockName, OwnerToken, TickStore,
+    BackendError, Capabilities, LockBackend, LockName, OwnerToken, TickAnswer, TickRecord,
+    TickStore, TickWrite,
 };
 
 use crate::connection::{key_in, Connected};
@@ -252,6 +253,38 @@ impl TickStore for EtcdBackend {
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
         self.backend().await?.is_completed(job, tick).await
+    }
+
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        self.backend()
+            .await?
+            .write_tick(job, tick, write, keep)
+            .await
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        self.backend().await?.tick_record(job, tick).await
+    }
+
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        match self.backend().await {
+            Ok(b) => b.write_ticks_many(writes, keep).await,
+            Err(e) => e.for_each(writes.len()),
+        }
     }
 
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {

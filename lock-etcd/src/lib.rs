@@ -213,6 +213,7 @@ mod shared;
 #[cfg(feature = "test-util")]
 mod test_util;
 mod tick_batch;
+mod tick_runs;
 mod ticks;
 
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENV_VAR, URL_SCHEMES};

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
-use lock_core::{async_trait, BackendError, LockName, TickStore};
+use lock_core::{
+    async_trait, BackendError, LockName, TickAnswer, TickRecord, TickStore, TickWrite,
+};
 
 use crate::connection::Connected;
 use crate::error::{convert, protocol};
@@ -134,6 +136,24 @@ impl TickStore for Connected {
                 Ok(resp.count() > 0)
             })
             .await
+    }
+
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        self.write_tick_record(job, tick, write, keep).await
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        self.read_tick_record(job, tick).await
     }
 
     async fn last_completed_many(

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use lock_core::{async_trait, BackendError, LockName, TickStore};
+use lock_core::{
+    async_trait, BackendError, LockName, TickAnswer, TickRecord, TickStore, TickWrite,
+};
 
 use crate::MemoryBackend;
 
@@ -24,6 +26,32 @@ impl TickStore for MemoryBackend {
 
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
         self.shared.ticks.is_completed(job, tick).await
+    }
+
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        self.shared.ticks.write_tick(job, tick, write, keep).await
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        self.shared.ticks.tick_record(job, tick).await
+    }
+
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        self.shared.ticks.write_ticks_many(writes, keep).await
     }
 
     async fn last_completed_many(

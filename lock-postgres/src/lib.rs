@@ -228,6 +228,7 @@ mod sessions;
 #[cfg(feature = "test-util")]
 mod test_util;
 mod tick_batch;
+mod tick_runs;
 mod ticks;
 mod unlocks;
 

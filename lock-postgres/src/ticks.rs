@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use lock_core::{async_trait, BackendError, LockName, TickStore};
+use lock_core::{
+    async_trait, BackendError, LockName, TickAnswer, TickRecord, TickStore, TickWrite,
+};
 use tokio_postgres::types::Type;
 
 use crate::error::protocol;
@@ -21,15 +23,20 @@ impl PostgresBackend {
     }
 
     /// The DDL the tick store runs once, on its first write: the latest
-    /// completed tick per job, and the marks of single completed ticks.
+    /// completed tick per job, the marks of single completed ticks, and the
+    /// records of started ticks.
     pub fn tick_table_ddl(&self) -> String {
         format!(
             "CREATE TABLE IF NOT EXISTS {} (namespace text NOT NULL, job text NOT NULL, \
              tick bigint NOT NULL, PRIMARY KEY (namespace, job)); \
              CREATE TABLE IF NOT EXISTS {} (namespace text NOT NULL, job text NOT NULL, \
-             tick bigint NOT NULL, PRIMARY KEY (namespace, job, tick))",
+             tick bigint NOT NULL, PRIMARY KEY (namespace, job, tick)); \
+             CREATE TABLE IF NOT EXISTS {} (namespace text NOT NULL, job text NOT NULL, \
+             tick bigint NOT NULL, state text NOT NULL, token bigint NOT NULL, \
+             replica text NOT NULL, at bigint NOT NULL, PRIMARY KEY (namespace, job, tick))",
             self.tick_table(),
-            self.mark_table()
+            self.mark_table(),
+            self.run_table()
         )
     }
 
@@ -151,6 +158,24 @@ impl TickStore for PostgresBackend {
             }
             other => other,
         }
+    }
+
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        self.write_tick_record(job, tick, write, keep).await
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        self.read_tick_record(job, tick).await
     }
 
     async fn last_completed_many(

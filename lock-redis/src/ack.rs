@@ -232,7 +232,7 @@ pub(crate) async fn renew_many(
 ///
 /// Not cancel safe: a dropped call may have run the script without anyone
 /// learning the reply, as for any write.
-async fn eval_and_wait<T: FromRedisValue + Send + 'static>(
+pub(crate) async fn eval_and_wait<T: FromRedisValue + Send + 'static>(
     conn: &Connection,
     ack: &ReplicaAck,
     op: &str,

@@ -57,7 +57,7 @@ pub(crate) struct Shared {
     notifier: ReleaseNotifier,
     pub(crate) keys: KeySpace,
     warned_no_pubsub: AtomicBool,
-    replica_ack: Option<ReplicaAck>,
+    pub(crate) replica_ack: Option<ReplicaAck>,
     /// Whether acquires draw fencing tokens.
     pub(crate) fencing: bool,
     pub(crate) set_get_refused: SetGetRefused,

@@ -222,6 +222,52 @@ return 0
     )
 });
 
+/// One transition of a tick's record (lock-core's `TickWrite::apply`) in
+/// one step. KEYS: the record, the job's latest completed tick, the tick's
+/// mark (one slot: they share the job's hash tag). ARGV: `S` (start) or `C`
+/// (complete), the token, the start's Unix ms, the replica, what to do with
+/// a stale `Started` (`R` refuse, `A` abandon, `T` take over), keep in ms,
+/// the tick. Returns the record as it stands after the step (or false).
+/// Tokens are compared as Lua numbers: exact up to 2^53.
+pub(crate) static WRITE_TICK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local cur = redis.call('get', KEYS[1])
+local tok = tonumber(ARGV[2])
+local nxt = nil
+if ARGV[1] == 'S' then
+  if not cur then
+    nxt = 'S:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. ARGV[4]
+  else
+    local kind, held = string.match(cur, '^(%a):(%d+)')
+    if kind == 'S' and tonumber(held) < tok then
+      if ARGV[5] == 'A' then
+        nxt = 'A:' .. ARGV[2]
+      elseif ARGV[5] == 'T' then
+        nxt = 'S:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. ARGV[4]
+      end
+    end
+  end
+elseif cur then
+  local kind, held = string.match(cur, '^(%a):(%d+)')
+  if kind == 'S' and tonumber(held) == tok then
+    nxt = 'C:' .. ARGV[2]
+    local latest = redis.call('get', KEYS[2])
+    if (not latest) or tonumber(latest) < tonumber(ARGV[7]) then
+      redis.call('set', KEYS[2], ARGV[7])
+    end
+    redis.call('set', KEYS[3], '1', 'PX', ARGV[6])
+  end
+end
+if nxt then
+  redis.call('set', KEYS[1], nxt, 'PX', ARGV[6])
+  return nxt
+end
+return cur
+",
+    )
+});
+
 /// Where things live under the key prefix.
 ///
 /// Lock keys are `<prefix><name>`. Everything else uses `#`, which lock
@@ -321,6 +367,13 @@ impl KeySpace {
     }
 
     /// The mark of one completed tick; it expires on its own.
+    pub(crate) fn tick_record(&self, job: &LockName, tick: i64) -> String {
+        let mut key = self.tick_mark(job, tick);
+        key.push_str("#run");
+        key
+    }
+
+    /// The mark of one completed tick of `job`.
     pub(crate) fn tick_mark(&self, job: &LockName, tick: i64) -> String {
         use std::fmt::Write;
         let mut key = self.tick(job);

@@ -121,6 +121,9 @@ The cron file: one entry per line, `#` starts a comment.
                                 grace before, SIGKILL at it (default: none)
             missed=skip         or run-once, or run-all:WINDOW:MAX (e.g. run-all:1h:5)
             mode=per-tick       or leader (one elected runner fires every tick)
+            delivery=at-most-once  or at-least-once: a tick whose runner stalled
+                                or died after starting it is marked abandoned
+                                (default), or taken over and run again
   COMMAND   run by /bin/sh -c, in a process group of its own; its output is
             printed with `[NAME] ` in front
 

@@ -5,10 +5,11 @@
  * checks every variant.
  *
  * Variants (spin -D...):
- *   TODAY                the protocol scheduler/src/{per_tick,run}.rs run today:
+ *   TODAY                the protocol scheduler/src/{per_tick,run}.rs ran before
+ *                        the start record (kept to show what it allowed):
  *                        lock -> read the completed mark -> handler -> write
  *                        the mark (unconditionally) -> retain the lock
- *   FENCED               the fenced start record of issue 41, with one of
+ *   FENCED               the fenced start record the scheduler runs, with one of
  *     AT_MOST_ONCE       a Started tick is never started again (Abandoned)
  *     AT_LEAST_ONCE      a Started tick whose lock expired is taken over
  *   and, with FENCED, the broken writes the checker must catch:

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::lane::{self, Batch, Lane};
-use lock_core::{BackendError, LockName, TickStore};
+use lock_core::{BackendError, LockName, TickAnswer, TickStore, TickWrite};
 
 /// The tick store of one scheduler, coalescing concurrent calls.
 #[derive(Debug)]
@@ -27,7 +27,7 @@ struct Lanes {
     clock: Lane<ServerTime>,
     latest: Lane<Latest>,
     marks: Lane<Marks>,
-    records: Lane<Records>,
+    writes: Lane<Writes>,
 }
 
 impl Ticks {
@@ -38,7 +38,7 @@ impl Ticks {
                 clock: Lane::default(),
                 latest: Lane::default(),
                 marks: Lane::default(),
-                records: Lane::default(),
+                writes: Lane::default(),
             }),
         }
     }
@@ -70,18 +70,51 @@ impl Ticks {
     ) -> Result<bool, BackendError> {
         lane::call::<Marks>(&self.lanes, (job.clone(), tick)).await
     }
+}
 
-    /// [`TickStore::record_completed`], batched. A batch keeps every mark
-    /// for the longest `keep` asked in it (at least as long as each asked).
-    /// Not cancel safe: a dropped call may or may not have recorded the tick
-    /// (the batch goes on without its caller).
-    pub(crate) async fn record_completed(
+impl Ticks {
+    /// [`TickStore::write_tick`], batched: the `Started` and `Completed`
+    /// writes of concurrent ticks go together. A batch keeps every record
+    /// for the longest `keep` asked in it. Not cancel safe: a dropped call
+    /// may or may not have applied the write (the batch goes on without its
+    /// caller).
+    pub(crate) async fn write_tick(
         &self,
         job: &LockName,
         tick: i64,
+        write: TickWrite,
         keep: Duration,
-    ) -> Result<(), BackendError> {
-        lane::call::<Records>(&self.lanes, (job.clone(), tick, keep)).await
+    ) -> Result<TickAnswer, BackendError> {
+        lane::call::<Writes>(&self.lanes, (job.clone(), tick, write, keep)).await
+    }
+}
+
+#[derive(Debug)]
+struct Writes;
+
+impl Batch for Writes {
+    type Host = Lanes;
+    type Item = (LockName, i64, TickWrite, Duration);
+    type Answer = TickAnswer;
+
+    fn lane(host: &Lanes) -> &Lane<Self> {
+        &host.writes
+    }
+
+    async fn run(
+        host: &Lanes,
+        items: Vec<(LockName, i64, TickWrite, Duration)>,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        let keep = items
+            .iter()
+            .map(|(_, _, _, keep)| *keep)
+            .max()
+            .unwrap_or_default();
+        let writes: Vec<(LockName, i64, TickWrite)> = items
+            .into_iter()
+            .map(|(job, tick, write, _)| (job, tick, write))
+            .collect();
+        host.store.write_ticks_many(&writes, keep).await
     }
 }
 
@@ -135,35 +168,6 @@ impl Batch for Marks {
 
     async fn run(host: &Lanes, items: Vec<(LockName, i64)>) -> Vec<Result<bool, BackendError>> {
         host.store.is_completed_many(&items).await
-    }
-}
-
-#[derive(Debug)]
-struct Records;
-
-impl Batch for Records {
-    type Host = Lanes;
-    type Item = (LockName, i64, Duration);
-    type Answer = ();
-
-    fn lane(host: &Lanes) -> &Lane<Self> {
-        &host.records
-    }
-
-    async fn run(
-        host: &Lanes,
-        items: Vec<(LockName, i64, Duration)>,
-    ) -> Vec<Result<(), BackendError>> {
-        let keep = items
-            .iter()
-            .map(|(_, _, keep)| *keep)
-            .max()
-            .unwrap_or_default();
-        let ticks: Vec<(LockName, i64)> = items
-            .into_iter()
-            .map(|(job, tick, _)| (job, tick))
-            .collect();
-        host.store.record_completed_many(&ticks, keep).await
     }
 }
 

@@ -96,6 +96,9 @@ pub struct SchedulerBuilder {
     tolerance: Duration,
     jobs: Vec<Job>,
     on_outcome: Option<OutcomeHook>,
+    replica: Option<String>,
+    #[cfg(feature = "test-util")]
+    pause: Option<crate::PauseHook>,
 }
 
 impl fmt::Debug for SchedulerBuilder {
@@ -121,6 +124,9 @@ impl SchedulerBuilder {
             tolerance: DEFAULT_SKEW_TOLERANCE,
             jobs: Vec::new(),
             on_outcome: None,
+            replica: None,
+            #[cfg(feature = "test-util")]
+            pause: None,
         }
     }
 
@@ -171,6 +177,23 @@ impl SchedulerBuilder {
     /// a spawned task.
     pub fn with_on_outcome(mut self, hook: impl Fn(&RunReport) + Send + Sync + 'static) -> Self {
         self.on_outcome = Some(Arc::new(hook));
+        self
+    }
+
+    /// Names this replica in the tick records it writes (who started a
+    /// tick), for people reading the store. Default: a random id per
+    /// scheduler.
+    pub fn with_replica_id(mut self, id: impl Into<String>) -> Self {
+        self.replica = Some(id.into());
+        self
+    }
+
+    /// Test hook (feature `test-util`): awaits `hook` at each
+    /// [`ProtocolPoint`](crate::ProtocolPoint) of every tick, so a test can
+    /// freeze this replica there.
+    #[cfg(feature = "test-util")]
+    pub fn with_pause_hook(mut self, hook: crate::PauseHook) -> Self {
+        self.pause = Some(hook);
         self
     }
 
@@ -267,6 +290,14 @@ impl SchedulerBuilder {
             soft_stop,
             start_gate: std::sync::Mutex::new(()),
             on_outcome: self.on_outcome,
+            replica: self.replica.unwrap_or_else(|| {
+                lock_core::OwnerToken::generate()
+                    .map(|t| t.to_hex().chars().take(12).collect())
+                    .unwrap_or_else(|_| "replica".to_owned())
+            }),
+            runs: std::sync::atomic::AtomicU64::new(0),
+            #[cfg(feature = "test-util")]
+            pause: self.pause,
         };
         Ok(Scheduler::new(Arc::new(runtime), jobs, self.mode))
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lock_core::{LockName, LockOptions, MAX_NAME_LEN};
 
-use crate::{Error, JobContext, JobError, MissedTicks, Result, Schedule};
+use crate::{Delivery, Error, JobContext, JobError, MissedTicks, Result, Schedule};
 
 /// The longest accepted job name, in bytes: a lock name is
 /// `<job>/<tick in Unix ms>`, and the tick takes up to 20 bytes and the slash one.
@@ -53,6 +53,7 @@ pub struct Job {
     ttl: Duration,
     max_hold: Option<Duration>,
     missed: MissedTicks,
+    delivery: Delivery,
     handler: Handler,
 }
 
@@ -65,6 +66,7 @@ impl fmt::Debug for Job {
             .field("ttl", &self.ttl)
             .field("max_hold", &self.max_hold)
             .field("missed", &self.missed)
+            .field("delivery", &self.delivery)
             .finish()
     }
 }
@@ -85,6 +87,7 @@ impl Job {
             ttl: DEFAULT_JOB_TTL,
             max_hold: None,
             missed: MissedTicks::Skip,
+            delivery: Delivery::default(),
             handler: Arc::new(move |ctx| Box::pin(handler(ctx))),
         }
     }
@@ -156,6 +159,14 @@ impl Job {
         self
     }
 
+    /// What a tick promises when its runner stalls or dies after starting
+    /// it (default [`Delivery::AtMostOnce`]; see the crate docs, "Why a tick
+    /// runs once").
+    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
+        self
+    }
+
     /// The job's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -192,6 +203,7 @@ impl Job {
             schedule,
             options,
             missed: self.missed,
+            delivery: self.delivery,
             handler: self.handler,
             runs: Mutex::default(),
             metrics: metrics.job(&self.name),
@@ -205,6 +217,7 @@ pub(crate) struct JobSpec {
     pub(crate) schedule: Schedule,
     pub(crate) options: LockOptions,
     pub(crate) missed: MissedTicks,
+    pub(crate) delivery: Delivery,
     pub(crate) handler: Handler,
     /// This job's runs in this process: one batch at a time, see `overlap`.
     pub(crate) runs: Mutex<crate::overlap::Runs>,

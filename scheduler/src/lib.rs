@@ -23,58 +23,96 @@
 //!
 //! # Why a tick runs once
 //!
-//! 1. Only the holder of a tick's lock runs it, and it runs only while the
-//!    lock is valid by its local deadline (the handler is dropped the moment
-//!    the lock is lost, and the lock is verified with the backend afterwards,
-//!    which logs a loss the heartbeat had not seen yet).
-//! 2. The lock is not released when the handler returns: it is kept
-//!    ([`LockGuard::retain_for`](lock_core::LockGuard::retain_for)) until the
-//!    tick plus the skew tolerance has passed, so a replica whose clock is
-//!    behind finds the tick taken, even if the job took a millisecond. The
-//!    hold is never shorter than the backend's minimum TTL (a second on
-//!    etcd): a mark kept a little long is harmless, one the backend refuses
-//!    is none.
-//! 3. A finished tick is recorded in the [`TickStore`](lock_core::TickStore),
-//!    on the same server as the locks, and a replica checks that record
-//!    *after* taking the tick's lock, before running: a tick marked as
-//!    completed is never run again (marks are kept for twice the tolerance,
-//!    at least a minute), and a tick older than the tolerance is not run
-//!    once a later one has completed. A later tick finished by a replica
-//!    whose clock is ahead does not cancel an earlier one that nobody has run
-//!    yet. The store's mark, unlike the lock of 2., outlives the replica: on
-//!    Postgres a crashed replica's locks, completion marks included, vanish
-//!    with its session.
+//! A tick is run by the replica that holds its lock and whose *start record*
+//! won. In order, on the replica that fires it:
 //!
-//! A run that is cut short is not finished: if its replica crashes, or loses
-//! the tick's lock (or the leadership) mid-run, its handler stops at once,
-//! nothing is recorded, and a replica that fires the tick later (its clock
-//! behind, or a new leader) may run it again. The first run has stopped by
-//! then: its guard failed at its local deadline, before the lock could be
-//! taken again. Handlers that must not repeat a partial effect should write
-//! under the run's fencing token ([`JobContext::fencing_token`]). A tick whose
-//! run finished, successfully or with an error, never runs again: the mark is
-//! written as soon as the handler returns, before anything else. One window
-//! remains, and no lock service can close it: a replica that stalls (starved
-//! of CPU, frozen) for longer than the TTL between its handler's return and
-//! the mark's write lets the lock run out unmarked, and a replica whose clock
-//! is behind may then take the tick and run it again, after the first run
-//! ended, never alongside it. The stalled replica logs a warning when its
-//! mark lands after its lock's deadline.
+//! 1. It takes the tick's lock (at once, or for a missed tick waiting up to
+//!    one TTL) and checks the [`TickStore`](lock_core::TickStore) for a
+//!    completion mark and the latest completed tick (a tick marked done is
+//!    never run again; marks are kept for twice the skew tolerance, at least
+//!    a minute).
+//! 2. It writes the tick's record `Started { token, replica, at }` under the
+//!    lock's fencing token, in one server-side step that is refused if the
+//!    tick has any record already (or, for a `Started` record of a lower
+//!    token, whose runner's lock has therefore expired, does what the job's
+//!    [`Delivery`] says). The handler is called only if this write won. A
+//!    write retried after a lost reply finds its own record and answers as
+//!    the first did.
+//! 3. When the handler returns (`Ok`, an error or a panic) it writes
+//!    `Completed { token }`, in one step conditional on the record still
+//!    being its own `Started`; the same step marks the tick done and raises
+//!    the latest completed tick. A refused `Completed` is counted as
+//!    [`TickOutcome::FencedOut`].
+//! 4. It keeps the lock past the tick plus the skew tolerance
+//!    ([`LockGuard::retain_for`](lock_core::LockGuard::retain_for)), so a
+//!    replica whose clock is behind finds the tick taken without asking the
+//!    store.
 //!
-//! The protocol is modelled in `scheduler/model/ticks.pml`, checked with spin
-//! by `.ci/run` (its README says how): the model describes today's protocol
-//! and the fenced start record meant to replace it, with `Started`,
-//! `Completed` and `Abandoned` written under the run's token. In today's it
-//! finds the window above, and a second one: a replica that stalls between
-//! reading the completion mark and calling the handler may start the handler
-//! (aborted once it sees the lock lost) of a tick another replica ran.
+//! The two modes differ only in what a *stale* `Started` record leads to:
+//! one whose runner stalled (GC pause, frozen VM, starved CPU) or died for
+//! longer than the lock's TTL after starting the tick.
+//!
+//! - [`Delivery::AtMostOnce`] (the default): the next replica to fire the
+//!   tick marks it `Abandoned` ([`TickOutcome::Abandoned`], counted and
+//!   alerted on by `SchedulerTickAbandoned` in `ops/prometheus/alerts.yml`)
+//!   and does not run it. **No tick's handler is called twice**, whatever the
+//!   pauses, crashes, lost replies and clock skew. The price: a tick whose
+//!   runner died is lost (and one whose runner stalled after its handler
+//!   returned is counted abandoned although it ran). The default because
+//!   every job of the deployments this crate was built for does damage when
+//!   run twice (two live rounds, a round resolved twice with two payouts, a
+//!   bet reconciled twice against an external ledger) and a lost run, seen by
+//!   the alert, is repaired by the next tick or by hand.
+//! - [`Delivery::AtLeastOnce`]: the next replica takes the tick over with its
+//!   higher token and runs it again; the first runner's late `Completed` is
+//!   refused. **Every tick whose runner keeps running completes, and exactly
+//!   one `Completed` is recorded, the highest token's**; the handler may run
+//!   twice (never alongside itself while both hold valid locks), so it must
+//!   be idempotent, ideally writing under [`JobContext::fencing_token`]. It
+//!   needs fencing tokens: without them (Redis or Postgres with fencing
+//!   turned off) a stale record cannot be told from a live one, so it is left
+//!   and the tick skipped, which is at most once.
+//!
+//! A run cut short (its lock or the leadership lost mid-run, or shutdown's
+//! deadline) is aborted at once and leaves its `Started` record, which the
+//! mode then treats as above. Leader mode writes the same records, so a new
+//! leader neither re-runs a started tick (at most once) nor loses it (at
+//! least once).
+//!
+//! Where it holds: the promises rest on the store never losing an
+//! acknowledged write. They hold without exception on **Postgres** and
+//! **etcd** (a committed row; a Raft-committed key), and on a single Redis
+//! or a Redis Cluster / Sentinel deployment without failovers. **Redis
+//! replicates asynchronously**: a failover can promote a replica that missed
+//! a `Started` record, and a replica then firing the tick finds no record and
+//! runs it again (at most once broken), or misses a `Completed` and takes the
+//! tick over (a second run at least once allows). Turn on lock-redis's
+//! replica acknowledgement ([`with_replica_ack`], `replica_ack=N` in the
+//! URL): every tick record write then waits (`WAIT`) for N replicas, and one
+//! that fewer acknowledged is an error, so the tick is not run. `WAIT` is
+//! not consensus: the guarantee holds if the replica a failover promotes is
+//! one that acknowledged, which asking every replica (N = the number of
+//! replicas) ensures and a smaller N makes likely, not certain. For jobs
+//! that must never run twice whatever the failover, use Postgres or etcd.
+//!
+//! [`with_replica_ack`]: https://docs.rs/lock-redis/latest/lock_redis/struct.RedisBuilder.html#method.with_replica_ack
+//!
+//! The protocol is modelled in `scheduler/model/ticks.pml` and checked with
+//! spin by `.ci/run` (see its README): the `FENCED` variant, in both modes,
+//! is what this crate runs; a change to one changes the other. The model
+//! also shows what the protocol before the start record allowed (a handler
+//! run twice when its runner stalled between the handler's return and the
+//! completion mark), and that an unconditional `Started` or `Completed`
+//! write breaks it. `tests/pause_matrix.rs` freezes a replica at each point
+//! of the protocol for three TTLs beside a replica whose clock is 3 s
+//! behind, in both modes.
 //!
 //! # Clock skew
 //!
 //! Replicas' clocks may differ by up to the skew tolerance (default 5 s,
 //! [`SchedulerBuilder::with_skew_tolerance`]). A replica ahead fires early and a
 //! replica behind fires late, but they fire the same tick name. Skew larger
-//! than the tolerance is still caught by the completed-tick record (2.); the
+//! than the tolerance is still caught by the tick records and marks (1.–3.); the
 //! tolerance only bounds how long completion marks are kept. Ticks are
 //! computed on an injectable [`WallClock`]; waiting uses tokio's monotonic
 //! timer and the wall clock is re-read on every wake, so a clock stepped
@@ -171,6 +209,7 @@ mod builder;
 mod clock;
 mod connect;
 mod context;
+mod delivery;
 mod driver;
 mod error;
 mod job;
@@ -178,6 +217,7 @@ mod leader;
 mod metrics;
 mod missed;
 mod overlap;
+mod pause;
 mod per_tick;
 mod policy;
 mod run;
@@ -193,6 +233,7 @@ pub use builder::{
 pub use clock::{SystemClock, WallClock};
 pub use connect::{connect, Backend, LockMode};
 pub use context::JobContext;
+pub use delivery::{Delivery, UnknownDelivery};
 pub use error::{Error, JobError, Result};
 pub use job::{Job, DEFAULT_JOB_TTL, MAX_JOB_NAME_LEN};
 pub use leader::{
@@ -200,6 +241,9 @@ pub use leader::{
 };
 pub use metrics::{SchedulerMetrics, TickOutcome};
 pub use missed::MissedTicks;
+#[cfg(feature = "test-util")]
+pub use pause::PauseHook;
+pub use pause::ProtocolPoint;
 pub use policy::{connect_from_env, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 pub use runtime::RunReport;
 pub use schedule::Schedule;

@@ -31,16 +31,28 @@ pub enum TickOutcome {
     Skipped,
     /// The handler panicked; the panic was caught.
     Panicked,
+    /// [`Delivery::AtMostOnce`](crate::Delivery::AtMostOnce): the tick had
+    /// been started by a replica whose lock then expired before it
+    /// completed, so this replica marked it abandoned instead of running it
+    /// again. Its first run may or may not have done its work: alert on it.
+    Abandoned,
+    /// The handler ran here, but by the time it returned another replica had
+    /// taken the tick over ([`Delivery::AtLeastOnce`](crate::Delivery::AtLeastOnce))
+    /// or marked it abandoned: this replica's completion was refused (fenced
+    /// out by the token). The run here may have done its work too.
+    FencedOut,
 }
 
 impl TickOutcome {
     /// Every outcome, in label order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 7] = [
         Self::Success,
         Self::Failure,
         Self::Aborted,
         Self::Skipped,
         Self::Panicked,
+        Self::Abandoned,
+        Self::FencedOut,
     ];
 
     /// Its position in [`Self::ALL`].
@@ -51,10 +63,13 @@ impl TickOutcome {
             Self::Aborted => 2,
             Self::Skipped => 3,
             Self::Panicked => 4,
+            Self::Abandoned => 5,
+            Self::FencedOut => 6,
         }
     }
 
-    /// The label value: `success`, `failure`, `aborted`, `skipped` or `panicked`.
+    /// The label value: `success`, `failure`, `aborted`, `skipped`,
+    /// `panicked`, `abandoned` or `fenced_out`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Success => "success",
@@ -62,6 +77,8 @@ impl TickOutcome {
             Self::Aborted => "aborted",
             Self::Skipped => "skipped",
             Self::Panicked => "panicked",
+            Self::Abandoned => "abandoned",
+            Self::FencedOut => "fenced_out",
         }
     }
 }
@@ -210,7 +227,7 @@ impl SchedulerMetrics {
 #[derive(Clone)]
 pub(crate) struct JobMetrics {
     /// By outcome, in the order of [`TickOutcome::ALL`].
-    runs: [IntCounter; 5],
+    runs: [IntCounter; 7],
     duration: Histogram,
     lag: Histogram,
 }
@@ -298,10 +315,18 @@ mod tests {
             })
             .collect();
         outcomes.sort();
-        let expected: Vec<(String, u64)> = ["aborted", "failure", "panicked", "skipped", "success"]
-            .iter()
-            .map(|o| ((*o).to_owned(), 0))
-            .collect();
+        let expected: Vec<(String, u64)> = [
+            "abandoned",
+            "aborted",
+            "failure",
+            "fenced_out",
+            "panicked",
+            "skipped",
+            "success",
+        ]
+        .iter()
+        .map(|o| ((*o).to_owned(), 0))
+        .collect();
         assert_eq!(outcomes, expected);
         report.run(TickOutcome::Panicked);
         assert_eq!(m.runs("report", TickOutcome::Panicked), 1);

@@ -6,11 +6,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use lock_core::{BackendError, Error as LockError, LeaseHandle, LockGuard, LockName};
+use lock_core::{
+    BackendError, Error as LockError, LeaseHandle, LockGuard, LockName, TickAnswer, TickWrite,
+};
 use tracing::{debug, warn};
 
 use crate::job::JobSpec;
-use crate::run::execute;
+use crate::pause::{self, ProtocolPoint};
+use crate::run::{execute, record_keep};
 use crate::runtime::Runtime;
 use crate::TickOutcome;
 
@@ -54,6 +57,7 @@ async fn attempt(
         debug!(job = label, tick = %tick.at, "not the leader any more; not firing");
         return TickOutcome::Skipped;
     }
+    pause::at(rt, ProtocolPoint::Fired, label, tick.at).await;
     let name = match tick_lock_name(job, tick.at) {
         Ok(n) => n,
         Err(e) => {
@@ -94,7 +98,76 @@ async fn attempt(
         let _ = guard.release().await;
         return outcome;
     }
-    execute(rt, job, tick, leader, guard).await
+    pause::at(rt, ProtocolPoint::Claimed, label, tick.at).await;
+    match start(rt, job, tick, &guard).await {
+        Ok(token) => {
+            pause::at(rt, ProtocolPoint::Started, label, tick.at).await;
+            execute(rt, job, tick, leader, guard, token).await
+        }
+        Err(outcome) => {
+            let _ = guard.release().await;
+            outcome
+        }
+    }
+}
+
+/// Writes the tick's `Started` record under the fencing token of `guard`,
+/// and answers the token to complete it with if this replica's write won
+/// (run the handler), else the outcome to report.
+///
+/// The write is not raced against shutdown: dropped midway it may have
+/// landed, and a `Started` record whose runner never ran is then marked
+/// abandoned later, which is the answer at most once owes a tick started by
+/// a run that stopped.
+async fn start(
+    rt: &Runtime,
+    job: &JobSpec,
+    tick: Tick,
+    guard: &LockGuard,
+) -> Result<u64, TickOutcome> {
+    let label = job.label();
+    let fencing = guard.handle().fencing_token();
+    let token = fencing.unwrap_or(0);
+    let replica = match fencing {
+        Some(_) => rt.replica.clone(),
+        // Without tokens every run's token is 0: the replica field tells
+        // this run's record from another's (a retry finds its own).
+        None => {
+            let n = rt.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("{}#{n}", rt.replica)
+        }
+    };
+    let write = TickWrite::Start {
+        token,
+        replica,
+        at: rt.clock.now().timestamp_millis(),
+        on_stale: job.delivery.on_stale(fencing.is_some()),
+    };
+    let answer = rt
+        .ticks
+        .write_tick(
+            &job.name,
+            tick.at.timestamp_millis(),
+            write,
+            record_keep(rt, job),
+        )
+        .await;
+    match answer {
+        Ok(TickAnswer::Started) => Ok(token),
+        Ok(TickAnswer::Abandoned) => {
+            warn!(job = label, tick = %tick.at, token, "this tick was started by a replica whose lock expired before it completed; marked abandoned, not run again (at most once)");
+            Err(TickOutcome::Abandoned)
+        }
+        Ok(TickAnswer::Completed) => Err(TickOutcome::Skipped),
+        Ok(TickAnswer::Refused(record)) => {
+            debug!(job = label, tick = %tick.at, ?record, "tick already started, completed or abandoned; not running");
+            Err(TickOutcome::Skipped)
+        }
+        Err(e) => {
+            warn!(job = label, tick = %tick.at, error = %e, "could not write the tick's start record; not running (fail closed)");
+            Err(TickOutcome::Skipped)
+        }
+    }
 }
 
 /// Takes the tick's lock: at once, or for a missed tick, waiting up to one

@@ -5,24 +5,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use lock_core::{Error as LockError, LeaseHandle, LockGuard};
+use lock_core::{Error as LockError, LeaseHandle, LockGuard, TickAnswer, TickWrite};
 use tokio::task::JoinError;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::job::JobSpec;
+use crate::pause::{self, ProtocolPoint};
 use crate::per_tick::Tick;
 use crate::runtime::Runtime;
 use crate::{clock, JobContext, JobError, TickOutcome};
 
-/// Runs the handler under `guard`, unless shutdown has begun, and marks the
-/// tick done if it finished while the lock held.
+/// Runs the handler under `guard`, whose `Started` record with `token` won,
+/// unless shutdown has begun, and writes its `Completed` record when it
+/// returns.
 pub(crate) async fn execute(
     rt: &Arc<Runtime>,
     job: &Arc<JobSpec>,
     tick: Tick,
     leader: Option<&LeaseHandle>,
     guard: LockGuard,
+    token: u64,
 ) -> TickOutcome {
     let label = job.label();
     let lease = guard.handle();
@@ -93,25 +96,33 @@ pub(crate) async fn execute(
         }
         Err(e) if e.is_panic() => {
             warn!(job = label, tick = %tick.at, "job panicked; the panic was caught");
-            record(rt, job, tick).await;
+            pause::at(rt, ProtocolPoint::HandlerReturned, label, tick.at).await;
+            let completed = complete(rt, job, tick, token).await;
             let _ = guard.release().await;
-            return TickOutcome::Panicked;
+            return match completed {
+                Completion::FencedOut => TickOutcome::FencedOut,
+                Completion::Recorded | Completion::Failed => TickOutcome::Panicked,
+            };
         }
         Err(_) => return TickOutcome::Aborted,
     };
-    // The handler finished while the lock was valid by its local deadline,
-    // so its work is done: mark it before anything else. A mark written
-    // after a verification round trip would leave a window in which the
-    // lease lapses and a replica whose clock is behind takes the tick and,
-    // finding no mark, runs a finished tick again.
-    let recorded = record(rt, job, tick).await;
-    if recorded && lease.assert_held().is_err() {
-        warn!(job = label, tick = %tick.at, "the completion mark was written after the tick's lock ran out (this replica stalled); a replica that took the tick meanwhile may run it again");
-    }
+    pause::at(rt, ProtocolPoint::HandlerReturned, label, tick.at).await;
+    // The handler finished: record it before anything else, under the
+    // token. If this replica stalled past its lock meanwhile, another one
+    // has marked the tick abandoned or taken it over, and the write is
+    // refused (fenced out) instead of landing on a record no longer ours.
+    let recorded = match complete(rt, job, tick, token).await {
+        Completion::Recorded => true,
+        Completion::Failed => false,
+        Completion::FencedOut => {
+            let _ = guard.release().await;
+            return TickOutcome::FencedOut;
+        }
+    };
     let lost = match lease.verify().await {
         Ok(()) => false,
         Err(LockError::LockLost { reason, .. }) => {
-            warn!(job = label, tick = %tick.at, %reason, "tick lock found lost after the run finished; another replica may have run the tick alongside this one");
+            warn!(job = label, tick = %tick.at, %reason, "tick lock found lost after the run finished and was recorded complete");
             true
         }
         Err(e) => {
@@ -134,16 +145,49 @@ fn mark_keep(rt: &Runtime) -> Duration {
     rt.tolerance.saturating_mul(2).max(Duration::from_secs(60))
 }
 
-async fn record(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick) -> bool {
-    match rt
+/// How long a tick's record is kept: as long as its mark, and for a job
+/// that catches up every missed tick in a window, as long as the window, so
+/// a catch-up never finds a started tick's record gone.
+pub(crate) fn record_keep(rt: &Runtime, job: &JobSpec) -> Duration {
+    match job.missed {
+        crate::MissedTicks::RunAll { window, .. } => mark_keep(rt).max(window),
+        _ => mark_keep(rt),
+    }
+}
+
+/// How a run's `Completed` write ended.
+enum Completion {
+    /// Completed under this run's token (the tick is marked done too).
+    Recorded,
+    /// Refused: another replica took the tick over or marked it abandoned.
+    FencedOut,
+    /// The store could not be written.
+    Failed,
+}
+
+/// Writes the `Completed` record of `tick` under `token`, which in the same
+/// step marks the tick done for the missed-tick logic.
+async fn complete(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, token: u64) -> Completion {
+    let label = job.label();
+    let answer = rt
         .ticks
-        .record_completed(&job.name, tick.at.timestamp_millis(), mark_keep(rt))
-        .await
-    {
-        Ok(()) => true,
+        .write_tick(
+            &job.name,
+            tick.at.timestamp_millis(),
+            TickWrite::Complete { token },
+            record_keep(rt, job),
+        )
+        .await;
+    pause::at(rt, ProtocolPoint::CompletedSent, label, tick.at).await;
+    match answer {
+        Ok(TickAnswer::Completed) => Completion::Recorded,
+        Ok(other) => {
+            warn!(job = label, tick = %tick.at, token, answer = ?other, "the tick's completion was refused: this replica stalled past its lock, and another replica took the tick over or marked it abandoned (fenced out)");
+            Completion::FencedOut
+        }
         Err(e) => {
-            warn!(job = job.label(), error = %e, "could not record the completed tick; keeping its lock as the only mark");
-            false
+            warn!(job = label, tick = %tick.at, error = %e, "could not record the completed tick; keeping its lock as the only mark");
+            Completion::Failed
         }
     }
 }

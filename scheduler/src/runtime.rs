@@ -50,6 +50,14 @@ pub(crate) struct Runtime {
     /// Cancelled at the shutdown deadline (or on drop): handlers are dropped.
     pub(crate) hard_stop: CancellationToken,
     pub(crate) on_outcome: Option<OutcomeHook>,
+    /// Who this replica is, in the tick records it writes.
+    pub(crate) replica: String,
+    /// Numbers this replica's runs, so that without fencing tokens each
+    /// run's `Started` record is told apart from another run's of the same
+    /// replica.
+    pub(crate) runs: std::sync::atomic::AtomicU64,
+    #[cfg(feature = "test-util")]
+    pub(crate) pause: Option<crate::PauseHook>,
 }
 
 impl fmt::Debug for Runtime {

@@ -161,6 +161,16 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(
+        ticks::tick_records_transitions_follow_the_token,
+        Requires::Nothing
+    ),
+    case!(
+        ticks::tick_records_take_over_and_fence_out,
+        Requires::Nothing
+    ),
+    case!(ticks::tick_records_abandon, Requires::Nothing),
+    case!(ticks::tick_records_one_start_wins, Requires::Nothing),
+    case!(
         scheduler::scheduler_per_tick_exactly_once,
         Requires::Nothing
     ),
@@ -173,6 +183,7 @@ pub static ALL: &[Case] = &[
         scheduler::scheduler_missed_tick_policies_after_outage,
         Requires::Nothing
     ),
+    case!(scheduler::scheduler_pause_matrix, Requires::Nothing),
     case!(
         scheduler::scheduler_overlapping_tick_is_skipped,
         Requires::Nothing

@@ -12,6 +12,7 @@ mod late;
 mod lifecycle;
 mod missed;
 mod panics;
+mod pause;
 mod shutdown;
 mod skew;
 
@@ -31,6 +32,7 @@ pub(super) use lifecycle::{
     scheduler_shutdown_releases_every_lock,
 };
 pub(super) use missed::scheduler_missed_tick_policies_after_outage;
+pub(super) use pause::scheduler_pause_matrix;
 pub(super) use shutdown::{
     scheduler_shutdown_is_not_held_up_by_a_catch_up_wait, scheduler_shutdown_stops_a_catch_up_batch,
 };

@@ -7,6 +7,12 @@ use lock_core::LockName;
 
 use crate::Ctx;
 
+mod records;
+pub(super) use records::{
+    tick_records_abandon, tick_records_one_start_wins, tick_records_take_over_and_fence_out,
+    tick_records_transitions_follow_the_token,
+};
+
 const KEEP: Duration = Duration::from_secs(60);
 /// Every store call of these cases answers within this, or the case fails.
 const CALL_WITHIN: Duration = Duration::from_secs(20);

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use distlock::scheduler::{MissedTicks, Schedule, DEFAULT_JOB_TTL, MAX_JOB_NAME_LEN};
+use distlock::scheduler::{Delivery, MissedTicks, Schedule, DEFAULT_JOB_TTL, MAX_JOB_NAME_LEN};
 use distlock::LockName;
 
 use crate::duration;
@@ -19,6 +19,7 @@ pub(crate) struct Entry {
     pub(crate) ttl: Duration,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) missed: MissedTicks,
+    pub(crate) delivery: Delivery,
     pub(crate) leader: bool,
     pub(crate) command: String,
 }
@@ -30,6 +31,7 @@ struct Options {
     ttl: Duration,
     max_hold: Option<Duration>,
     missed: MissedTicks,
+    delivery: Delivery,
     leader: bool,
 }
 
@@ -40,6 +42,7 @@ impl Default for Options {
             ttl: DEFAULT_JOB_TTL,
             max_hold: None,
             missed: MissedTicks::Skip,
+            delivery: Delivery::AtMostOnce,
             leader: false,
         }
     }
@@ -127,6 +130,7 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Entry>, String> {
             ttl: options.ttl,
             max_hold: options.max_hold,
             missed: options.missed,
+            delivery: options.delivery,
             leader: options.leader,
             command: command.to_owned(),
         });
@@ -174,6 +178,7 @@ fn apply(options: &mut Options, word: &str) -> Result<(), String> {
             }
         }
         "missed" => options.missed = missed(value)?,
+        "delivery" => options.delivery = value.parse().map_err(|e| format!("delivery: {e}"))?,
         "mode" => {
             options.leader = match value {
                 "per-tick" => false,
@@ -183,7 +188,7 @@ fn apply(options: &mut Options, word: &str) -> Result<(), String> {
         }
         other => {
             return Err(format!(
-                "unknown option {other:?}; the options are tz, ttl, max-hold, missed and mode"
+                "unknown option {other:?}; the options are tz, ttl, max-hold, missed, delivery and mode"
             ))
         }
     }
@@ -223,7 +228,7 @@ mod tests {
 tz=Europe/Berlin ttl=10s
 
 reports/nightly 30 2 * * * max-hold=1h missed=run-once -- /usr/bin/report --all -- x
-tick  */2 * * * * *  mode=leader ttl=3s missed=run-all:1m:3 -- echo \"a -- b\" | tr a b
+tick  */2 * * * * *  mode=leader ttl=3s missed=run-all:1m:3 delivery=at-least-once -- echo \"a -- b\" | tr a b
 ";
         let entries = parse(text).expect("valid");
         assert_eq!(entries.len(), 2);
@@ -235,6 +240,8 @@ tick  */2 * * * * *  mode=leader ttl=3s missed=run-all:1m:3 -- echo \"a -- b\" |
         assert_eq!(a.max_hold, Some(Duration::from_secs(3600)));
         assert_eq!(a.missed, MissedTicks::RunOnce);
         assert_eq!(a.command, "/usr/bin/report --all -- x");
+        assert_eq!(a.delivery, Delivery::AtMostOnce, "the default");
+        assert_eq!(b.delivery, Delivery::AtLeastOnce);
         assert!(!a.leader);
         assert_eq!(b.schedule, "*/2 * * * * *");
         assert!(b.leader);
@@ -281,6 +288,10 @@ tick  */2 * * * * *  mode=leader ttl=3s missed=run-all:1m:3 -- echo \"a -- b\" |
                 "use skip, run-once",
             ),
             ("job * * * * * mode=all -- true", "use per-tick or leader"),
+            (
+                "job * * * * * delivery=twice -- true",
+                "use at-most-once or at-least-once",
+            ),
             ("job * * * * * --", "nothing after `--`"),
             ("job * * * * *", "neither an option nor part of an entry"),
             ("bad name * * * * * -- true", "invalid cron expression"),

@@ -52,6 +52,7 @@ pub(super) fn job(entry: &Entry, timing: KillTiming, reaper: &Reaper, keeper: &A
     .with_time_zone(entry.tz.clone())
     .with_ttl(entry.ttl)
     .with_missed_ticks(entry.missed)
+    .with_delivery(entry.delivery)
 }
 
 impl Spec {

@@ -123,4 +123,24 @@ impl TickStore for Severable {
         self.gate()?;
         self.ticks.is_completed(job, tick).await
     }
+
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &lock_core::TickWrite,
+        keep: std::time::Duration,
+    ) -> Result<lock_core::TickAnswer, BackendError> {
+        self.gate()?;
+        self.ticks.write_tick(job, tick, write, keep).await
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<lock_core::TickRecord>, BackendError> {
+        self.gate()?;
+        self.ticks.tick_record(job, tick).await
+    }
 }

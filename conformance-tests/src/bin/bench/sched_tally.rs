@@ -224,6 +224,35 @@ impl TickStore for CountingTicks {
         self.inner.record_completed_many(ticks, keep).await
     }
 
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &lock_core::TickWrite,
+        keep: Duration,
+    ) -> Result<lock_core::TickAnswer, BackendError> {
+        self.count();
+        self.inner.write_tick(job, tick, write, keep).await
+    }
+
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<lock_core::TickRecord>, BackendError> {
+        self.count();
+        self.inner.tick_record(job, tick).await
+    }
+
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, lock_core::TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<lock_core::TickAnswer, BackendError>> {
+        self.count_batch(writes.len());
+        self.inner.write_ticks_many(writes, keep).await
+    }
+
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
         let answer = self.inner.server_time().await;
         // A store without a server clock answers `None` without asking

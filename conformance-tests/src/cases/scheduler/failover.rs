@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::backend::Expiry;
-use scheduler::{MissedTicks, Mode, TickOutcome};
+use scheduler::{Delivery, MissedTicks, Mode, TickOutcome};
 use tokio::time::{sleep, Instant};
 
 use super::fleet::{self, Fleet, Plan};
@@ -19,7 +19,10 @@ use crate::Ctx;
 /// is dropped at its lease's local deadline; a standby leads within
 /// TTL + one election interval; the successor's first run starts after the
 /// old run was dropped, and catches up the missed tick (`RunOnce`) from the
-/// last tick the old leader completed; no tick completes twice.
+/// last tick the old leader completed; no tick completes twice. The job is
+/// delivered at least once, so the successor takes over the tick the old
+/// leader started and never completed (at most once would mark it
+/// abandoned instead: see the tick record cases).
 pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) {
     let plan = Plan::of(&ctx);
     let timing = ctx.timing();
@@ -43,6 +46,7 @@ pub(crate) async fn scheduler_leader_failover_aborts_before_successor(ctx: Ctx) 
                 }
             })
             .with_missed_ticks(MissedTicks::RunOnce)
+            .with_delivery(Delivery::AtLeastOnce)
     };
     let schedulers = fleet.start_all(&ctx, Mode::Leader(election), job).await;
     let mut leadership: Vec<_> = schedulers.iter().map(|s| s.leadership()).collect();

@@ -1,0 +1,322 @@
+//! A replica frozen at each point of the tick protocol for 3 × the tick's
+//! TTL, while a second replica's clock is 3 s behind (so it fires the same
+//! tick 3 s later), on the memory backend and tokio's paused clock.
+//!
+//! The freeze stalls the frozen replica's heartbeat too (its renewals block
+//! until the thaw), so its lock runs out on the server as a frozen process's
+//! would. For each mode:
+//!
+//! - `AtMostOnce`: no tick's handler is called twice;
+//! - `AtLeastOnce`: every tick ends `Completed`, with the highest token any
+//!   run of it held.
+//!
+//! Run with `--nocapture` to print the matrix.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lock_core::backend::{
+    AcquireAttempt, LeaseStatus, LossFeed, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
+};
+use lock_core::{
+    async_trait, BackendError, Capabilities, LockBackend, LockName, Locker, TickRecord, TickStore,
+};
+use lock_memory::MemoryBackend;
+use prometheus::Registry;
+use scheduler::{
+    Delivery, Job, PauseHook, ProtocolPoint, RunReport, Scheduler, TickOutcome, TokioClock,
+};
+use tokio::sync::watch;
+
+const TTL: Duration = Duration::from_secs(2);
+const FREEZE: Duration = Duration::from_secs(6);
+const BEHIND_MS: i64 = -3_000;
+/// Every 10 s: a tick's whole story (freeze, the late replica, the thaw)
+/// fits before the next one.
+const CRON: &str = "*/10 * * * * *";
+const TICKS: usize = 4;
+const JOB: &str = "once";
+
+/// Where the frozen replica stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    At(ProtocolPoint),
+    /// Inside the handler, after it was called.
+    MidHandler,
+}
+
+const STEPS: [Step; 6] = [
+    Step::At(ProtocolPoint::Fired),
+    Step::At(ProtocolPoint::Claimed),
+    Step::At(ProtocolPoint::Started),
+    Step::MidHandler,
+    Step::At(ProtocolPoint::HandlerReturned),
+    Step::At(ProtocolPoint::CompletedSent),
+];
+
+/// The memory backend, with renewals that wait while the replica is frozen.
+#[derive(Debug, Clone)]
+struct Freezable {
+    inner: MemoryBackend,
+    frozen: watch::Receiver<bool>,
+}
+
+impl Freezable {
+    async fn thawed(&self) {
+        let mut rx = self.frozen.clone();
+        // The sender lives as long as the test; a closed channel means thawed.
+        let _ = rx.wait_for(|frozen| !frozen).await;
+    }
+}
+
+#[async_trait]
+impl LockBackend for Freezable {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.thawed().await;
+        self.inner.try_acquire(name, owner, ttl).await
+    }
+    async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.thawed().await;
+        self.inner.renew(name, owner, ttl).await
+    }
+    async fn check(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.thawed().await;
+        self.inner.check(name, owner).await
+    }
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.thawed().await;
+        self.inner.release(name, owner).await
+    }
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        self.thawed().await;
+        self.inner.renew_many(requests).await
+    }
+    async fn subscribe_release(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<ReleaseSignal>, BackendError> {
+        self.inner.subscribe_release(name).await
+    }
+    fn loss_feed(&self) -> Option<LossFeed> {
+        self.inner.loss_feed()
+    }
+}
+
+/// What one run of the matrix saw.
+#[derive(Debug, Default, Clone)]
+struct Row {
+    started_twice: usize,
+    completed: usize,
+    abandoned: usize,
+    fenced_out: usize,
+    /// Per tick: the tokens of its handler calls, and its final record.
+    ticks: BTreeMap<i64, (Vec<u64>, Option<TickRecord>)>,
+}
+
+/// Freezes the replica once: renewals block and the caller sleeps for
+/// [`FREEZE`] on tokio's clock.
+#[derive(Clone)]
+struct Freezer {
+    tx: Arc<watch::Sender<bool>>,
+    used: Arc<AtomicBool>,
+}
+
+impl Freezer {
+    async fn freeze_once(&self) {
+        if self.used.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // In a task of its own, so the thaw comes even if the frozen caller
+        // is dropped meanwhile (a handler aborted on its lock's loss).
+        let tx = Arc::clone(&self.tx);
+        let freeze = tokio::spawn(async move {
+            tx.send_replace(true);
+            tokio::time::sleep(FREEZE).await;
+            tx.send_replace(false);
+        });
+        let _ = freeze.await;
+    }
+}
+
+async fn run(step: Step, delivery: Delivery) -> Row {
+    let memory = MemoryBackend::new();
+    // The first tick is due 1 s after the start.
+    let base = DateTime::from_timestamp(1_800_000_009, 0).expect("valid");
+    let calls: Arc<Mutex<BTreeMap<i64, Vec<u64>>>> = Arc::default();
+    let reports: Arc<Mutex<Vec<RunReport>>> = Arc::default();
+    let (tx, rx) = watch::channel(false);
+    let freezer = Freezer {
+        tx: Arc::new(tx),
+        used: Arc::default(),
+    };
+    let mut schedulers = Vec::new();
+    for (i, skew) in [0, BEHIND_MS].into_iter().enumerate() {
+        let frozen = i == 0;
+        let backend = Freezable {
+            inner: memory.clone(),
+            frozen: if frozen {
+                rx.clone()
+            } else {
+                watch::channel(false).1
+            },
+        };
+        let locker = Locker::builder()
+            .with_backend(backend)
+            .with_registry(&Registry::new())
+            .build()
+            .expect("locker");
+        let (log, mid) = (Arc::clone(&calls), freezer.clone());
+        let job = Job::new(JOB, CRON, move |ctx| {
+            let (log, mid) = (Arc::clone(&log), mid.clone());
+            async move {
+                let tick = ctx.scheduled_at().timestamp_millis();
+                log.lock()
+                    .expect("log")
+                    .entry(tick)
+                    .or_default()
+                    .push(ctx.fencing_token().unwrap_or(0));
+                if frozen && step == Step::MidHandler {
+                    mid.freeze_once().await;
+                }
+                Ok(())
+            }
+        })
+        .with_ttl(TTL)
+        .with_delivery(delivery);
+        let seen = Arc::clone(&reports);
+        let mut builder = Scheduler::builder(locker, Arc::new(memory.clone()))
+            .with_registry(&Registry::new())
+            .with_replica_id(format!("r{i}"))
+            .with_clock(Arc::new(TokioClock::starting_at(base).with_skew_ms(skew)))
+            .with_on_outcome(move |r| seen.lock().expect("log").push(r.clone()))
+            .with_job(job);
+        if let (true, Step::At(point)) = (frozen, step) {
+            let f = freezer.clone();
+            let hook: PauseHook = Arc::new(move |at, _job: &str, _tick: DateTime<Utc>| {
+                let f = f.clone();
+                Box::pin(async move {
+                    if at == point {
+                        f.freeze_once().await;
+                    }
+                })
+            });
+            builder = builder.with_pause_hook(hook);
+        }
+        schedulers.push(builder.start().expect("starts"));
+    }
+    // Every tick fired on both clocks, plus the freeze and the marks' hold.
+    tokio::time::sleep(Duration::from_secs(10 * TICKS as u64)).await;
+    for s in schedulers {
+        s.shutdown(Duration::from_secs(5)).await.expect("clean");
+    }
+    let job = LockName::new(JOB).expect("valid");
+    let calls = calls.lock().expect("log").clone();
+    let reports = reports.lock().expect("log").clone();
+    let mut row = Row::default();
+    for (tick, tokens) in calls {
+        let record = memory.tick_record(&job, tick).await.expect("memory");
+        row.ticks.insert(tick, (tokens, record));
+    }
+    row.started_twice = row.ticks.values().filter(|(t, _)| t.len() > 1).count();
+    row.completed = row
+        .ticks
+        .values()
+        .filter(|(_, r)| matches!(r, Some(TickRecord::Completed { .. })))
+        .count();
+    let count = |o: TickOutcome| reports.iter().filter(|r| r.outcome == o).count();
+    row.abandoned = count(TickOutcome::Abandoned);
+    row.fenced_out = count(TickOutcome::FencedOut);
+    row
+}
+
+fn step_name(step: Step) -> &'static str {
+    match step {
+        Step::At(ProtocolPoint::Fired) => "fired, not claimed",
+        Step::At(ProtocolPoint::Claimed) => "claimed, not Started",
+        Step::At(ProtocolPoint::Started) => "Started, handler not called",
+        Step::MidHandler => "mid-handler",
+        Step::At(ProtocolPoint::HandlerReturned) => "handler returned, not Completed",
+        Step::At(ProtocolPoint::CompletedSent) => "Completed sent, reply not read",
+        Step::At(_) => "other",
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frozen_replica_never_breaks_its_mode() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    tokio::time::timeout(Duration::from_secs(3_600), async {
+        let mut table = String::from(
+            "| step | mode | ticks run | started twice | completed | abandoned | fenced out |\n|---|---|---|---|---|---|---|\n",
+        );
+        let mut failures = Vec::new();
+        for step in STEPS {
+            for delivery in [Delivery::AtMostOnce, Delivery::AtLeastOnce] {
+                let row = run(step, delivery).await;
+                table.push_str(&format!(
+                    "| {} | {delivery} | {} | {} | {} | {} | {} |\n",
+                    step_name(step),
+                    row.ticks.len(),
+                    row.started_twice,
+                    row.completed,
+                    row.abandoned,
+                    row.fenced_out
+                ));
+                let where_ = format!("{} / {delivery}: {:?}", step_name(step), row.ticks);
+                if row.ticks.len() < TICKS - 1 {
+                    failures.push(format!("too few ticks ran: {where_}"));
+                }
+                match delivery {
+                    Delivery::AtMostOnce => {
+                        if row.started_twice != 0 {
+                            failures.push(format!("a tick started twice: {where_}"));
+                        }
+                    }
+                    _ => {
+                        for (tokens, record) in row.ticks.values() {
+                            let highest = tokens.iter().copied().max();
+                            if *record != highest.map(|token| TickRecord::Completed { token }) {
+                                failures.push(format!(
+                                    "a tick not Completed with its highest token: {where_}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        println!("{table}");
+        assert!(failures.is_empty(), "{failures:#?}\n{table}");
+    })
+    .await
+    .expect("the matrix finishes within its bound");
+}
