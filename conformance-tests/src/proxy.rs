@@ -157,7 +157,12 @@ async fn accept_loop(listener: TcpListener, faults: Arc<Faults>, resets: watch::
         let Ok(upstream) = faults.upstream.lock().map(|u| *u) else {
             continue;
         };
-        let (faults, resets) = (Arc::clone(&faults), resets.clone());
+        // Counted from here: a reset while the upstream connection is being
+        // made must reset this one too, or a client would keep a connection
+        // that a reset of "every connection" missed.
+        let mut resets = resets.clone();
+        resets.mark_unchanged();
+        let faults = Arc::clone(&faults);
         tokio::spawn(async move {
             if let Ok(server) = TcpStream::connect(upstream).await {
                 connection(client, server, faults, resets).await;
@@ -174,7 +179,6 @@ async fn connection(
 ) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    resets.mark_unchanged();
     let client_std = client.into_std();
     let server_std = server.into_std();
     let (Ok(client), Ok(server)) = (client_std, server_std) else {
