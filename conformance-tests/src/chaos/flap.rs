@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{backend::Expiry, Error, LeaseHandle, LockName, LockOptions, LossReason};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::figures::{self, Row};
-use super::holder::Resource;
+use super::holder::{stops_saying_held, Resource, PUSH_LAG};
 use super::Target;
 use crate::observe::OverlapObserver;
 use crate::proxy::FaultProxy;
@@ -39,17 +39,33 @@ struct Shared {
     /// held: what the library let two replicas believe at once, whatever
     /// their jobs did with it.
     known_overlaps: AtomicUsize,
+    /// For each of those, how long after the grant the previous lease
+    /// stopped saying held (`None`: not within [`PUSH_LAG`]).
+    heard: Mutex<Vec<JoinHandle<Option<Duration>>>>,
 }
 
 impl Shared {
-    /// Records a new holder, counting a known overlap if the previous
-    /// holder's lease still says held now that another replica has the lock.
+    /// Records a new holder. If the previous holder's lease still says held
+    /// now that another replica has the lock, counts a known overlap and
+    /// starts timing how long the previous lease goes on saying so.
     fn acquired(&self, lease: LeaseHandle) {
         let mut holder = self.holder.lock().expect("holder");
-        if holder.as_ref().is_some_and(LeaseHandle::is_held) {
+        if let Some(old) = holder.take().filter(LeaseHandle::is_held) {
             self.known_overlaps.fetch_add(1, Ordering::SeqCst);
+            let timing = tokio::spawn(async move { stops_saying_held(&old, PUSH_LAG).await });
+            self.heard.lock().expect("heard").push(timing);
         }
         *holder = Some(lease);
+    }
+
+    /// How long each known overlap lasted after the grant, once all are timed.
+    async fn overlap_lags(&self) -> Vec<Option<Duration>> {
+        let timings = std::mem::take(&mut *self.heard.lock().expect("heard"));
+        let mut lags = Vec::with_capacity(timings.len());
+        for t in timings {
+            lags.push(t.await.expect("overlap timing task"));
+        }
+        lags
     }
 }
 
@@ -299,9 +315,13 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
         .iter()
         .map(|(_, s)| s.known_overlaps.load(Ordering::SeqCst))
         .sum();
+    let mut lags = Vec::new();
+    for (_, shared) in names.iter() {
+        lags.extend(shared.overlap_lags().await);
+    }
     row.abort = seen.losses.iter().map(|(_, since)| *since).collect();
     let summary = format!(
-        "{row:?}; known overlaps {known}; false aborts {:?}; acquire errors {}, release errors {}; tasks {} -> {}, fds {} -> {}",
+        "{row:?}; known overlaps {known}, said held after the grant for {lags:?}; false aborts {:?}; acquire errors {}, release errors {}; tasks {} -> {}, fds {} -> {}",
         seen.losses, seen.acquire_errors, seen.release_errors, baseline.0, after.0, baseline.1, after.1
     );
     eprintln!("{} chaos_flap: {summary}", row.backend);
@@ -328,16 +348,24 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
     }
     // No replica may get a lock while the lease of the one before still
     // says held. A TTL backend's server forgets a lease only after the
-    // holder's local deadline. A session backend that pushes losses tells
-    // the holder as soon as its connection ends, which a reset makes happen
-    // at both ends at once; every other replica's connection was reset with
-    // it, so a successor needs several round trips to reconnect before it
-    // can be granted that lock. A session backend without the push learns
+    // holder's local deadline: asserted at the grant. A session backend
+    // frees the locks when the connection ends, which a reset makes happen
+    // at both ends at once; one that pushes losses marks the lease lost as
+    // soon as its connection task reads the end, which on a loaded machine
+    // may come after another replica's grant (a connection the reset missed
+    // needs one round trip): the old lease must stop saying held within
+    // PUSH_LAG of the grant. A session backend without the push learns
     // only at the next renewal: that window is what the figures then show.
-    if !session || caps.loss_push {
+    if !session {
         assert_eq!(
             known, 0,
             "a lock was granted while its lease said held: {summary}"
+        );
+    } else if caps.loss_push {
+        assert!(
+            lags.iter().all(Option::is_some),
+            "a lock was granted and the previous lease went on saying held for more than \
+             {PUSH_LAG:?}: {summary}"
         );
     }
     // Raw overlaps (sections by the monotonic clock) are reported, not

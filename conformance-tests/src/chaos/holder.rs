@@ -19,6 +19,37 @@ const WRITE_EVERY: Duration = Duration::from_millis(10);
 /// keep the loop going forever (the case's own timeouts fail first).
 const MAX_WRITES: usize = 6_000;
 
+/// How long, after a successor's grant, a session backend that pushes
+/// losses may take to tell the previous holder. By the grant the server has
+/// ended the holder's session and its end is in this process's socket: only
+/// the runtime's and the OS's scheduling stand between it and the lease (a
+/// loaded 2-core machine delays a task by milliseconds, seldom by tens). A
+/// backend that learnt only at its next renewal would take up to a renew
+/// interval, 500 ms on Postgres here.
+pub(super) const PUSH_LAG: Duration = Duration::from_millis(100);
+
+/// Waits, at most `bound`, until `old` no longer says held: how long that
+/// took, or `None` if it still said held at the bound.
+pub(super) async fn stops_saying_held(old: &LeaseHandle, bound: Duration) -> Option<Duration> {
+    let from = Instant::now();
+    let ended = old.lost();
+    tokio::pin!(ended);
+    let mut heard = false;
+    loop {
+        if !old.is_held() {
+            return Some(from.elapsed());
+        }
+        if from.elapsed() >= bound {
+            return None;
+        }
+        // The local deadline ends a lease without any event: poll too.
+        tokio::select! {
+            _ = &mut ended, if !heard => heard = true,
+            () = sleep(Duration::from_millis(1)) => {}
+        }
+    }
+}
+
 /// One iteration's shared resource: the fenced store, the guard log, and
 /// when each accepted write happened with which token.
 #[derive(Debug, Default)]

@@ -42,7 +42,7 @@ use tokio_postgres::Client;
 
 use super::cases::{successor_takes, wind_down, Handover};
 use super::figures::{self, Row};
-use super::holder::{Holder, Resource};
+use super::holder::{stops_saying_held, Holder, Resource, PUSH_LAG};
 use super::pause::{apply, Reports};
 use super::procs::signal;
 use crate::backends::postgres::{
@@ -724,11 +724,11 @@ async fn recv_queue(port: u16, pid: i32) -> usize {
 /// stopped until the renewal is in its socket, then terminated and resumed).
 /// The successor starts at the kill. A terminating server sends its error
 /// to the session before it frees the session's locks, and the library
-/// marks the lease lost on that error: after an idle kill, when the
-/// successor's acquire returns, the holder's lease must already say lost
-/// (no raw overlap, asserted). After a kill during a renewal the successor's
-/// grant can arrive in the same instant as the holder's notice, so an overlap
-/// of a fraction of a millisecond stays possible (counted). The fenced store
+/// marks the lease lost on that error. The successor's grant can still
+/// reach this process in the same instant as the holder's notice (always
+/// possible under load, likeliest after a kill during a renewal): an
+/// overlap is counted, and the holder's lease must stop saying held within
+/// `PUSH_LAG` of the grant (asserted). The fenced store
 /// must reject the holder's writes from the successor's first write on. The
 /// holder aborts within renew interval + op timeout of the kill.
 async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
@@ -802,10 +802,13 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
                     // here was lost before `acquired_at`.
                     let overlapped = old.is_held();
                     let acquired_at = Instant::now();
+                    let lag = overlapped.then(|| {
+                        tokio::spawn(async move { stops_saying_held(&old, PUSH_LAG).await })
+                    });
                     let token = guard.handle().fencing_token().expect("fenced");
                     assert!(r.write(token), "the successor's first write is accepted");
                     // From here on the store knows the newer token.
-                    (acquired_at, overlapped, Instant::now(), guard)
+                    (acquired_at, lag, Instant::now(), guard)
                 })
             };
             let (lost_at, reason) = holder
@@ -819,23 +822,25 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
                 matches!(reason, LossReason::Expired | LossReason::Stolen),
                 "a killed session is reported as {reason}"
             );
-            let (acquired_at, overlapped, fenced_from, succ) =
-                waiter.await.expect("successor task");
+            let (acquired_at, lag, fenced_from, succ) = waiter.await.expect("successor task");
             // The holder's watcher task may stamp `lost_at` after
             // `acquired_at` (a scheduling delay) although the lease said
             // lost by then: the overlap is whether it still said held.
-            row.overlaps += usize::from(overlapped);
-            // After an idle kill the successor starts once the killed
-            // process is gone, a round trip at least after the farewell
-            // reached the holder's socket. A kill during a renewal lets the
-            // successor's polls race the process's exit: its grant can
-            // reach this process a fraction of a millisecond after the
-            // holder's farewell, and which of the two the process handles
-            // first is its scheduler's choice (counted, not asserted).
+            row.overlaps += usize::from(lag.is_some());
+            // The successor starts once the killed process is gone, after
+            // its farewell reached the holder's socket; but which of the two
+            // this process handles first is its scheduler's choice (after a
+            // kill during a renewal the two arrive within a fraction of a
+            // millisecond). Counted, and the old lease must stop saying held
+            // within PUSH_LAG of the grant.
+            let heard = match lag {
+                Some(t) => t.await.expect("overlap timing task"),
+                None => Some(Duration::ZERO),
+            };
             assert!(
-                in_renewal || !overlapped,
-                "the successor got the lock {:?} after the kill while the killed session's lease \
-                 still said held (the holder learnt of it {:?} after the kill)",
+                heard.is_some(),
+                "the successor got the lock {:?} after the kill and the killed session's lease \
+                 still said held {PUSH_LAG:?} later (the holder learnt of it {:?} after the kill)",
                 acquired_at - killed_at,
                 lost_at - killed_at
             );
