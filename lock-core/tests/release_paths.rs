@@ -6,32 +6,30 @@
 //! ever renewed. All run on tokio's paused clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::backend::{
-    AcquireAttempt, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest,
-};
+use lock_core::backend::{LeaseStatus, ReleaseOutcome, RenewRequest};
 use lock_core::{
-    async_trait, BackendError, Capabilities, Error, LockBackend, LockName, LockOptions, Locker,
-    LossReason, OwnerToken, RenewalOutcome,
+    async_trait, BackendError, Error, LockBackend, LockName, LockOptions, Locker, LossReason,
+    OwnerToken, RenewalOutcome,
 };
-use lock_memory::MemoryBackend;
+use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use tokio::time::{sleep, timeout};
 
 /// A bound on each test, in the paused clock's time.
 const BOUND: Duration = Duration::from_secs(600);
 
-/// The in-process backend, counting the renewals and releases that reach it.
-#[derive(Debug, Clone, Default)]
-struct Counting {
-    inner: MemoryBackend,
-    renewals: Arc<AtomicUsize>,
-    releases: Arc<AtomicUsize>,
+/// Counts the renewals and releases that reach the in-process backend.
+#[derive(Debug, Default)]
+struct CountCalls {
+    renewals: AtomicUsize,
+    releases: AtomicUsize,
 }
 
-impl Counting {
+type Counting = Intercepted<CountCalls>;
+
+impl CountCalls {
     fn renewals(&self) -> usize {
         self.renewals.load(Ordering::SeqCst)
     }
@@ -42,60 +40,35 @@ impl Counting {
 }
 
 #[async_trait]
-impl LockBackend for Counting {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        self.inner.try_acquire(name, owner, ttl).await
-    }
-
+impl Intercept for CountCalls {
     async fn renew(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
-        self.inner.renew(name, owner, ttl).await
-    }
-
-    async fn check(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.check(name, owner).await
+        inner.renew(name, owner, ttl).await
     }
 
     async fn release(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         self.releases.fetch_add(1, Ordering::SeqCst);
-        self.inner.release(name, owner).await
+        inner.release(name, owner).await
     }
 
     async fn renew_many(
         &self,
+        inner: &MemoryBackend,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         self.renewals.fetch_add(requests.len(), Ordering::SeqCst);
-        self.inner.renew_many(requests).await
-    }
-
-    async fn subscribe_release(
-        &self,
-        name: &LockName,
-    ) -> Result<Option<ReleaseSignal>, BackendError> {
-        self.inner.subscribe_release(name).await
+        inner.renew_many(requests).await
     }
 }
 
@@ -142,7 +115,11 @@ async fn a_lease_released_before_the_heartbeat_saw_it_ends_for_every_handle() {
         }
         assert!(token.is_cancelled());
         assert_eq!(b.lost().await, LossReason::Released);
-        assert_eq!(backend.inner.holder(&job), None, "still held on the server");
+        assert_eq!(
+            backend.memory().holder(&job),
+            None,
+            "still held on the server"
+        );
         assert_eq!(backend.releases(), 1);
 
         // Well past several renewal intervals: nothing released is renewed,
@@ -174,7 +151,7 @@ async fn a_guard_dropped_before_the_heartbeat_saw_it_is_still_released() {
         assert_eq!(handle.loss_reason(), Some(LossReason::Released));
         assert!(!handle.is_held());
         // The release runs in the background; give it the turn it needs.
-        while backend.inner.holder(&job).is_some() {
+        while backend.memory().holder(&job).is_some() {
             sleep(Duration::from_millis(1)).await;
         }
         sleep(Duration::from_secs(10)).await;
@@ -198,7 +175,7 @@ async fn a_lease_lost_on_the_server_before_the_heartbeat_saw_it_is_still_reporte
             .try_lock(&stolen, &opts())
             .await
             .expect("uncontended");
-        backend.inner.steal(&stolen, Duration::from_secs(60));
+        backend.memory().steal(&stolen, Duration::from_secs(60));
         let handle = guard.handle();
         assert_eq!(handle.lost().await, LossReason::Stolen);
         assert!(!handle.is_held());
@@ -220,7 +197,7 @@ async fn a_lease_lost_on_the_server_before_the_heartbeat_saw_it_is_still_reporte
             .try_lock(&forgotten, &opts())
             .await
             .expect("uncontended");
-        assert!(backend.inner.expire(&forgotten));
+        assert!(backend.memory().expire(&forgotten));
         assert!(matches!(
             guard.release().await,
             Err(Error::LockLost {
@@ -276,7 +253,7 @@ async fn leases_released_in_the_order_taken_are_never_renewed() {
         }
         assert_eq!(backend.releases(), 340);
         assert_eq!(
-            backend.inner.live_leases(),
+            backend.memory().live_leases(),
             1,
             "only the long lease is left"
         );

@@ -4,15 +4,14 @@
 //! end a lease early. All on tokio's paused clock.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use lock_core::backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, RenewRequest};
+use lock_core::backend::{LeaseStatus, RenewRequest};
 use lock_core::{
-    async_trait, BackendError, Capabilities, LockBackend, LockGuard, LockName, LockOptions, Locker,
-    LossReason, OwnerToken,
+    async_trait, BackendError, LockBackend, LockGuard, LockName, LockOptions, Locker, LossReason,
 };
-use lock_memory::MemoryBackend;
+use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use tokio::sync::Notify;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
@@ -21,64 +20,28 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 /// nobody watches would otherwise hang the test.
 const BOUND: Duration = Duration::from_secs(600);
 
-/// The in-process backend, whose batch renewals wait while `stalled` is set
-/// until `answer` is notified, and which records each batch's size.
-#[derive(Debug, Clone, Default)]
-struct Stalling {
-    inner: MemoryBackend,
-    stalled: Arc<AtomicBool>,
-    answer: Arc<Notify>,
-    batches: Arc<Mutex<Vec<usize>>>,
+/// Makes the in-process backend's batch renewals wait while `stalled` is
+/// set until `answer` is notified, and records each batch's size.
+#[derive(Debug, Default)]
+struct Stall {
+    stalled: AtomicBool,
+    answer: Notify,
+    batches: Mutex<Vec<usize>>,
 }
 
-impl Stalling {
+type Stalling = Intercepted<Stall>;
+
+impl Stall {
     fn batches(&self) -> Vec<usize> {
         self.batches.lock().map(|b| b.clone()).unwrap_or_default()
     }
 }
 
 #[async_trait]
-impl LockBackend for Stalling {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        self.inner.try_acquire(name, owner, ttl).await
-    }
-
-    async fn renew(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.renew(name, owner, ttl).await
-    }
-
-    async fn check(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.check(name, owner).await
-    }
-
-    async fn release(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        self.inner.release(name, owner).await
-    }
-
+impl Intercept for Stall {
     async fn renew_many(
         &self,
+        inner: &MemoryBackend,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         if let Ok(mut b) = self.batches.lock() {
@@ -87,7 +50,7 @@ impl LockBackend for Stalling {
         if self.stalled.load(Ordering::SeqCst) {
             self.answer.notified().await;
         }
-        self.inner.renew_many(requests).await
+        inner.renew_many(requests).await
     }
 }
 

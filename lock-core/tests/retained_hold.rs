@@ -5,15 +5,14 @@
 //! nobody.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, RenewRequest};
+use lock_core::backend::LeaseStatus;
 use lock_core::{
-    async_trait, BackendError, BackendErrorKind, Capabilities, Error, LockBackend, LockName,
-    LockOptions, Locker, OwnerToken,
+    async_trait, BackendError, BackendErrorKind, Error, LockBackend, LockName, LockOptions, Locker,
+    OwnerToken,
 };
-use lock_memory::MemoryBackend;
+use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use tokio::sync::Notify;
 use tokio::time::{sleep, timeout};
@@ -23,33 +22,24 @@ const BOUND: Duration = Duration::from_secs(600);
 const TTL: Duration = Duration::from_secs(3);
 const HOLD: Duration = Duration::from_secs(10);
 
-/// The memory backend, whose renewals with the lease's TTL wait while
+/// Makes the memory backend's renewals with the lease's TTL wait while
 /// `stalled` is set until `answer` is notified (a request on its way), and
-/// whose renewals fail with `refuse` set.
-#[derive(Debug, Clone, Default)]
-struct Gated {
-    inner: MemoryBackend,
-    stalled: Arc<AtomicBool>,
-    entered: Arc<Notify>,
-    answer: Arc<Notify>,
-    refuse: Arc<AtomicBool>,
+/// its renewals fail with `refuse` set.
+#[derive(Debug, Default)]
+struct Gate {
+    stalled: AtomicBool,
+    entered: Notify,
+    answer: Notify,
+    refuse: AtomicBool,
 }
 
+type Gated = Intercepted<Gate>;
+
 #[async_trait]
-impl LockBackend for Gated {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        self.inner.try_acquire(name, owner, ttl).await
-    }
+impl Intercept for Gate {
     async fn renew(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
@@ -65,27 +55,7 @@ impl LockBackend for Gated {
             self.entered.notify_one();
             answer.await;
         }
-        self.inner.renew(name, owner, ttl).await
-    }
-    async fn check(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.check(name, owner).await
-    }
-    async fn release(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        self.inner.release(name, owner).await
-    }
-    async fn renew_many(
-        &self,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        self.inner.renew_many(requests).await
+        inner.renew(name, owner, ttl).await
     }
 }
 
@@ -119,7 +89,7 @@ async fn held_elsewhere(other: &Locker) -> bool {
 async fn renew_of_a_retained_lease_keeps_its_hold() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.inner.clone()));
+        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
         let guard = a
             .try_lock(&name(), &LockOptions::new(TTL))
             .await
@@ -151,7 +121,7 @@ async fn renew_of_a_retained_lease_keeps_its_hold() {
 async fn retain_waits_for_a_manual_renewal_in_flight() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.inner.clone()));
+        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
         let opts = LockOptions::new(TTL).with_auto_renew(false);
         let guard = a.try_lock(&name(), &opts).await.expect("free");
         let clone = guard.handle();
@@ -187,7 +157,7 @@ async fn retain_waits_for_a_manual_renewal_in_flight() {
 async fn a_hold_that_fails_releases_the_lock() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.inner.clone()));
+        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
         let guard = a
             .try_lock(&name(), &LockOptions::new(TTL))
             .await
@@ -214,7 +184,7 @@ async fn a_hold_that_fails_releases_the_lock() {
 async fn a_hold_below_the_minimum_ttl_is_refused_and_released() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.inner.clone()));
+        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
         let min = backend.capabilities().min_ttl;
         let guard = a
             .try_lock(&name(), &LockOptions::new(TTL))

@@ -5,15 +5,15 @@
 //! earlier, and a grant too short to use is refused and undone. All on
 //! tokio's paused clock.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use lock_core::backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, RenewRequest};
+use lock_core::backend::{AcquireAttempt, LeaseStatus, RenewRequest};
 use lock_core::{
-    async_trait, BackendError, Capabilities, Error, LockBackend, LockName, LockOptions, Locker,
-    LossReason, OwnerToken,
+    async_trait, BackendError, Error, LockBackend, LockName, LockOptions, Locker, LossReason,
+    OwnerToken,
 };
-use lock_memory::MemoryBackend;
+use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use tokio::time::{sleep_until, timeout, Instant};
 
@@ -22,24 +22,24 @@ const BOUND: Duration = Duration::from_secs(600);
 
 const TTL: Duration = Duration::from_secs(3);
 
-/// The in-process backend, granting every lock as kept for only `lasts`,
-/// recording when each renewal call was made.
-#[derive(Debug, Clone)]
-struct ShortGrant {
-    inner: MemoryBackend,
+/// Makes the in-process backend grant every lock as kept for only `lasts`,
+/// and records when each renewal call was made.
+#[derive(Debug)]
+struct Shorten {
     lasts: Duration,
-    renewals: Arc<Mutex<Vec<Instant>>>,
+    renewals: Mutex<Vec<Instant>>,
 }
 
-impl ShortGrant {
-    fn new(lasts: Duration) -> Self {
-        Self {
-            inner: MemoryBackend::default(),
-            lasts,
-            renewals: Arc::default(),
-        }
-    }
+type ShortGrant = Intercepted<Shorten>;
 
+fn short_grant(lasts: Duration) -> ShortGrant {
+    Intercepted::new(Shorten {
+        lasts,
+        renewals: Mutex::default(),
+    })
+}
+
+impl Shorten {
     fn renewals(&self) -> Vec<Instant> {
         self.renewals.lock().map(|r| r.clone()).unwrap_or_default()
     }
@@ -52,18 +52,15 @@ impl ShortGrant {
 }
 
 #[async_trait]
-impl LockBackend for ShortGrant {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
+impl Intercept for Shorten {
     async fn try_acquire(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        Ok(match self.inner.try_acquire(name, owner, ttl).await? {
+        Ok(match inner.try_acquire(name, owner, ttl).await? {
             AcquireAttempt::Acquired(lease) => {
                 AcquireAttempt::Acquired(lease.with_lasts_at_least(self.lasts))
             }
@@ -73,36 +70,22 @@ impl LockBackend for ShortGrant {
 
     async fn renew(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
         self.note_renewal();
-        self.inner.renew(name, owner, ttl).await
-    }
-
-    async fn check(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.check(name, owner).await
-    }
-
-    async fn release(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        self.inner.release(name, owner).await
+        inner.renew(name, owner, ttl).await
     }
 
     async fn renew_many(
         &self,
+        inner: &MemoryBackend,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         self.note_renewal();
-        self.inner.renew_many(requests).await
+        inner.renew_many(requests).await
     }
 }
 
@@ -122,7 +105,7 @@ fn name(s: &str) -> LockName {
 async fn a_short_grant_is_valid_only_as_long_as_the_server_keeps_it() {
     timeout(BOUND, async {
         let lasts = Duration::from_secs(2);
-        let backend = ShortGrant::new(lasts);
+        let backend = short_grant(lasts);
         let locker = locker(&backend);
         let opts = LockOptions::new(TTL).with_auto_renew(false);
         let start = Instant::now();
@@ -152,7 +135,7 @@ async fn a_short_grant_is_renewed_before_its_deadline_and_kept() {
     timeout(BOUND, async {
         // One second short of the TTL: the first renewal, due one interval
         // (1 s) after the grant for a full one, is due at once.
-        let backend = ShortGrant::new(Duration::from_millis(2_500));
+        let backend = short_grant(Duration::from_millis(2_500));
         let locker = locker(&backend);
         let opts = LockOptions::new(TTL);
         let start = Instant::now();
@@ -180,7 +163,7 @@ async fn a_short_grant_is_renewed_before_its_deadline_and_kept() {
 #[tokio::test(start_paused = true)]
 async fn a_grant_the_server_keeps_the_full_ttl_is_renewed_as_usual() {
     timeout(BOUND, async {
-        let backend = ShortGrant::new(TTL * 2);
+        let backend = short_grant(TTL * 2);
         let locker = locker(&backend);
         let opts = LockOptions::new(TTL);
         let start = Instant::now();
@@ -204,7 +187,7 @@ async fn a_grant_the_server_keeps_the_full_ttl_is_renewed_as_usual() {
 #[tokio::test(start_paused = true)]
 async fn a_grant_shorter_than_the_drift_is_refused_and_undone() {
     timeout(BOUND, async {
-        let backend = ShortGrant::new(Duration::from_millis(1));
+        let backend = short_grant(Duration::from_millis(1));
         let locker = locker(&backend);
         let lock = name("too-short");
         let got = locker.try_lock(&lock, &LockOptions::new(TTL)).await;
@@ -218,7 +201,7 @@ async fn a_grant_shorter_than_the_drift_is_refused_and_undone() {
         for _ in 0..100 {
             tokio::time::sleep(Duration::from_millis(10)).await;
             if matches!(
-                backend.inner.try_acquire(&lock, &other, TTL).await,
+                backend.memory().try_acquire(&lock, &other, TTL).await,
                 Ok(AcquireAttempt::Acquired(_))
             ) {
                 free = true;

@@ -10,11 +10,18 @@
 //!
 //! With the `test-util` feature, the saboteur methods `MemoryBackend::steal`
 //! and `MemoryBackend::expire` change a lease behind its holder's back, the
-//! way another client or an operator could on a real server.
+//! way another client or an operator could on a real server, and
+//! `Intercepted` changes some of its calls for a test (a stall, a count, a
+//! refusal) while the others stay the memory backend's own.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "test-util")]
+mod intercept;
 mod ticks;
 mod waiters;
+
+#[cfg(feature = "test-util")]
+pub use intercept::{Intercept, Intercepted};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

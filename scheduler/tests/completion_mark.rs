@@ -8,26 +8,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::DateTime;
-use lock_core::backend::{
-    AcquireAttempt, LeaseStatus, LossFeed, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
-};
+use lock_core::backend::{AcquireAttempt, LeaseStatus, OwnerToken, RenewRequest};
 use lock_core::{
     async_trait, BackendError, BackendErrorKind, Capabilities, Error as LockError, LockBackend,
     LockName, LockOptions, Locker,
 };
-use lock_memory::MemoryBackend;
+use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{Job, Scheduler, TickOutcome, TokioClock};
 
 const MIN_TTL: Duration = Duration::from_secs(1);
 
-/// The memory backend with etcd's rule: a TTL below one second is refused
-/// with a configuration error. Records the TTL of every single renewal
-/// (a retained hold is set by one).
-#[derive(Debug, Clone)]
+/// Gives the memory backend etcd's rule: a TTL below one second is refused
+/// with a configuration error. Records the TTL of every single renewal (a
+/// retained hold is set by one).
+#[derive(Debug, Default)]
 struct WholeSeconds {
-    inner: MemoryBackend,
-    renewals: Arc<Mutex<Vec<Duration>>>,
+    renewals: Mutex<Vec<Duration>>,
 }
 
 impl WholeSeconds {
@@ -43,21 +40,23 @@ impl WholeSeconds {
 }
 
 #[async_trait]
-impl LockBackend for WholeSeconds {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities().with_min_ttl(MIN_TTL)
+impl Intercept for WholeSeconds {
+    fn capabilities(&self, inner: &MemoryBackend) -> Capabilities {
+        inner.capabilities().with_min_ttl(MIN_TTL)
     }
     async fn try_acquire(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
         Self::refuse_short(ttl)?;
-        self.inner.try_acquire(name, owner, ttl).await
+        inner.try_acquire(name, owner, ttl).await
     }
     async fn renew(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
@@ -66,39 +65,17 @@ impl LockBackend for WholeSeconds {
             r.push(ttl);
         }
         Self::refuse_short(ttl)?;
-        self.inner.renew(name, owner, ttl).await
-    }
-    async fn check(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.check(name, owner).await
-    }
-    async fn release(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        self.inner.release(name, owner).await
+        inner.renew(name, owner, ttl).await
     }
     async fn renew_many(
         &self,
+        inner: &MemoryBackend,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         for r in requests {
             Self::refuse_short(r.ttl)?;
         }
-        self.inner.renew_many(requests).await
-    }
-    async fn subscribe_release(
-        &self,
-        name: &LockName,
-    ) -> Result<Option<ReleaseSignal>, BackendError> {
-        self.inner.subscribe_release(name).await
-    }
-    fn loss_feed(&self) -> Option<LossFeed> {
-        self.inner.loss_feed()
+        inner.renew_many(requests).await
     }
 }
 
@@ -110,10 +87,7 @@ impl LockBackend for WholeSeconds {
 async fn a_short_mark_is_raised_to_the_backends_minimum_ttl() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let memory = MemoryBackend::new();
-        let backend = WholeSeconds {
-            inner: memory.clone(),
-            renewals: Arc::default(),
-        };
+        let backend = Intercepted::over(memory.clone(), WholeSeconds::default());
         let locker = Locker::builder()
             .with_backend(backend.clone())
             .with_registry(&Registry::new())

@@ -18,13 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lock_core::backend::{
-    AcquireAttempt, LeaseStatus, LossFeed, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
-};
-use lock_core::{
-    async_trait, BackendError, Capabilities, LockBackend, LockName, Locker, TickRecord, TickStore,
-};
-use lock_memory::MemoryBackend;
+use lock_core::backend::{AcquireAttempt, LeaseStatus, OwnerToken, ReleaseOutcome, RenewRequest};
+use lock_core::{async_trait, BackendError, LockBackend, LockName, Locker, TickRecord, TickStore};
+use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{
     Delivery, Job, PauseHook, ProtocolPoint, RunReport, Scheduler, TickOutcome, TokioClock,
@@ -57,14 +53,13 @@ const STEPS: [Step; 6] = [
     Step::At(ProtocolPoint::CompletedSent),
 ];
 
-/// The memory backend, with renewals that wait while the replica is frozen.
-#[derive(Debug, Clone)]
-struct Freezable {
-    inner: MemoryBackend,
+/// Makes the memory backend's calls wait while the replica is frozen.
+#[derive(Debug)]
+struct Freeze {
     frozen: watch::Receiver<bool>,
 }
 
-impl Freezable {
+impl Freeze {
     async fn thawed(&self) {
         let mut rx = self.frozen.clone();
         // The sender lives as long as the test; a closed channel means thawed.
@@ -73,59 +68,52 @@ impl Freezable {
 }
 
 #[async_trait]
-impl LockBackend for Freezable {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
+impl Intercept for Freeze {
     async fn try_acquire(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
         self.thawed().await;
-        self.inner.try_acquire(name, owner, ttl).await
+        inner.try_acquire(name, owner, ttl).await
     }
     async fn renew(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
         self.thawed().await;
-        self.inner.renew(name, owner, ttl).await
+        inner.renew(name, owner, ttl).await
     }
     async fn check(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
         self.thawed().await;
-        self.inner.check(name, owner).await
+        inner.check(name, owner).await
     }
     async fn release(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         self.thawed().await;
-        self.inner.release(name, owner).await
+        inner.release(name, owner).await
     }
     async fn renew_many(
         &self,
+        inner: &MemoryBackend,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         self.thawed().await;
-        self.inner.renew_many(requests).await
-    }
-    async fn subscribe_release(
-        &self,
-        name: &LockName,
-    ) -> Result<Option<ReleaseSignal>, BackendError> {
-        self.inner.subscribe_release(name).await
-    }
-    fn loss_feed(&self) -> Option<LossFeed> {
-        self.inner.loss_feed()
+        inner.renew_many(requests).await
     }
 }
 
@@ -179,14 +167,16 @@ async fn run(step: Step, delivery: Delivery) -> Row {
     let mut schedulers = Vec::new();
     for (i, skew) in [0, BEHIND_MS].into_iter().enumerate() {
         let frozen = i == 0;
-        let backend = Freezable {
-            inner: memory.clone(),
-            frozen: if frozen {
-                rx.clone()
-            } else {
-                watch::channel(false).1
+        let backend = Intercepted::over(
+            memory.clone(),
+            Freeze {
+                frozen: if frozen {
+                    rx.clone()
+                } else {
+                    watch::channel(false).1
+                },
             },
-        };
+        );
         let locker = Locker::builder()
             .with_backend(backend)
             .with_registry(&Registry::new())

@@ -6,13 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lock_core::backend::{
-    AcquireAttempt, LeaseStatus, LossFeed, OwnerToken, ReleaseOutcome, ReleaseSignal, RenewRequest,
-};
-use lock_core::{
-    async_trait, BackendError, Capabilities, LockBackend, LockName, Locker, TickStore,
-};
-use lock_memory::MemoryBackend;
+use lock_core::backend::{OwnerToken, ReleaseOutcome};
+use lock_core::{async_trait, BackendError, LockBackend, LockName, Locker, TickStore};
+use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{ElectionOptions, Error, Job, LeaderElection, Mode, Scheduler, TokioClock};
 
@@ -325,67 +321,26 @@ async fn one_task_fires_every_job() {
     assert_eq!(ran, expected);
 }
 
-/// The memory backend, except that releasing one lock takes `delay`: a
-/// backend slow to answer, which keeps the run releasing it going.
+/// Makes releasing one lock of the memory backend take `delay`: a backend
+/// slow to answer, which keeps the run releasing it going.
 #[derive(Debug)]
 struct SlowRelease {
-    inner: MemoryBackend,
     name: LockName,
     delay: Duration,
 }
 
 #[async_trait]
-impl LockBackend for SlowRelease {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        self.inner.try_acquire(name, owner, ttl).await
-    }
-    async fn renew(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.renew(name, owner, ttl).await
-    }
-    async fn check(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.inner.check(name, owner).await
-    }
+impl Intercept for SlowRelease {
     async fn release(
         &self,
+        inner: &MemoryBackend,
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
         if *name == self.name {
             tokio::time::sleep(self.delay).await;
         }
-        self.inner.release(name, owner).await
-    }
-    async fn renew_many(
-        &self,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        self.inner.renew_many(requests).await
-    }
-    async fn subscribe_release(
-        &self,
-        name: &LockName,
-    ) -> Result<Option<ReleaseSignal>, BackendError> {
-        self.inner.subscribe_release(name).await
-    }
-    fn loss_feed(&self) -> Option<LossFeed> {
-        self.inner.loss_feed()
+        inner.release(name, owner).await
     }
 }
 
@@ -400,11 +355,13 @@ async fn a_tick_waiting_across_terms_runs_under_the_new_leadership() {
         let first_tick = LockName::new("slow/1800000000000").expect("valid");
         let memory = MemoryBackend::new();
         let locker = Locker::builder()
-            .with_backend(SlowRelease {
-                inner: memory.clone(),
-                name: first_tick,
-                delay: Duration::from_secs(10),
-            })
+            .with_backend(Intercepted::over(
+                memory.clone(),
+                SlowRelease {
+                    name: first_tick,
+                    delay: Duration::from_secs(10),
+                },
+            ))
             .with_registry(&Registry::new())
             .build()
             .expect("locker");
