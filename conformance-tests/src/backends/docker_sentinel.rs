@@ -250,9 +250,13 @@ impl DockerSentinelSet {
             match role(ip) {
                 Ok(r) => return Ok(r),
                 Err(e) if Instant::now() >= until => {
-                    return Err(
-                        format!("data server {i} did not answer within {within:?}: {e}").into(),
+                    let server = self.server(i)?;
+                    return Err(format!(
+                        "data server {i} did not answer at {ip} within {within:?}: {e}; its address on the network now: {:?}; PING from inside: {:?}",
+                        server.ip(self.net.name()).map_err(|e| e.to_string()),
+                        server.exec(&["redis-cli", "ping"]).map_err(|e| e.to_string()),
                     )
+                    .into());
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }

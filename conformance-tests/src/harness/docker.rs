@@ -280,6 +280,17 @@ impl Container {
         }
     }
 
+    /// Runs `command` in the container and returns its trimmed stdout.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses or the command fails.
+    pub fn exec(&self, command: &[&str]) -> Result<String, BoxError> {
+        let mut args = vec!["exec", self.id.as_str()];
+        args.extend(command);
+        docker(&args)
+    }
+
     /// Detaches the container from `network`: every packet to or from its
     /// address there stops at once, and the name stops resolving.
     ///
