@@ -5,6 +5,8 @@ pub mod connect_urls;
 pub mod docker;
 #[cfg(feature = "docker")]
 pub mod docker_cluster;
+#[cfg(feature = "docker")]
+pub mod docker_sentinel;
 pub mod etcd;
 pub mod memory;
 pub mod postgres;

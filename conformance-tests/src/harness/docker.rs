@@ -280,6 +280,17 @@ impl Container {
         }
     }
 
+    /// Runs `command` in the container and returns its trimmed stdout.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses or the command fails.
+    pub fn exec(&self, command: &[&str]) -> Result<String, BoxError> {
+        let mut args = vec!["exec", self.id.as_str()];
+        args.extend(command);
+        docker(&args)
+    }
+
     /// Detaches the container from `network`: every packet to or from its
     /// address there stops at once, and the name stops resolving.
     ///
@@ -297,6 +308,17 @@ impl Container {
     /// If the engine refuses.
     pub fn connect(&self, network: &str, alias: &str) -> Result<(), BoxError> {
         docker(&["network", "connect", "--alias", alias, network, &self.id]).map(drop)
+    }
+
+    /// Attaches the container to `network` again at address `ip`, the one
+    /// it had there: peers that know it by address find it again. Needs a
+    /// network with a configured subnet ([`Network::create_pinned`]).
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses (the address taken, or no configured subnet).
+    pub fn connect_at(&self, network: &str, ip: &str) -> Result<(), BoxError> {
+        docker(&["network", "connect", "--ip", ip, network, &self.id]).map(drop)
     }
 }
 
@@ -325,6 +347,51 @@ impl Network {
         let name = format!("distlock-{purpose}-{}", run_id());
         docker(&["network", "create", "--label", &label_arg(), &name])?;
         Ok(Self { name })
+    }
+
+    /// A network like [`Network::create`]'s whose subnet is configured
+    /// rather than only allocated, so that a container can be attached
+    /// again at the address it had ([`Container::connect_at`]). The subnet
+    /// is the one the engine picks for a plain network (made, read and
+    /// removed first), so it overlaps nothing; another network made in
+    /// between may take it, and then it is tried again, three times in all.
+    ///
+    /// # Errors
+    ///
+    /// If the engine refuses three times.
+    pub fn create_pinned(purpose: &str) -> Result<Self, BoxError> {
+        let mut last: BoxError = "no attempt".into();
+        for _ in 0..3 {
+            let picked = Self::create(purpose)?;
+            let subnet = docker(&[
+                "network",
+                "inspect",
+                "--format",
+                "{{range .IPAM.Config}}{{.Subnet}} {{.Gateway}}{{end}}",
+                &picked.name,
+            ])?;
+            let name = picked.name.clone();
+            // Removed here, so the same name and subnet can be made again.
+            drop(picked);
+            let Some((subnet, gateway)) = subnet.split_once(' ') else {
+                return Err(format!("network {name} has no IPv4 subnet ({subnet:?})").into());
+            };
+            match docker(&[
+                "network",
+                "create",
+                "--label",
+                &label_arg(),
+                "--subnet",
+                subnet,
+                "--gateway",
+                gateway,
+                &name,
+            ]) {
+                Ok(_) => return Ok(Self { name }),
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("cannot make a network with a configured subnet: {last}").into())
     }
 
     /// Its name, for [`Spec::network`].

@@ -4,9 +4,14 @@
 //! other two, and the scheduler with the leader killed every few seconds.
 //!
 //! Each trial starts its own cluster, since it kills or cuts its members.
+//! With the `docker` feature, deployments in containers too: the etcd
+//! leader and the Redis Sentinel primary cut off with `docker network
+//! disconnect`.
 
 #[cfg(feature = "docker")]
 mod docker_partition;
+#[cfg(feature = "docker")]
+mod docker_sentinel;
 mod leader;
 mod member;
 mod partition;
@@ -24,8 +29,15 @@ use crate::backends::etcd::cluster::EtcdCluster;
 use crate::backends::etcd::EtcdClusterFactory;
 use crate::harness::{in_ci, nft, which};
 use crate::Ctx;
+
+/// The trials on deployments in containers (the `docker` feature): the etcd
+/// leader and the Redis primary cut off with `docker network disconnect`.
 #[cfg(feature = "docker")]
-pub(super) use docker_partition::trials as docker_trials;
+pub(super) fn docker_trials(run_id: &str) -> Vec<Trial> {
+    let mut out = docker_partition::trials(run_id);
+    out.extend(docker_sentinel::trials(run_id));
+    out
+}
 
 /// A trial's body, given the run id.
 type ClusterTrial = Box<dyn FnOnce(&str) -> Result<(), Failed> + Send>;
