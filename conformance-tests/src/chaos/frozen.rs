@@ -1,4 +1,4 @@
-//! X12: a scheduler replica stopped as a whole process (SIGSTOP: its
+//! Issue 41: a scheduler replica stopped as a whole process (SIGSTOP: its
 //! runtime, its heartbeat and its timers all stall) right after its
 //! handler returned and before the tick's `Completed` record is written,
 //! and thawed after 3 × the tick lock's TTL.
