@@ -81,7 +81,7 @@ impl Plan {
 }
 
 /// Every combination. Two run by default, one per mode and one per
-/// delivery; all four under `CHAOS_SOAK` (each costs 15–25 s per row).
+/// delivery; all four under `CHAOS_SOAK` (each takes 10–14 s per row).
 pub(super) const PLANS: [Plan; 4] = [
     Plan {
         case: "chaos_scheduler_frozen_after_handler_per_tick_at_most_once",
