@@ -14,6 +14,7 @@ mod cluster;
 mod failover;
 pub mod figures;
 mod flap;
+mod frozen;
 mod holder;
 mod latency;
 mod pause;
@@ -170,6 +171,17 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                 Box::pin(async move { churn::leader_churn(ctx, target, &replica).await })
             }),
         );
+        for plan in frozen::PLANS {
+            let (run_id, replica) = (run_id.to_owned(), bins.replica.clone());
+            out.push(
+                Trial::test(format!("{backend}::{}", plan.case), move || {
+                    run(make, &run_id, plan.case, move |ctx| async move {
+                        frozen::frozen_after_handler(ctx, plan, &replica).await;
+                    })
+                })
+                .with_ignored_flag(!plan.included()),
+            );
+        }
     }
     if which("redis-server").is_some() {
         let target = Target {

@@ -139,6 +139,15 @@ pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
             super::churn::leader_churn(ctx, target, &replica).await;
         },
     ));
+    for plan in super::frozen::PLANS {
+        let replica = bins.replica.clone();
+        out.push(
+            trial(plan.case, &factory, run_id, move |_, ctx| async move {
+                super::frozen::frozen_after_handler(ctx, plan, &replica).await;
+            })
+            .with_ignored_flag(!plan.included()),
+        );
+    }
     // On a primary and standby of its own: it stops the primary.
     out.push(super::pg_failover::trial(run_id, bins));
     out

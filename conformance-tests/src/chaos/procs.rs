@@ -182,3 +182,70 @@ pub(super) fn signal(child: &Child, sig: &str) {
         .expect("kill runs");
     assert!(status.success(), "kill -{sig} {pid}");
 }
+
+/// Whether the child we started is stopped: every one of its threads in
+/// state `T` (`/proc/<pid>/task/<tid>/stat`), so a SIGSTOP has landed on
+/// the whole process.
+pub(super) fn is_stopped(child: &Child) -> bool {
+    let Some(pid) = child.id() else {
+        return false;
+    };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks {
+        let Ok(task) = task else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return false;
+        };
+        // `tid (comm) state …`: the name may hold spaces and parentheses,
+        // so the state is the first word after the last `)`.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state != Some("T") {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+impl Journal {
+    /// The first line after `since` (monotonic ns) that `want` accepts,
+    /// waiting up to `within` for it. Polls the journal, so waiting for one
+    /// kind of line consumes no other. Panics on time out, naming `what`
+    /// and quoting the children's latest lines.
+    pub(super) async fn wait_for(
+        &self,
+        since: u64,
+        within: std::time::Duration,
+        what: &str,
+        want: impl Fn(&Line) -> bool,
+    ) -> Line {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(line) = self
+                .lines()
+                .into_iter()
+                .find(|l| l.mono >= since && want(l))
+            {
+                return line;
+            }
+            if tokio::time::Instant::now() >= until {
+                let recent: Vec<String> = self
+                    .lines()
+                    .iter()
+                    .filter(|l| l.mono >= since && l.kind() != "WRITE")
+                    .map(|l| format!("{} {}", l.who, l.words.join(" ")))
+                    .collect();
+                let tail = &recent[recent.len().saturating_sub(20)..];
+                panic!("no {what} within {within:?}; the children said since: {tail:#?}");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
