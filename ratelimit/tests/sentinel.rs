@@ -165,55 +165,6 @@ fn stores(url: &str) -> Result<Vec<Arc<dyn Store>>, BoxError> {
         .collect()
 }
 
-/// 16 tasks per store on `key` until `stop` (at most 120 s), each call
-/// bounded by 1 s; errors (a failover) are counted, not fatal. Returns the
-/// store's clock at each admission.
-async fn tolerant_admissions(
-    stores: &[Arc<dyn Store>],
-    key: &str,
-    stop: &tokio::sync::watch::Receiver<bool>,
-    errors: &Arc<AtomicU64>,
-) -> Result<Vec<u64>, BoxError> {
-    let cell = common::cell();
-    let hard_end = Instant::now() + Duration::from_secs(120);
-    let mut tasks = Vec::new();
-    for store in stores {
-        for _ in 0..16 {
-            let store = Arc::clone(store);
-            let keys = [key.to_owned()];
-            let stop = stop.clone();
-            let errors = Arc::clone(errors);
-            tasks.push(tokio::spawn(async move {
-                let mut admitted = Vec::new();
-                while !*stop.borrow() && Instant::now() < hard_end {
-                    let request = StoreRequest {
-                        subject: "one",
-                        keys: &keys,
-                        cells: &[cell],
-                        cost: 1,
-                    };
-                    match tokio::time::timeout(Duration::from_secs(1), store.decide(&request)).await
-                    {
-                        Ok(Ok(d)) if d.allowed => admitted.push(d.now_us),
-                        Ok(Ok(_)) => {}
-                        Ok(Err(_)) | Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                    tokio::task::yield_now().await;
-                }
-                admitted
-            }));
-        }
-    }
-    let mut times = Vec::new();
-    for r in common::futures_join(tasks).await {
-        times.extend(r?);
-    }
-    Ok(times)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_url_holds_the_bound_and_follows_a_failover_under_load() -> Result<(), BoxError> {
     if !procs::redis_on_path() {
@@ -244,7 +195,7 @@ async fn sentinel_url_holds_the_bound_and_follows_a_failover_under_load() -> Res
             (switched, took)
         };
         let (times, (switched, took)) =
-            tokio::join!(tolerant_admissions(&stores, &key, &stop, &errors), side);
+            tokio::join!(common::tolerant_admissions(&stores, &key, &stop, &errors), side);
         let (old, new) = switched??;
         let times = times?;
         let (admitted, bound) = common::bound(&times)?;
@@ -254,9 +205,13 @@ async fn sentinel_url_holds_the_bound_and_follows_a_failover_under_load() -> Res
             "redis_sentinel failover {old} -> {new} in {took:?} under load: admitted {admitted}, bound {bound} (+ one burst {burst} allowed across the failover), over the bound by {over}, {} failed calls",
             errors.load(Ordering::Relaxed)
         );
-        // Replication is asynchronous: the new primary may lack the last
-        // writes, at worst the whole bucket, which is one burst.
-        assert!(admitted <= bound + burst, "admitted {admitted} > {bound} + {burst}");
+        // Replication is asynchronous: the new primary lacks what the old
+        // one admitted after the promotion, at worst the whole bucket, one
+        // burst; plus 1 for the two servers' separate rounding.
+        assert!(
+            admitted <= bound + burst + 1,
+            "admitted {admitted} > {bound} + {burst} + 1"
+        );
         assert!(admitted * 100 >= bound * 80, "admitted only {admitted} of {bound}");
 
         // Every store decides on the new primary: a decision writes its key

@@ -5,6 +5,7 @@
 
 pub(crate) mod procs;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,4 +154,62 @@ pub(crate) fn check_bound(backend: &str, admitted: u64, bound: u64) {
         admitted * 100 >= bound * 95,
         "{backend} admitted only {admitted} of {bound}"
     );
+}
+
+/// 16 tasks per store on `key` until `stop` (at most 120 s), each call
+/// bounded by 1 s; errors (a failover) are counted (the first 3 printed),
+/// not fatal. Returns the
+/// store's clock at each admission.
+pub(crate) async fn tolerant_admissions(
+    stores: &[Arc<dyn Store>],
+    key: &str,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    errors: &Arc<AtomicU64>,
+) -> Result<Vec<u64>, BoxError> {
+    let cell = cell();
+    let hard_end = Instant::now() + Duration::from_secs(120);
+    let mut tasks = Vec::new();
+    for store in stores {
+        for _ in 0..16 {
+            let store = Arc::clone(store);
+            let keys = [key.to_owned()];
+            let stop = stop.clone();
+            let errors = Arc::clone(errors);
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = Vec::new();
+                while !*stop.borrow() && Instant::now() < hard_end {
+                    let request = StoreRequest {
+                        subject: "one",
+                        keys: &keys,
+                        cells: &[cell],
+                        cost: 1,
+                    };
+                    match tokio::time::timeout(Duration::from_secs(1), store.decide(&request)).await
+                    {
+                        Ok(Ok(d)) if d.allowed => admitted.push(d.now_us),
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("a call failed: {e}");
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        Err(_) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("a call took over 1 s");
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                }
+                admitted
+            }));
+        }
+    }
+    let mut times = Vec::new();
+    for r in futures_join(tasks).await {
+        times.extend(r?);
+    }
+    Ok(times)
 }
