@@ -8,8 +8,11 @@ use crate::limiter::{Limiter, LimiterBuilder, DEFAULT_PREFIX};
 use crate::policy::OnStoreError;
 use crate::store::{MemoryStore, Store};
 
-/// The variable naming the rate-limit store's URL; without it,
-/// [`LOCK_URL`] is used, so one shared server serves locks and limits.
+/// The variable naming the rate-limit store's URL (any form
+/// [`store_from_url`] reads, e.g.
+/// `redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/limits`);
+/// without it, [`LOCK_URL`] is used, so one shared server serves locks and
+/// limits.
 pub const RATE_LIMIT_URL: &str = "RATE_LIMIT_URL";
 /// The variable the locks take their backend from (`distlock::LOCK_URL`).
 pub const LOCK_URL: &str = "LOCK_URL";
@@ -142,16 +145,16 @@ impl RateLimitConfig {
 }
 
 /// The store a URL names: `memory://`; `redis://`, `rediss://`,
-/// `redis+cluster://` (feature `redis`); `postgres://`, `postgresql://` (feature `postgres`, table
+/// `redis+sentinel://` (the primary the sentinels name, found again after a
+/// failover: `RedisStore::connect_sentinel`), `redis+cluster://` (feature
+/// `redis`); `postgres://`, `postgresql://` (feature `postgres`, table
 /// `store::DEFAULT_TABLE`). Server stores connect at
 /// their first decision.
 ///
 /// # Errors
 ///
 /// [`Error::Unsupported`] for etcd (every decision would be a raft write:
-/// a consensus round and a disk sync per request) and for Sentinel URLs
-/// (resolve the primary with the `redis` crate and pass the connection to
-/// `RedisStore::with_connection`); [`Error::Config`] for another scheme or a
+/// a consensus round and a disk sync per request); [`Error::Config`] for another scheme or a
 /// store whose feature is off; [`Error::Store`] for a malformed URL. No
 /// message repeats a password.
 pub fn store_from_url(url: &str) -> Result<Arc<dyn Store>> {
@@ -164,12 +167,8 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn Store>> {
              or leave it unset for in-process limits"
                 .into(),
         )),
-        "redis+sentinel" => Err(Error::Unsupported(
-            "redis+sentinel:// is not read from a URL yet: resolve the primary with the redis \
-             crate's sentinel client and pass the connection to RedisStore::with_connection, or \
-             set RATE_LIMIT_URL to the primary's redis:// URL"
-                .into(),
-        )),
+        #[cfg(feature = "redis")]
+        "redis+sentinel" => Ok(Arc::new(crate::store::RedisStore::connect_sentinel(url)?)),
         #[cfg(feature = "redis")]
         "redis+cluster" => Ok(Arc::new(crate::store::RedisStore::connect_cluster(url)?)),
         #[cfg(feature = "redis")]
@@ -180,7 +179,7 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn Store>> {
             crate::store::DEFAULT_TABLE,
         )?)),
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+cluster" => Err(Error::Config(format!(
+        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => Err(Error::Config(format!(
             "{scheme}:// needs the distlock-ratelimit feature redis"
         ))),
         #[cfg(not(feature = "postgres"))]
@@ -188,8 +187,8 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn Store>> {
             "{scheme}:// needs the distlock-ratelimit feature postgres"
         ))),
         _ => Err(Error::Config(format!(
-            "no rate-limit store for the URL {}; use memory://, redis://, rediss://, postgres:// \
-             or postgresql://",
+            "no rate-limit store for the URL {}; use memory://, redis://, rediss://, \
+             redis+sentinel://, redis+cluster://, postgres:// or postgresql://",
             lock_core::redact::redact_url(url)
         ))),
     }

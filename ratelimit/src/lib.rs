@@ -7,8 +7,8 @@
 //!   all admitted and charged, or none charged.
 //! - Stores, in [`store`], keep the buckets. [`MemoryStore`](store::MemoryStore) (one
 //!   process, bounded), `RedisStore` (feature `redis`: one Lua script on the
-//!   server's `TIME`; single server, and Sentinel or Cluster through the
-//!   connection you give it), `PostgresStore` (feature `postgres`: one
+//!   server's `TIME`; a single server, the primary behind Sentinel (found
+//!   again after a failover), or a Cluster), `PostgresStore` (feature `postgres`: one
 //!   function call on `clock_timestamp()`). etcd is refused: every decision
 //!   would be a raft write.
 //! - An [`OnStoreError`] policy says what a limiter does while its store fails: deny
@@ -17,7 +17,11 @@
 //!   latency to every request.
 //! - [`RateLimitConfig::from_env`] reads the store and policy from
 //!   `RATE_LIMIT_URL` (or `LOCK_URL`), `RATE_LIMIT_REDIS_FAIL_OPEN` and
-//!   `RATE_LIMIT_REDIS_PREFIX`.
+//!   `RATE_LIMIT_REDIS_PREFIX`. The URL is `memory://`, `redis://`,
+//!   `rediss://`,
+//!   `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`
+//!   (sentinels on 26379 unless given; the credentials are the primary's),
+//!   `redis+cluster://host1[:port1][,...]`, `postgres://` or `postgresql://`.
 //! - Metrics in [`RateLimitMetrics`]: `rate_limit_decisions_total`,
 //!   `rate_limit_store_fallbacks_total` and the store's errors, latency and
 //!   breaker state.

@@ -30,10 +30,12 @@ fn the_locks_url_is_used_unless_the_rate_limit_url_is_set() -> Result<(), Error>
     assert_eq!(c.store().kind(), "redis");
     let c = config(&[("LOCK_URL", "redis+cluster://127.0.0.1:7000,127.0.0.1:7001")])?;
     assert_eq!(c.store().kind(), "redis");
-    assert!(matches!(
-        config(&[("LOCK_URL", "redis+sentinel://127.0.0.1:26379/locks")]),
-        Err(Error::Unsupported(_))
-    ));
+    let c = config(&[("LOCK_URL", "redis+sentinel://127.0.0.1:26379/locks")])?;
+    assert_eq!(c.store().kind(), "redis");
+    let e = config(&[("LOCK_URL", "redis+sentinel://u:hunter2@127.0.0.1:26379")])
+        .expect_err("no master name");
+    assert!(e.to_string().contains("master-name"), "{e}");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
     let c = config(&[
         ("LOCK_URL", "redis://127.0.0.1:6379"),
         ("RATE_LIMIT_URL", "postgres://postgres@127.0.0.1:5432/test"),

@@ -1,5 +1,6 @@
 //! Against real servers: REDIS_URL (redis://127.0.0.1:6379) and DATABASE_URL
-//! (postgres://postgres@127.0.0.1:5432/test). A case whose server is not
+//! (postgres://postgres@127.0.0.1:5432/test). Over-admission runs last
+//! `RATE_LIMIT_SOAK_SECS` seconds (3 unless set). A case whose server is not
 //! configured prints why and passes, except under CI=true, where it fails.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,11 +18,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout, Instant};
 
 mod common;
-use common::{check_bound, hammer, run_id, BoxError, RUN};
+use common::{case_limit, check_bound, hammer, run, run_id, BoxError};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-const CASE: Duration = Duration::from_secs(40);
+/// A case's time limit: the over-admission run plus 37 s for connecting.
+fn case() -> Duration {
+    case_limit(Duration::from_secs(37))
+}
 
 fn server(var: &str) -> Option<String> {
     match std::env::var(var) {
@@ -46,7 +50,7 @@ async fn redis_admits_within_the_bound_across_replicas_even_with_script_flush() 
     let Some(url) = server("REDIS_URL") else {
         return Ok(());
     };
-    timeout(CASE, async {
+    timeout(case(), async {
         let stores: Vec<Arc<dyn Store>> = (0..3)
             .map(|_| RedisStore::connect(&url).map(|s| Arc::new(s) as Arc<dyn Store>))
             .collect::<Result<_, _>>()?;
@@ -57,7 +61,7 @@ async fn redis_admits_within_the_bound_across_replicas_even_with_script_flush() 
         // SCRIPT FLUSH every 500 ms during the run: NOSCRIPT must reload the
         // script, never open the gate.
         let side = async move {
-            let end = Instant::now() + RUN;
+            let end = Instant::now() + run();
             while Instant::now() < end {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let r: redis::RedisResult<()> = redis::cmd("SCRIPT")
@@ -82,7 +86,7 @@ async fn postgres_admits_within_the_bound_across_replicas() -> TestResult {
     let Some(url) = server("DATABASE_URL") else {
         return Ok(());
     };
-    timeout(CASE, async {
+    timeout(case(), async {
         let mut stores: Vec<Arc<dyn Store>> = Vec::new();
         for _ in 0..3 {
             let store = PostgresStore::connect(&url, "rl_test_limits")?;
@@ -98,7 +102,7 @@ async fn postgres_admits_within_the_bound_across_replicas() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_admits_within_the_bound() -> TestResult {
-    timeout(CASE, async {
+    timeout(case(), async {
         let store: Arc<dyn Store> = Arc::new(distlock_ratelimit::store::MemoryStore::new());
         let (admitted, bound) =
             hammer(vec![Arc::clone(&store), Arc::clone(&store), store], async {
@@ -149,7 +153,7 @@ async fn redis_several_limits_all_or_none() -> TestResult {
     let Some(url) = server("REDIS_URL") else {
         return Ok(());
     };
-    timeout(CASE, all_or_none(Arc::new(RedisStore::connect(&url)?))).await?
+    timeout(case(), all_or_none(Arc::new(RedisStore::connect(&url)?))).await?
 }
 
 #[tokio::test]
@@ -158,7 +162,7 @@ async fn postgres_several_limits_all_or_none() -> TestResult {
         return Ok(());
     };
     timeout(
-        CASE,
+        case(),
         all_or_none(Arc::new(PostgresStore::connect(&url, "rl_test_limits")?)),
     )
     .await?
@@ -169,7 +173,7 @@ async fn redis_keys_expire_when_full_again() -> TestResult {
     let Some(url) = server("REDIS_URL") else {
         return Ok(());
     };
-    timeout(CASE, async {
+    timeout(case(), async {
         let store = RedisStore::connect(&url)?;
         let cell = Cell {
             interval: 1_000_000,
@@ -283,7 +287,7 @@ const SLACK: Duration = Duration::from_millis(250);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unreachable_deny_refuses_and_fallback_admits_its_share() -> TestResult {
-    timeout(CASE, async {
+    timeout(case(), async {
         // Port 1 on loopback: nothing listens, the connection is refused.
         let dead: Arc<dyn Store> = Arc::new(RedisStore::connect("redis://127.0.0.1:1")?);
         let m = RateLimitMetrics::register(&Registry::new())?;
@@ -399,7 +403,7 @@ async fn redis_paused_costs_at_most_the_timeout_and_the_breaker_closes_after() -
         return Ok(());
     };
     timeout(
-        CASE,
+        case(),
         paused_outage("redis", &url, |u| Ok(Arc::new(RedisStore::connect(u)?))),
     )
     .await?
@@ -411,7 +415,7 @@ async fn postgres_paused_costs_at_most_the_timeout_and_the_breaker_closes_after(
         return Ok(());
     };
     timeout(
-        CASE,
+        case(),
         paused_outage("postgres", &url, |u| {
             Ok(Arc::new(PostgresStore::connect(u, "rl_test_limits")?))
         }),
@@ -430,7 +434,7 @@ async fn etcd_is_refused_with_the_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_unreachable_deny_refuses_within_the_timeout() -> TestResult {
-    timeout(CASE, async {
+    timeout(case(), async {
         let dead: Arc<dyn Store> = Arc::new(PostgresStore::connect(
             "postgres://postgres@127.0.0.1:1/test",
             "rl_test_limits",

@@ -10,6 +10,8 @@ mod memory;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod sentinel;
 #[cfg(feature = "test-util")]
 mod switch;
 

@@ -5,10 +5,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use std::sync::Arc;
+
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, Value};
 
+use super::sentinel::{self, InFlight, SentinelLink};
 use super::{Store, StoreDecision, StoreRequest};
 use crate::error::{StoreError, StoreErrorKind};
 
@@ -66,8 +71,10 @@ return {allowed, string.format('%d', remaining), string.format('%d', retry), str
 ///
 /// It works over any connection of the `redis` crate: a
 /// [`ConnectionManager`] ([`connect`](Self::connect) makes one from a URL and
-/// reconnects after errors), a cluster connection, or one a Sentinel client
-/// handed out ([`with_connection`](Self::with_connection)).
+/// reconnects after errors), the primary a set of sentinels names
+/// ([`connect_sentinel`](Self::connect_sentinel), found again after a
+/// failover), a cluster ([`connect_cluster`](Self::connect_cluster)), or a
+/// connection you made ([`with_connection`](Self::with_connection)).
 pub struct RedisStore<C = ConnectionManager> {
     connection: Connection<C>,
     script: Script,
@@ -82,6 +89,9 @@ enum Connection<C> {
         client: Box<redis::Client>,
         manager: OnceLock<ConnectionManager>,
     },
+    /// The primary the sentinels name, searched for at the first decision
+    /// and again after an error that says it may have moved.
+    Sentinel(Arc<SentinelLink>),
     /// Made at the first decision that finds the cluster; a failed attempt
     /// is retried at the next.
     Cluster {
@@ -171,10 +181,68 @@ impl RedisStore<ConnectionManager> {
     }
 }
 
+impl RedisStore<ConnectionManager> {
+    /// A store over the primary that a set of Redis Sentinels names:
+    /// `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`
+    /// (sentinels on port 26379 unless given; the credentials and database
+    /// are the primary's, the sentinels are asked without them), the form
+    /// lock-redis reads. It may be called outside a Tokio runtime; nothing
+    /// is contacted until the first decision.
+    ///
+    /// The sentinels are asked through the `redis` crate's sentinel client,
+    /// which checks that the server they name answers `ROLE` as a primary.
+    /// After an I/O error, a timeout, `READONLY` (the server was demoted),
+    /// `MASTERDOWN`, `LOADING`, `TRYAGAIN` or `NOREPLICAS`, or once calls
+    /// abandoned by the limiter's timeout show the primary has not answered
+    /// for a second (frozen), the sentinels are asked again, by one
+    /// background search at a time (at most every 100 ms while they name no
+    /// answering primary). While connected, the sentinels are also asked
+    /// every second, in the background, whether they still name this
+    /// primary: after `SENTINEL FAILOVER` the old primary keeps answering as
+    /// a primary for seconds until the sentinels demote it. Decisions thus
+    /// move to the new primary within about a second of a failover.
+    /// Replication is asynchronous and what the old primary admits after
+    /// the promotion never reaches the new one, so across a failover a
+    /// limit may admit again what it admitted meanwhile: up to about a
+    /// second of its rate, and never more than one burst (the bucket's
+    /// capacity), since a bucket's state holds no more than that.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] (kind `Protocol`) for a malformed URL; the message
+    /// never repeats the password.
+    pub fn connect_sentinel(url: &str) -> Result<Self, StoreError> {
+        let shown = lock_core::redact::redact_url(url);
+        let parsed = sentinel::parse(url, &shown)?;
+        let target = format!(
+            "redis+sentinel://{}/{}",
+            parsed
+                .sentinels
+                .iter()
+                .map(|(h, p)| if h.contains(':') {
+                    format!("[{h}]:{p}")
+                } else {
+                    format!("{h}:{p}")
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+            parsed.master
+        );
+        Ok(Self {
+            connection: Connection::Sentinel(Arc::new(SentinelLink::new(&parsed, target)?)),
+            script: Script::new(SCRIPT),
+        })
+    }
+}
+
 impl<C: Clone> RedisStore<C> {
     /// The connection to send the next call on.
     async fn connection(&self) -> Result<Either<C>, StoreError> {
         match &self.connection {
+            Connection::Sentinel(link) => {
+                let (c, generation) = link.connection().await?;
+                Ok(Either::Sentinel(c, generation, Arc::clone(link)))
+            }
             Connection::Cluster { client, connection } => {
                 let c = connection
                     .get_or_try_init(|| client.get_async_connection())
@@ -206,6 +274,7 @@ enum Either<C> {
     Given(C),
     Manager(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(MultiplexedConnection, u64, Arc<SentinelLink>),
 }
 
 impl<C> RedisStore<C>
@@ -276,6 +345,14 @@ where
             Either::Given(mut c) => invocation.invoke_async(&mut c).await,
             Either::Manager(mut m) => invocation.invoke_async(&mut m).await,
             Either::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+            Either::Sentinel(mut c, generation, link) => {
+                // Tells the link about the reply, the error, or a call
+                // dropped before either (the limiter's timeout).
+                let call = InFlight::new(&link, generation);
+                let result = invocation.invoke_async(&mut c).await;
+                call.finish(&result);
+                result
+            }
         }
         .map_err(|e| map_error(&e))?;
         let bad = || StoreError::new(StoreErrorKind::Protocol, "unexpected script reply");

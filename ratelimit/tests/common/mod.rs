@@ -3,6 +3,9 @@
 // Each test binary includes this module and uses a part of it.
 #![allow(dead_code)]
 
+pub(crate) mod procs;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +15,37 @@ use tokio::time::Instant;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// How long each over-admission run lasts.
-pub(crate) const RUN: Duration = Duration::from_secs(3);
+/// The variable that sets how long each over-admission run lasts, in whole
+/// seconds (default [`DEFAULT_RUN_SECS`]; 10 for the soak runs).
+pub(crate) const SOAK_VAR: &str = "RATE_LIMIT_SOAK_SECS";
+
+/// Each over-admission run's length unless `RATE_LIMIT_SOAK_SECS` says
+/// otherwise: short, for CI.
+pub(crate) const DEFAULT_RUN_SECS: u64 = 3;
+
+/// How long each over-admission run lasts: `RATE_LIMIT_SOAK_SECS` (1 to
+/// 600), else [`DEFAULT_RUN_SECS`]. A value out of range or not a number
+/// fails the test rather than silently running the default.
+pub(crate) fn run() -> Duration {
+    match std::env::var(SOAK_VAR) {
+        Err(_) => Duration::from_secs(DEFAULT_RUN_SECS),
+        Ok(v) => {
+            let secs: u64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s| (1..=600).contains(s))
+                .unwrap_or_else(|| panic!("{SOAK_VAR}={v:?}: expected whole seconds, 1 to 600"));
+            Duration::from_secs(secs)
+        }
+    }
+}
+
+/// A whole case's time limit: the run plus `setup` for starting servers and
+/// connecting.
+pub(crate) fn case_limit(setup: Duration) -> Duration {
+    run() + setup
+}
 
 /// A key prefix unique to this run.
 pub(crate) fn run_id() -> String {
@@ -25,7 +57,7 @@ pub(crate) fn run_id() -> String {
 }
 
 /// 3 stores (separate connections, as 3 replicas) × 16 tasks on one key for
-/// `RUN`: admitted ≤ burst + rate × elapsed on the store's clock, and ≥ 95 %
+/// [`run`]: admitted ≤ burst + rate × elapsed on the store's clock, and ≥ 95 %
 /// of it. Returns (admitted, bound).
 pub(crate) async fn hammer(
     stores: Vec<Arc<dyn Store>>,
@@ -61,14 +93,14 @@ pub(crate) fn bound(times: &[u64]) -> Result<(u64, u64), BoxError> {
     ))
 }
 
-/// 16 tasks per store deciding on `key` for `RUN`; the store's clock at each
+/// 16 tasks per store deciding on `key` for [`run`]; the store's clock at each
 /// admission.
 pub(crate) async fn admissions(
     stores: Vec<Arc<dyn Store>>,
     key: &str,
 ) -> Result<Vec<u64>, BoxError> {
     let cell = cell();
-    let deadline = Instant::now() + RUN;
+    let deadline = Instant::now() + run();
     let mut tasks = Vec::new();
     for store in &stores {
         for _ in 0..16 {
@@ -122,4 +154,62 @@ pub(crate) fn check_bound(backend: &str, admitted: u64, bound: u64) {
         admitted * 100 >= bound * 95,
         "{backend} admitted only {admitted} of {bound}"
     );
+}
+
+/// 16 tasks per store on `key` until `stop` (at most 120 s), each call
+/// bounded by 1 s; errors (a failover) are counted (the first 3 printed),
+/// not fatal. Returns the
+/// store's clock at each admission.
+pub(crate) async fn tolerant_admissions(
+    stores: &[Arc<dyn Store>],
+    key: &str,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    errors: &Arc<AtomicU64>,
+) -> Result<Vec<u64>, BoxError> {
+    let cell = cell();
+    let hard_end = Instant::now() + Duration::from_secs(120);
+    let mut tasks = Vec::new();
+    for store in stores {
+        for _ in 0..16 {
+            let store = Arc::clone(store);
+            let keys = [key.to_owned()];
+            let stop = stop.clone();
+            let errors = Arc::clone(errors);
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = Vec::new();
+                while !*stop.borrow() && Instant::now() < hard_end {
+                    let request = StoreRequest {
+                        subject: "one",
+                        keys: &keys,
+                        cells: &[cell],
+                        cost: 1,
+                    };
+                    match tokio::time::timeout(Duration::from_secs(1), store.decide(&request)).await
+                    {
+                        Ok(Ok(d)) if d.allowed => admitted.push(d.now_us),
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("a call failed: {e}");
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        Err(_) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("a call took over 1 s");
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                }
+                admitted
+            }));
+        }
+    }
+    let mut times = Vec::new();
+    for r in futures_join(tasks).await {
+        times.extend(r?);
+    }
+    Ok(times)
 }
