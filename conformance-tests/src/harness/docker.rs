@@ -54,6 +54,23 @@ fn label_arg() -> String {
     format!("{LABEL}={}", run_id())
 }
 
+/// Set by a caller that runs several test processes and checks afterwards
+/// that they left nothing (`.ci/run`): its value goes on everything this
+/// process starts as the label [`BATCH_LABEL`], so the check finds its own
+/// leftovers and never another run's live containers on the same engine.
+pub const BATCH_VAR: &str = "DISTLOCK_DOCKER_BATCH";
+/// The label that carries [`BATCH_VAR`]'s value.
+pub const BATCH_LABEL: &str = "distlock.conformance.batch";
+
+/// `--label` arguments for what this process starts.
+fn label_args() -> Vec<String> {
+    let mut args = vec!["--label".to_owned(), label_arg()];
+    if let Ok(batch) = std::env::var(BATCH_VAR) {
+        args.extend(["--label".to_owned(), format!("{BATCH_LABEL}={batch}")]);
+    }
+    args
+}
+
 /// Runs `docker args…` and returns its trimmed stdout.
 fn docker(args: &[&str]) -> Result<String, BoxError> {
     let out = Command::new("docker")
@@ -151,13 +168,14 @@ impl Container {
     /// error path.
     pub fn create(spec: &Spec) -> Result<Self, BoxError> {
         ensure_image(spec.image)?;
-        let label = label_arg();
+        let labels = label_args();
         let publish: Vec<String> = spec
             .publish
             .iter()
             .map(|p| format!("127.0.0.1::{p}"))
             .collect();
-        let mut args: Vec<&str> = vec!["create", "--label", &label];
+        let mut args: Vec<&str> = vec!["create"];
+        args.extend(labels.iter().map(String::as_str));
         for p in &publish {
             args.extend(["--publish", p]);
         }
@@ -345,7 +363,11 @@ impl Network {
     /// If the engine refuses (no engine, no free address range).
     pub fn create(purpose: &str) -> Result<Self, BoxError> {
         let name = format!("distlock-{purpose}-{}", run_id());
-        docker(&["network", "create", "--label", &label_arg(), &name])?;
+        let labels = label_args();
+        let mut args = vec!["network", "create"];
+        args.extend(labels.iter().map(String::as_str));
+        args.push(&name);
+        docker(&args)?;
         Ok(Self { name })
     }
 
@@ -376,17 +398,11 @@ impl Network {
             let Some((subnet, gateway)) = subnet.split_once(' ') else {
                 return Err(format!("network {name} has no IPv4 subnet ({subnet:?})").into());
             };
-            match docker(&[
-                "network",
-                "create",
-                "--label",
-                &label_arg(),
-                "--subnet",
-                subnet,
-                "--gateway",
-                gateway,
-                &name,
-            ]) {
+            let labels = label_args();
+            let mut args = vec!["network", "create"];
+            args.extend(labels.iter().map(String::as_str));
+            args.extend(["--subnet", subnet, "--gateway", gateway, &name]);
+            match docker(&args) {
                 Ok(_) => return Ok(Self { name }),
                 Err(e) => last = e,
             }
