@@ -295,3 +295,4 @@ pub use ack::ReplicaAck;
 pub use backend::RedisBackend;
 pub use cluster_keys::key_slot as cluster_key_slot;
 pub use config::{RedisBuilder, ENV_VAR, URL_SCHEMES};
+pub use sentinel::SentinelUrl;

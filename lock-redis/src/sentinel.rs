@@ -29,18 +29,85 @@ impl SentinelSpec {
     }
 }
 
-/// What a `redis+sentinel://` URL holds besides the sentinels.
-pub(crate) struct Parsed {
-    pub(crate) spec: SentinelSpec,
-    pub(crate) username: Option<String>,
-    pub(crate) password: Option<String>,
-    pub(crate) db: i64,
+/// A `redis+sentinel://` URL taken apart: the sentinels, the name of the
+/// primary they watch, the database and the credentials.
+///
+/// [`RedisBuilder::from_url`](crate::RedisBuilder::from_url) reads the same
+/// form; a crate that speaks to the same deployment for another purpose (a
+/// rate limiter's store) parses its URL here, so that one URL means the
+/// same servers to both. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SentinelUrl {
+    /// The sentinels' hosts and ports, in the URL's order (26379 where the
+    /// URL gives no port).
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels know the primary by.
+    pub master: String,
+    /// The database to select on the primary (0 unless the URL says).
+    pub db: i64,
+    /// The user name for the primary, percent-decoded.
+    pub username: Option<String>,
+    /// The password for the primary, percent-decoded.
+    pub password: Option<String>,
+}
+
+impl SentinelUrl {
+    /// Parses
+    /// `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`.
+    ///
+    /// Query parameters are refused here; `RedisBuilder::from_url` takes
+    /// its own (`replica_ack`) off before it parses the rest.
+    ///
+    /// # Errors
+    ///
+    /// A configuration error naming what is malformed; the message shows
+    /// the URL with its password masked.
+    pub fn parse(url: &str) -> Result<Self, BackendError> {
+        let shown = lock_core::redact::redact_url(url);
+        let rest = url.strip_prefix("redis+sentinel://").ok_or_else(|| {
+            config(format!(
+                "malformed Redis Sentinel URL {shown}: expected the scheme redis+sentinel://"
+            ))
+        })?;
+        parse(rest, &shown)
+    }
+
+    /// `redis+sentinel://h1:p1,h2:p2/<master>`: where the deployment is,
+    /// without credentials or database, for messages.
+    pub fn shown(&self) -> String {
+        format!(
+            "redis+sentinel://{}/{}",
+            crate::nodes::shown(&self.sentinels),
+            self.master
+        )
+    }
+
+    /// The sentinels and the primary's name, as the resolver wants them.
+    pub(crate) fn spec(&self) -> SentinelSpec {
+        SentinelSpec {
+            nodes: self.sentinels.clone(),
+            master: self.master.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SentinelUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelUrl")
+            .field("sentinels", &self.sentinels)
+            .field("master", &self.master)
+            .field("db", &self.db)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// Parses what follows `redis+sentinel://`:
 /// `[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`.
 /// `shown` is the URL with its credentials masked, for messages.
-pub(crate) fn parse(rest: &str, shown: &str) -> Result<Parsed, BackendError> {
+pub(crate) fn parse(rest: &str, shown: &str) -> Result<SentinelUrl, BackendError> {
     let bad = |why: &str| config(format!("malformed Redis Sentinel URL {shown}: {why}"));
     if rest.contains('?') {
         return Err(bad("query parameters are not supported"));
@@ -65,14 +132,12 @@ pub(crate) fn parse(rest: &str, shown: &str) -> Result<Parsed, BackendError> {
     if segments.next().is_some() {
         return Err(bad("expected /<master-name>[/db] and nothing after"));
     }
-    Ok(Parsed {
-        spec: SentinelSpec {
-            nodes: parsed.nodes,
-            master: master.to_owned(),
-        },
+    Ok(SentinelUrl {
+        sentinels: parsed.nodes,
+        master: master.to_owned(),
+        db,
         username: parsed.username,
         password: parsed.password,
-        db,
     })
 }
 
@@ -218,18 +283,24 @@ mod tests {
     fn hosts_names_and_databases_parse() -> Result<(), BackendError> {
         let p = parse("u:p%40ss@h1:1,h2,[::1]:3/mymaster/2", "x")?;
         assert_eq!(
-            p.spec.nodes,
+            p.sentinels,
             vec![
                 ("h1".to_owned(), 1),
                 ("h2".to_owned(), DEFAULT_SENTINEL_PORT),
                 ("::1".to_owned(), 3)
             ]
         );
-        assert_eq!(p.spec.master, "mymaster");
+        assert_eq!(p.master, "mymaster");
         assert_eq!(p.db, 2);
         assert_eq!(p.username.as_deref(), Some("u"));
         assert_eq!(p.password.as_deref(), Some("p@ss"));
-        assert_eq!(p.spec.shown(), "h1:1,h2:26379,[::1]:3/mymaster");
+        assert_eq!(p.spec().shown(), "h1:1,h2:26379,[::1]:3/mymaster");
+        assert_eq!(p.shown(), "redis+sentinel://h1:1,h2:26379,[::1]:3/mymaster");
+        assert!(!format!("{p:?}").contains("p@ss"), "{p:?}");
+        assert_eq!(
+            SentinelUrl::parse("redis+sentinel://u:p%40ss@h1:1,h2,[::1]:3/mymaster/2")?,
+            p
+        );
         let q = parse("h1:1/m", "x")?;
         assert_eq!((q.db, q.username, q.password), (0, None, None));
         Ok(())
@@ -248,6 +319,10 @@ mod tests {
             "[::1:1/m",
         ] {
             assert!(parse(rest, "shown").is_err(), "{rest}");
+            let url = format!("redis+sentinel://u:hunter2@{rest}");
+            let e = SentinelUrl::parse(&url).expect_err(rest);
+            assert!(!e.to_string().contains("hunter2"), "{e}");
         }
+        assert!(SentinelUrl::parse("redis://h1:1/m").is_err());
     }
 }

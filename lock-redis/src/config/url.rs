@@ -84,12 +84,13 @@ impl RedisBuilder {
         }
         if via_sentinel {
             let parsed = sentinel::parse(rest, &shown)?;
+            let spec = parsed.spec();
             return Ok(Self {
                 replica_ack,
                 db: parsed.db,
                 username: parsed.username,
                 password: parsed.password,
-                sentinel: Some(parsed.spec),
+                sentinel: Some(spec),
                 ..Self::new()
             });
         }

@@ -212,22 +212,8 @@ impl RedisStore<ConnectionManager> {
     /// [`StoreError`] (kind `Protocol`) for a malformed URL; the message
     /// never repeats the password.
     pub fn connect_sentinel(url: &str) -> Result<Self, StoreError> {
-        let shown = lock_core::redact::redact_url(url);
-        let parsed = sentinel::parse(url, &shown)?;
-        let target = format!(
-            "redis+sentinel://{}/{}",
-            parsed
-                .sentinels
-                .iter()
-                .map(|(h, p)| if h.contains(':') {
-                    format!("[{h}]:{p}")
-                } else {
-                    format!("{h}:{p}")
-                })
-                .collect::<Vec<_>>()
-                .join(","),
-            parsed.master
-        );
+        let parsed = sentinel::parse(url)?;
+        let target = parsed.shown();
         Ok(Self {
             connection: Connection::Sentinel(Arc::new(SentinelLink::new(&parsed, target)?)),
             script: Script::new(SCRIPT),

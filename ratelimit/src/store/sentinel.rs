@@ -6,19 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use lock_redis::SentinelUrl;
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{
-    AsyncConnectionConfig, ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError,
-    ServerErrorKind,
-};
+use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{StoreError, StoreErrorKind};
-
-/// The port sentinels listen on unless the URL says otherwise.
-pub(crate) const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 /// How long one search for the primary may take: asking the sentinels,
 /// checking the named server's `ROLE`, connecting to it.
@@ -39,112 +34,11 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// primary may be frozen while the sentinels promote another.
 const STALL: Duration = Duration::from_secs(1);
 
-/// What a `redis+sentinel://` URL holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SentinelUrl {
-    pub(crate) sentinels: Vec<(String, u16)>,
-    pub(crate) master: String,
-    pub(crate) db: i64,
-    pub(crate) username: Option<String>,
-    pub(crate) password: Option<String>,
-}
-
-/// Parses
-/// `redis+sentinel://[user[:password]@]host1[:port1][,host2[:port2]...]/<master-name>[/db]`,
-/// the form lock-redis reads; `shown` is the URL with its password masked.
-pub(crate) fn parse(url: &str, shown: &str) -> Result<SentinelUrl, StoreError> {
-    let bad = |why: &str| {
-        StoreError::new(
-            StoreErrorKind::Protocol,
-            format!(
-                "cannot use Redis Sentinel URL {shown}: {why}; expected \
-                 redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/<master-name>[/db]"
-            ),
-        )
-    };
-    let rest = url
-        .strip_prefix("redis+sentinel://")
-        .ok_or_else(|| bad("the scheme is not redis+sentinel"))?;
-    if rest.contains('?') {
-        return Err(bad("query parameters are not supported"));
-    }
-    let (authority, path) = rest
-        .split_once('/')
-        .ok_or_else(|| bad("the /<master-name> after the sentinels is missing"))?;
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    let sentinels = hosts
-        .split(',')
-        .map(|h| parse_host(h, DEFAULT_SENTINEL_PORT))
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| {
-            bad("each sentinel must be host or host:port (IPv6 in brackets), separated by commas")
-        })?;
-    let mut segments = path.split('/');
-    let master = segments.next().unwrap_or_default();
-    if master.is_empty() {
-        return Err(bad("the master name after the sentinels is missing"));
-    }
-    let db = match segments.next() {
-        None | Some("") => 0,
-        Some(db) => db
-            .parse::<i64>()
-            .ok()
-            .filter(|d| *d >= 0)
-            .ok_or_else(|| bad("the database after the master name must be a number"))?,
-    };
-    if segments.next().is_some() {
-        return Err(bad("nothing may follow /<master-name>[/db]"));
-    }
-    // The client's own URL parser decodes percent-encoded credentials, so
-    // they read exactly as in a redis:// URL.
-    let (username, password) = match userinfo {
-        None => (None, None),
-        Some(u) => {
-            let info = format!("redis://{u}@127.0.0.1/")
-                .into_connection_info()
-                .map_err(|_| bad("the user name or password does not parse"))?;
-            let s = info.redis_settings();
-            (
-                s.username().map(str::to_owned),
-                s.password().map(str::to_owned),
-            )
-        }
-    };
-    Ok(SentinelUrl {
-        sentinels,
-        master: master.to_owned(),
-        db,
-        username,
-        password,
-    })
-}
-
-/// `host`, `host:port`, `[v6]` or `[v6]:port`; `None` when malformed.
-fn parse_host(host: &str, default_port: u16) -> Option<(String, u16)> {
-    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
-        let (name, after) = v6.split_once(']')?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':')?),
-        };
-        (name, port)
-    } else {
-        match host.split_once(':') {
-            Some((name, port)) => (name, Some(port)),
-            None => (host, None),
-        }
-    };
-    if name.is_empty() || name.contains(['@', '/', '[', ']']) {
-        return None;
-    }
-    let port = match port {
-        None => default_port,
-        Some(p) => p.parse().ok().filter(|p| *p != 0)?,
-    };
-    Some((name.to_owned(), port))
+/// Parses a `redis+sentinel://` URL with lock-redis's parser, so that the
+/// limiter and the locks read one URL the same way; `Protocol` errors, the
+/// password masked.
+pub(crate) fn parse(url: &str) -> Result<SentinelUrl, StoreError> {
+    SentinelUrl::parse(url).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e.to_string()))
 }
 
 /// Where the link stands.
@@ -503,43 +397,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sentinels_names_databases_and_credentials_parse() -> Result<(), StoreError> {
-        let p = parse(
-            "redis+sentinel://u:p%40ss@h1:1,h2,[::1]:3/mymaster/2",
-            "shown",
-        )?;
-        assert_eq!(
-            p.sentinels,
-            vec![
-                ("h1".to_owned(), 1),
-                ("h2".to_owned(), DEFAULT_SENTINEL_PORT),
-                ("::1".to_owned(), 3)
-            ]
-        );
-        assert_eq!(p.master, "mymaster");
-        assert_eq!(p.db, 2);
-        assert_eq!(p.username.as_deref(), Some("u"));
+    fn urls_parse_as_lock_redis_reads_them() -> Result<(), StoreError> {
+        let p = parse("redis+sentinel://u:p%40ss@h1:1,h2,[::1]:3/mymaster/2")?;
+        assert_eq!(p.sentinels.len(), 3);
+        assert_eq!((p.master.as_str(), p.db), ("mymaster", 2));
         assert_eq!(p.password.as_deref(), Some("p@ss"));
-        let q = parse("redis+sentinel://h1:1/m", "shown")?;
-        assert_eq!((q.db, q.username, q.password), (0, None, None));
         Ok(())
     }
 
     #[test]
     fn malformed_sentinel_urls_are_refused_without_the_password() {
-        for rest in [
-            "h1:1",
-            "h1:1/",
-            "h1:x/m",
-            "h1:0/m",
-            "h1:1,,h2:2/m",
-            "h1:1/m/notadb",
-            "h1:1/m/1/extra",
-            "h1:1/m?x=1",
-            "[::1:1/m",
-        ] {
+        for rest in ["h1:1", "h1:0/m", "h1:1/m?x=1"] {
             let url = format!("redis+sentinel://u:hunter2@{rest}");
-            let e = parse(&url, "redis+sentinel://u:***@…").expect_err(rest);
+            let e = parse(&url).expect_err(rest);
+            assert_eq!(e.kind, StoreErrorKind::Protocol, "{e}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
         }
     }
