@@ -13,8 +13,8 @@
 //! take it over. The matrix printed (`--nocapture`) shows it per row.
 //!
 //! The harness (steps, the one-tick cell, its replicas' jobs and schedulers,
-//! the verdict and the printed table) is written to be shared with other
-//! matrices of the same shape.
+//! the verdict and the printed table) is shared with the crash matrix in
+//! `crash.rs`.
 
 use std::future::Future;
 use std::pin::Pin;
