@@ -42,7 +42,12 @@
 //!    `Completed { token }`, in one step conditional on the record still
 //!    being its own `Started`; the same step marks the tick done and raises
 //!    the latest completed tick. A refused `Completed` is counted as
-//!    [`TickOutcome::FencedOut`].
+//!    [`TickOutcome::FencedOut`]. A `Completed` write the store fails (an
+//!    error, or a timeout whose write may or may not have landed) is sent
+//!    again, up to three times in all: under the same token a write that
+//!    did land answers as it did. If none lands, the tick stays `Started`
+//!    and the run is counted [`TickOutcome::Unrecorded`] (never `success`),
+//!    whatever the handler returned.
 //! 4. It keeps the lock past the tick plus the skew tolerance
 //!    ([`LockGuard::retain_for`](lock_core::LockGuard::retain_for)), so a
 //!    replica whose clock is behind finds the tick taken without asking the
@@ -75,7 +80,12 @@
 //!
 //! A run cut short (its lock or the leadership lost mid-run, or shutdown's
 //! deadline) is aborted at once and leaves its `Started` record, which the
-//! mode then treats as above. Leader mode writes the same records, so a new
+//! mode then treats as above. So does a run whose `Completed` write never
+//! landed ([`TickOutcome::Unrecorded`]), except that its replica keeps the
+//! lock as the tick's mark (4.) as a completed run does: no replica within
+//! the skew tolerance fires the tick again, and one that fires it later (a
+//! missed-tick catch-up) marks it abandoned (at most once) or runs it again
+//! (at least once). Leader mode writes the same records, so a new
 //! leader neither re-runs a started tick (at most once) nor loses it (at
 //! least once).
 //!
@@ -187,7 +197,9 @@
 //!
 //! Each tick on each replica ends as one [`TickOutcome`], counted in
 //! `scheduler_runs_total{job,outcome}`; see [`SchedulerMetrics`]. A panicking
-//! handler is caught, counted `panicked`, and its lock released.
+//! handler is caught, counted `panicked`, and its lock released. A run whose
+//! completion could not be recorded is counted `unrecorded`, whatever its
+//! handler returned.
 //!
 //! # Overlap
 //!

@@ -16,10 +16,11 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TickOutcome {
-    /// The handler returned `Ok` and the lock was still held afterwards.
+    /// The handler returned `Ok` and its `Completed` record was written.
     Success,
-    /// The handler returned an error. The tick counts as done (it was
-    /// attempted) and is not retried elsewhere.
+    /// The handler returned an error and its `Completed` record was
+    /// written. The tick counts as done (it was attempted) and is not
+    /// retried elsewhere.
     Failure,
     /// The lock or the leadership was lost, or the scheduler shut down, while
     /// the handler ran; it was stopped.
@@ -29,7 +30,8 @@ pub enum TickOutcome {
     /// (or that run outlasted its skew window), or the backend was
     /// unavailable.
     Skipped,
-    /// The handler panicked; the panic was caught.
+    /// The handler panicked; the panic was caught, and its `Completed`
+    /// record was written.
     Panicked,
     /// [`Delivery::AtMostOnce`](crate::Delivery::AtMostOnce): the tick had
     /// been started by a replica whose lock then expired before it
@@ -41,11 +43,24 @@ pub enum TickOutcome {
     /// or marked it abandoned: this replica's completion was refused (fenced
     /// out by the token). The run here may have done its work too.
     FencedOut,
+    /// The handler ran here and returned (whatever it returned: its result
+    /// is logged), but its `Completed` record could not be written: the
+    /// store failed or timed out on every try (the write is sent again, as
+    /// it is safe to). The tick stays `Started` in the store, and this
+    /// replica keeps the tick's lock as its only mark until every replica
+    /// within the skew tolerance has passed the tick, so none runs it again
+    /// meanwhile. A replica that fires it later all the same (a missed-tick
+    /// catch-up, or one whose clock is further behind than the tolerance)
+    /// finds a stale start: [`Delivery::AtMostOnce`](crate::Delivery::AtMostOnce)
+    /// marks it abandoned without running it,
+    /// [`Delivery::AtLeastOnce`](crate::Delivery::AtLeastOnce) runs it again.
+    /// Alert on it, as on `abandoned`.
+    Unrecorded,
 }
 
 impl TickOutcome {
     /// Every outcome, in label order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Success,
         Self::Failure,
         Self::Aborted,
@@ -53,6 +68,7 @@ impl TickOutcome {
         Self::Panicked,
         Self::Abandoned,
         Self::FencedOut,
+        Self::Unrecorded,
     ];
 
     /// Its position in [`Self::ALL`].
@@ -65,11 +81,12 @@ impl TickOutcome {
             Self::Panicked => 4,
             Self::Abandoned => 5,
             Self::FencedOut => 6,
+            Self::Unrecorded => 7,
         }
     }
 
     /// The label value: `success`, `failure`, `aborted`, `skipped`,
-    /// `panicked`, `abandoned` or `fenced_out`.
+    /// `panicked`, `abandoned`, `fenced_out` or `unrecorded`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Success => "success",
@@ -79,6 +96,7 @@ impl TickOutcome {
             Self::Panicked => "panicked",
             Self::Abandoned => "abandoned",
             Self::FencedOut => "fenced_out",
+            Self::Unrecorded => "unrecorded",
         }
     }
 }
@@ -227,7 +245,7 @@ impl SchedulerMetrics {
 #[derive(Clone)]
 pub(crate) struct JobMetrics {
     /// By outcome, in the order of [`TickOutcome::ALL`].
-    runs: [IntCounter; 7],
+    runs: [IntCounter; 8],
     duration: Histogram,
     lag: Histogram,
 }
@@ -323,6 +341,7 @@ mod tests {
             "panicked",
             "skipped",
             "success",
+            "unrecorded",
         ]
         .iter()
         .map(|o| ((*o).to_owned(), 0))

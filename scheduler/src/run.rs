@@ -18,7 +18,9 @@ use crate::{clock, JobContext, JobError, TickOutcome};
 
 /// Runs the handler under `guard`, whose `Started` record with `token` won,
 /// unless shutdown has begun, and writes its `Completed` record when it
-/// returns.
+/// returns. The outcome is the handler's (`Success`, `Failure`, `Panicked`)
+/// only when that record landed: `FencedOut` when it was refused,
+/// `Unrecorded` when the store could not be written.
 pub(crate) async fn execute(
     rt: &Arc<Runtime>,
     job: &Arc<JobSpec>,
@@ -98,10 +100,22 @@ pub(crate) async fn execute(
             warn!(job = label, tick = %tick.at, "job panicked; the panic was caught");
             pause::at(rt, ProtocolPoint::HandlerReturned, label, tick.at).await;
             let completed = complete(rt, job, tick, token).await;
-            let _ = guard.release().await;
             return match completed {
-                Completion::FencedOut => TickOutcome::FencedOut,
-                Completion::Recorded | Completion::Failed => TickOutcome::Panicked,
+                Completion::FencedOut => {
+                    let _ = guard.release().await;
+                    TickOutcome::FencedOut
+                }
+                Completion::Recorded => {
+                    let _ = guard.release().await;
+                    TickOutcome::Panicked
+                }
+                // Kept as the tick's only mark, as below: released, the lock
+                // would let a replica whose clock is behind find the tick
+                // `Started` with no lock and treat it as stale.
+                Completion::Failed => {
+                    mark_done(rt, job, tick, guard, false).await;
+                    TickOutcome::Unrecorded
+                }
             };
         }
         Err(_) => return TickOutcome::Aborted,
@@ -111,9 +125,12 @@ pub(crate) async fn execute(
     // token. If this replica stalled past its lock meanwhile, another one
     // has marked the tick abandoned or taken it over, and the write is
     // refused (fenced out) instead of landing on a record no longer ours.
-    let recorded = match complete(rt, job, tick, token).await {
-        Completion::Recorded => true,
-        Completion::Failed => false,
+    // A write that could not be made leaves the tick `Started`: the run is
+    // then reported `Unrecorded`, whatever the handler returned, since the
+    // store does not show the tick done.
+    let (recorded, outcome) = match complete(rt, job, tick, token).await {
+        Completion::Recorded => (true, outcome),
+        Completion::Failed => (false, TickOutcome::Unrecorded),
         Completion::FencedOut => {
             let _ = guard.release().await;
             return TickOutcome::FencedOut;
@@ -161,34 +178,56 @@ enum Completion {
     Recorded,
     /// Refused: another replica took the tick over or marked it abandoned.
     FencedOut,
-    /// The store could not be written.
+    /// The store could not be written, on any of [`COMPLETE_ATTEMPTS`].
     Failed,
 }
 
+/// How many times a run sends its `Completed` write before giving up on
+/// it. The write is conditional on the run's token, so sending it again is
+/// safe: after a reply lost to a timeout, the retry finds the record
+/// already `Completed` with this token and answers as the first write did.
+const COMPLETE_ATTEMPTS: u32 = 3;
+
+/// The wait before the first retry of a failed `Completed` write; doubled
+/// before each further one.
+const COMPLETE_RETRY: Duration = Duration::from_millis(100);
+
 /// Writes the `Completed` record of `tick` under `token`, which in the same
-/// step marks the tick done for the missed-tick logic.
+/// step marks the tick done for the missed-tick logic. A write the store
+/// fails (an error or a timeout) is sent again, up to
+/// [`COMPLETE_ATTEMPTS`] in all.
 async fn complete(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, token: u64) -> Completion {
     let label = job.label();
-    let answer = rt
-        .ticks
-        .write_tick(
-            &job.name,
-            tick.at.timestamp_millis(),
-            TickWrite::Complete { token },
-            record_keep(rt, job),
-        )
-        .await;
-    pause::at(rt, ProtocolPoint::CompletedSent, label, tick.at).await;
-    match answer {
-        Ok(TickAnswer::Completed) => Completion::Recorded,
-        Ok(other) => {
-            warn!(job = label, tick = %tick.at, token, answer = ?other, "the tick's completion was refused: this replica stalled past its lock, and another replica took the tick over or marked it abandoned (fenced out)");
-            Completion::FencedOut
+    let mut wait = COMPLETE_RETRY;
+    let mut attempt = 1;
+    loop {
+        let answer = rt
+            .ticks
+            .write_tick(
+                &job.name,
+                tick.at.timestamp_millis(),
+                TickWrite::Complete { token },
+                record_keep(rt, job),
+            )
+            .await;
+        pause::at(rt, ProtocolPoint::CompletedSent, label, tick.at).await;
+        match answer {
+            Ok(TickAnswer::Completed) => return Completion::Recorded,
+            Ok(other) => {
+                warn!(job = label, tick = %tick.at, token, answer = ?other, "the tick's completion was refused: this replica stalled past its lock, and another replica took the tick over or marked it abandoned (fenced out)");
+                return Completion::FencedOut;
+            }
+            Err(e) if attempt < COMPLETE_ATTEMPTS => {
+                info!(job = label, tick = %tick.at, attempt, error = %e, "could not record the completed tick; sending the write again");
+            }
+            Err(e) => {
+                warn!(job = label, tick = %tick.at, attempts = attempt, error = %e, "could not record the completed tick: it stays Started in the store (outcome unrecorded); keeping its lock as its only mark");
+                return Completion::Failed;
+            }
         }
-        Err(e) => {
-            warn!(job = label, tick = %tick.at, error = %e, "could not record the completed tick; keeping its lock as the only mark");
-            Completion::Failed
-        }
+        tokio::time::sleep(wait).await;
+        wait = wait.saturating_mul(2);
+        attempt += 1;
     }
 }
 

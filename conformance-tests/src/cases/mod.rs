@@ -184,6 +184,7 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(scheduler::scheduler_pause_matrix, Requires::Nothing),
+    case!(scheduler::scheduler_crash_matrix, Requires::Nothing),
     case!(
         scheduler::scheduler_overlapping_tick_is_skipped,
         Requires::Nothing

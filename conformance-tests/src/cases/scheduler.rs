@@ -4,6 +4,7 @@
 //! On the paused clock they run 60 two-second ticks exactly and instantly;
 //! against a real server, about ten one-second ticks in real time.
 
+mod crash;
 mod extreme;
 mod extreme_prop;
 mod failover;
@@ -16,6 +17,7 @@ mod pause;
 mod shutdown;
 mod skew;
 
+pub(super) use crash::scheduler_crash_matrix;
 pub(super) use extreme::{
     scheduler_extreme_lock_ttls_refused_or_run, scheduler_extreme_settings_refused_or_run,
 };
