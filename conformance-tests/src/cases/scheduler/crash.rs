@@ -1,6 +1,12 @@
 //! The crash matrix: a replica that dies at each point of the tick protocol,
-//! beside a replica whose clock is 3 s behind, in both delivery modes, on
+//! beside a replica whose clock is 4 s behind, in both delivery modes, on
 //! every backend row. One tick per cell; the twelve cells run at once.
+//!
+//! 4 s, where the pause matrix has 3: the survivor tries the tick's lock
+//! once, when its clock reaches the tick, and the dead replica's lock (2 s
+//! TTL, taken just after the tick) must have run out by then. 3 s left about
+//! a second for that on a loaded machine, less on etcd, whose server ends an
+//! expired lease up to half a second late; 4 s leaves two.
 //!
 //! The death is a whole scheduler's: at its step the replica stops reaching
 //! the server (every backend call fails from then on, so no renewal or
@@ -29,9 +35,12 @@ use tokio::sync::oneshot;
 use tokio::time::sleep;
 
 use super::fleet::{tolerance, Fleet};
-use super::pause::{matrix, Action, Cell, Expect, OneTick, ReplicaPlan, Step, BEHIND_MS, TTL};
+use super::pause::{matrix, Action, Cell, Expect, OneTick, ReplicaPlan, Step, TTL};
 use crate::faulty::{Fault, FaultyBackend};
 use crate::Ctx;
+
+/// How far the survivor's clock is behind the dying replica's (see above).
+const SURVIVOR_BEHIND_MS: i64 = -4_000;
 
 /// How long a replica waits for its step before giving up on dying: past
 /// the tick on its clock, with slack.
@@ -86,8 +95,8 @@ async fn doomed(
 }
 
 async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
-    // The survivor, 3 s behind.
-    let fleet = Fleet::new(&ctx, &[BEHIND_MS]).await;
+    // The survivor, behind by more than the dead replica's lock lasts.
+    let fleet = Fleet::new(&ctx, &[SURVIVOR_BEHIND_MS]).await;
     let tick = OneTick::new(&ctx, &format!("crash-{index}"));
     let calls: Arc<Mutex<Vec<u64>>> = Arc::default();
     let reports: Arc<Mutex<Vec<RunReport>>> = Arc::default();
@@ -145,7 +154,8 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
     }
     // The tick on the replica behind, after the dead one's lock ran out,
     // and slack for a loaded machine.
-    sleep(tick.until() + Duration::from_secs(3) + TTL + ctx.timing().tolerance + TTL).await;
+    let behind = Duration::from_millis(SURVIVOR_BEHIND_MS.unsigned_abs());
+    sleep(tick.until() + behind + TTL + ctx.timing().tolerance + TTL).await;
     let _ = survivor.shutdown(Duration::from_secs(5)).await;
     Cell::read(&*fleet.ticks, &tick, &calls, &reports).await
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use etcd_client::{GetOptions, PutOptions};
 use libtest_mimic::Failed;
 use lock_core::{Error, LossReason, OwnerToken, RunOutcome};
+use tokio::task::{JoinError, JoinSet};
 use tokio::time::{sleep, timeout, Instant};
 
 use super::{ensure, hold_in_job};
@@ -18,6 +19,8 @@ const ROUNDS: usize = 5;
 
 /// The suite's own limit for one case.
 const CASE_LIMIT: Duration = Duration::from_secs(180);
+/// How many cases the residue check runs at once.
+const CASES_AT_ONCE: usize = 3;
 
 async fn saboteur_for(factory: &EtcdFactory) -> Result<EtcdSaboteur, Failed> {
     Ok(EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?)
@@ -267,6 +270,9 @@ pub(super) async fn no_residue_after_cases(_f: Arc<EtcdFactory>, _ctx: Ctx) -> R
     let factory = Arc::new(EtcdFactory::over(Arc::clone(&srv)));
     let dynf: Arc<dyn BackendFactory> = factory.clone();
     let ttl = dynf.timing().ttl;
+    // A few at a time, as the suite runs them against a shared server: each
+    // case names its own locks. One by one they took over a minute.
+    let mut running = JoinSet::new();
     for case in cases::ALL {
         let CaseFn::Async(body) = case.run else {
             continue;
@@ -276,10 +282,19 @@ pub(super) async fn no_residue_after_cases(_f: Arc<EtcdFactory>, _ctx: Ctx) -> R
         if case.requires == Requires::PausedClock || case.name.starts_with("scheduler_") {
             continue;
         }
+        if running.len() >= CASES_AT_ONCE {
+            joined(running.join_next().await)?;
+        }
         let ctx = Ctx::new(Arc::clone(&dynf), "residue", case.name);
-        timeout(CASE_LIMIT, body(ctx))
-            .await
-            .map_err(|_| format!("case {} did not finish within {CASE_LIMIT:?}", case.name))?;
+        let name = case.name;
+        running.spawn(async move {
+            timeout(CASE_LIMIT, body(ctx))
+                .await
+                .map_err(|_| format!("case {name} did not finish within {CASE_LIMIT:?}"))
+        });
+    }
+    while !running.is_empty() {
+        joined(running.join_next().await)?;
     }
     let sab = EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
     let mut client = sab.client();
@@ -322,4 +337,14 @@ pub(super) async fn no_residue_after_cases(_f: Arc<EtcdFactory>, _ctx: Ctx) -> R
     })?;
     ensure(leases == 0, || format!("{leases} leases still alive"))?;
     Ok(())
+}
+
+/// One finished case of the residue check: its failure (a panic, or its
+/// time running out) is the check's.
+fn joined(done: Option<Result<Result<(), String>, JoinError>>) -> Result<(), Failed> {
+    match done {
+        None | Some(Ok(Ok(()))) => Ok(()),
+        Some(Ok(Err(why))) => Err(why.into()),
+        Some(Err(e)) => Err(format!("a case failed: {e}").into()),
+    }
 }
