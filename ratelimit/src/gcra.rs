@@ -48,19 +48,71 @@ pub struct Verdict {
 /// as `None`. Arithmetic saturates: no input panics.
 #[must_use]
 pub fn decide(now: u64, stored: &[Option<u64>], cells: &[Cell], cost: u64) -> Verdict {
-    let mut allowed = true;
-    let mut retry_after = 0;
-    let mut refused_by = 0;
-    let mut tats = Vec::with_capacity(cells.len());
-    for (i, cell) in cells.iter().enumerate() {
-        let full_at = now.saturating_add(cell.capacity);
-        let tat = stored
+    let mut new_tats = vec![0; cells.len()];
+    let s = decide_into(now, stored, cells, cost, &mut new_tats);
+    Verdict {
+        allowed: s.allowed,
+        remaining: s.remaining,
+        retry_after: s.retry_after,
+        reset_after: s.reset_after,
+        limiting: s.limiting,
+        new_tats: s.allowed.then_some(new_tats),
+    }
+}
+
+/// A [`Verdict`] without its TATs, which [`decide_into`] writes into the
+/// caller's buffer instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Summary {
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) retry_after: u64,
+    pub(crate) reset_after: u64,
+    pub(crate) limiting: usize,
+}
+
+impl Summary {
+    /// The store's answer for this summary, decided at `now_us`.
+    pub(crate) fn at(self, now_us: u64) -> crate::store::StoreDecision {
+        crate::store::StoreDecision {
+            allowed: self.allowed,
+            remaining: self.remaining,
+            retry_after_us: self.retry_after,
+            reset_after_us: self.reset_after,
+            limiting: self.limiting,
+            now_us,
+        }
+    }
+}
+
+/// [`decide`] without allocating: the new TAT of limit `i` goes to
+/// `new_tats[i]` (meaningful only when the summary says admitted). The
+/// in-memory store calls this once per request with a buffer on its stack;
+/// [`decide`] is this with a `Vec`, so there is still one definition.
+///
+/// `new_tats` must be at least as long as `cells`; limits past its end are
+/// not considered (no caller passes a shorter one).
+pub(crate) fn decide_into(
+    now: u64,
+    stored: &[Option<u64>],
+    cells: &[Cell],
+    cost: u64,
+    new_tats: &mut [u64],
+) -> Summary {
+    let tat_of = |i: usize, cell: &Cell| {
+        stored
             .get(i)
             .copied()
             .flatten()
             .unwrap_or(now)
-            .clamp(now, full_at);
-        let new_tat = tat.saturating_add(cost.saturating_mul(cell.interval));
+            .clamp(now, now.saturating_add(cell.capacity))
+    };
+    let mut allowed = true;
+    let mut retry_after = 0;
+    let mut refused_by = 0;
+    for (i, (cell, slot)) in cells.iter().zip(new_tats.iter_mut()).enumerate() {
+        let full_at = now.saturating_add(cell.capacity);
+        let new_tat = tat_of(i, cell).saturating_add(cost.saturating_mul(cell.interval));
         if new_tat > full_at {
             allowed = false;
             let wait = new_tat - full_at;
@@ -69,31 +121,39 @@ pub fn decide(now: u64, stored: &[Option<u64>], cells: &[Cell], cost: u64) -> Ve
                 refused_by = i;
             }
         }
-        tats.push((tat, new_tat));
+        *slot = new_tat;
     }
-    let mut remaining = u64::MAX;
+    // Remaining is the least over the limits (the first of equals); the
+    // reset reported is that of the limiting one. Starting from the first
+    // limit is the same as starting from "u64::MAX, none yet".
+    let mut remaining = 0;
     let mut least = 0;
-    let mut resets = Vec::with_capacity(cells.len());
-    for (i, (cell, &(tat, new_tat))) in cells.iter().zip(&tats).enumerate() {
-        let after = if allowed { new_tat } else { tat };
+    let mut least_reset = 0;
+    let mut refused_reset = 0;
+    for (i, (cell, &new_tat)) in cells.iter().zip(new_tats.iter()).enumerate() {
+        let after = if allowed { new_tat } else { tat_of(i, cell) };
         let left = now.saturating_add(cell.capacity).saturating_sub(after) / cell.interval.max(1);
-        if left < remaining {
+        let reset = after - now;
+        if i == 0 || left < remaining {
             remaining = left;
             least = i;
+            least_reset = reset;
         }
-        resets.push(after - now);
+        if i == refused_by {
+            refused_reset = reset;
+        }
     }
-    if cells.is_empty() {
-        remaining = 0;
-    }
-    let limiting = if allowed { least } else { refused_by };
-    Verdict {
+    let (limiting, reset_after) = if allowed {
+        (least, least_reset)
+    } else {
+        (refused_by, refused_reset)
+    };
+    Summary {
         allowed,
         remaining,
         retry_after,
-        reset_after: resets.get(limiting).copied().unwrap_or(0),
+        reset_after,
         limiting,
-        new_tats: allowed.then(|| tats.iter().map(|&(_, new_tat)| new_tat).collect()),
     }
 }
 
@@ -121,6 +181,59 @@ mod tests {
             } else {
                 false
             }
+        }
+    }
+
+    /// The allocating definition `decide` had before `decide_into`, kept
+    /// as the reference the new one must match exactly.
+    fn reference(now: u64, stored: &[Option<u64>], cells: &[Cell], cost: u64) -> Verdict {
+        let mut allowed = true;
+        let mut retry_after = 0;
+        let mut refused_by = 0;
+        let mut tats = Vec::with_capacity(cells.len());
+        for (i, cell) in cells.iter().enumerate() {
+            let full_at = now.saturating_add(cell.capacity);
+            let tat = stored
+                .get(i)
+                .copied()
+                .flatten()
+                .unwrap_or(now)
+                .clamp(now, full_at);
+            let new_tat = tat.saturating_add(cost.saturating_mul(cell.interval));
+            if new_tat > full_at {
+                allowed = false;
+                let wait = new_tat - full_at;
+                if wait > retry_after {
+                    retry_after = wait;
+                    refused_by = i;
+                }
+            }
+            tats.push((tat, new_tat));
+        }
+        let mut remaining = u64::MAX;
+        let mut least = 0;
+        let mut resets = Vec::with_capacity(cells.len());
+        for (i, (cell, &(tat, new_tat))) in cells.iter().zip(&tats).enumerate() {
+            let after = if allowed { new_tat } else { tat };
+            let left =
+                now.saturating_add(cell.capacity).saturating_sub(after) / cell.interval.max(1);
+            if left < remaining {
+                remaining = left;
+                least = i;
+            }
+            resets.push(after - now);
+        }
+        if cells.is_empty() {
+            remaining = 0;
+        }
+        let limiting = if allowed { least } else { refused_by };
+        Verdict {
+            allowed,
+            remaining,
+            retry_after,
+            reset_after: resets.get(limiting).copied().unwrap_or(0),
+            limiting,
+            new_tats: allowed.then(|| tats.iter().map(|&(_, new_tat)| new_tat).collect()),
         }
     }
 
@@ -187,6 +300,16 @@ mod tests {
             let v = decide(1_000_000_000, &[stored], &[cell], cost);
             prop_assert!(v.retry_after <= cell.capacity);
             prop_assert!(v.reset_after <= cell.capacity);
+        }
+
+        #[test]
+        fn matches_the_allocating_reference(now in 0u64..1u64 << 40, stored in prop::collection::vec(prop::option::of(0u64..1u64 << 41), 0..5), cells in prop::collection::vec(cell(), 0..5), cost in 0u64..30) {
+            prop_assert_eq!(decide(now, &stored, &cells, cost), reference(now, &stored, &cells, cost));
+        }
+
+        #[test]
+        fn matches_the_reference_at_the_extremes(now in any::<u64>(), stored in prop::collection::vec(prop::option::of(any::<u64>()), 0..4), cells in prop::collection::vec((any::<u64>(), any::<u64>()).prop_map(|(interval, capacity)| Cell { interval, capacity }), 0..4), cost in any::<u64>()) {
+            prop_assert_eq!(decide(now, &stored, &cells, cost), reference(now, &stored, &cells, cost));
         }
 
         #[test]

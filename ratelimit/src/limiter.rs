@@ -170,10 +170,22 @@ impl LimiterBuilder {
             }
             _ => None,
         };
+        // Without a store the limiter makes its own MemoryStore and keeps it
+        // by type as well, for the fast path in `check_cost`. (A store given
+        // as `Arc<dyn Store>` cannot be recognised as memory, so it always
+        // takes the general path.)
+        let (store, memory): (Arc<dyn Store>, _) = match self.store {
+            Some(store) => (store, None),
+            None => {
+                let memory = Arc::new(MemoryStore::new());
+                (Arc::clone(&memory) as Arc<dyn Store>, Some(memory))
+            }
+        };
         Ok(Limiter {
             inner: Arc::new(Inner {
                 breaker: Breaker::new(self.breaker, self.timeout),
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                store,
+                memory,
                 key_base: format!("{}:{}", self.prefix, self.name),
                 name: self.name,
                 limits: self.limits.into_iter().map(Arc::new).collect(),
@@ -219,12 +231,36 @@ struct Inner {
     limits: Vec<Arc<Limit>>,
     cells: Vec<Cell>,
     store: Arc<dyn Store>,
+    /// The same store as `store` when it is this limiter's own
+    /// [`MemoryStore`] (no store was given).
+    memory: Option<Arc<MemoryStore>>,
     on_store_error: OnStoreError,
     timeout: Duration,
     breaker: Breaker,
     fallback: Option<(MemoryStore, Vec<Cell>)>,
     metrics: RateLimitMetrics,
     series: LimiterSeries,
+}
+
+impl Inner {
+    /// The store key of each limit for `subject`:
+    /// `{base}:{{{subject}}}:{limit}`, each in one allocation of the right
+    /// size (`format!` grows its buffer as it goes).
+    fn keys(&self, subject: &str) -> Vec<String> {
+        self.limits
+            .iter()
+            .map(|l| {
+                let mut k =
+                    String::with_capacity(self.key_base.len() + subject.len() + l.name().len() + 4);
+                k.push_str(&self.key_base);
+                k.push_str(":{");
+                k.push_str(subject);
+                k.push_str("}:");
+                k.push_str(l.name());
+                k
+            })
+            .collect()
+    }
 }
 
 impl fmt::Debug for Limiter {
@@ -241,8 +277,16 @@ impl fmt::Debug for Limiter {
 /// The hashed subject: 128 bits of SHA-256 in hex. Keys carry this, never the
 /// caller's text, so a token used as a key never reaches the store or a log.
 fn subject_hash(key: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(key.as_bytes());
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    // Hex by table into one allocation: a `format!` per byte cost more than
+    // the hash itself.
+    let mut hex = String::with_capacity(32);
+    for &b in digest.iter().take(16) {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    hex
 }
 
 impl Limiter {
@@ -325,12 +369,11 @@ impl Limiter {
                 limit: limit.name().to_owned(),
             });
         }
+        if let Some(memory) = &inner.memory {
+            return Ok(self.decide_in_memory(memory, key, cost));
+        }
         let subject = subject_hash(key);
-        let keys: Vec<String> = inner
-            .limits
-            .iter()
-            .map(|l| format!("{}:{{{subject}}}:{}", inner.key_base, l.name()))
-            .collect();
+        let keys = inner.keys(&subject);
         let request = StoreRequest {
             subject: &subject,
             keys: &keys,
@@ -343,6 +386,24 @@ impl Limiter {
             }
         }
         self.on_failure(&request).await
+    }
+
+    /// The general path without what only a store that can fail or wait
+    /// needs: an in-process store answers at once and never errs, so the
+    /// breaker would never leave its closed state and the timeout would never
+    /// fire. Decisions and metrics are those of the general path.
+    ///
+    /// The store is this limiter's alone, so its buckets need no string
+    /// keys: the subject's 128-bit keyed hash ([`MemoryStore::subject_id`])
+    /// replaces the SHA-256 prefix and the limit's index its name. No text
+    /// of the caller's is kept either way.
+    fn decide_in_memory(&self, memory: &MemoryStore, key: &str, cost: u64) -> Decision {
+        let inner = &*self.inner;
+        let subject = memory.subject_id(key);
+        let started = Instant::now();
+        let decision = memory.decide_subject(subject, &inner.cells, cost);
+        inner.series.store_duration(started.elapsed().as_secs_f64());
+        self.finish(decision, Source::Store)
     }
 
     /// One store call under the timeout, with its latency, error count and
