@@ -103,42 +103,8 @@ async fn one_kill(
         let holder = Holder::start(&rep, name, &opts, Arc::default()).await;
         keepers.push((rep, holder));
     }
-    // Both replicas have every write so far before they are frozen.
     let mut p = direct(old).await;
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(2)
-        .arg(5_000)
-        .query_async(&mut p)
-        .await
-        .expect("WAIT");
-    assert_eq!(acked, 2, "both replicas acknowledge the keepers' locks");
-    for r in &replicas {
-        set.server(*r)
-            .expect("replica")
-            .pause()
-            .expect("SIGSTOP a replica");
-    }
-    // A frozen replica still receives the stream into its socket buffer and
-    // applies it once thawed; cutting the links loses it for good. The
-    // primary then has no replica, so it must accept writes without one:
-    // the victim's write stands for one acknowledged in the moment before
-    // the stream broke, which min-replicas-to-write does not prevent (it
-    // counts linked replicas, not acknowledgements of this write).
-    let cut: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query_async(&mut p)
-        .await
-        .expect("CLIENT KILL TYPE replica");
-    assert_eq!(cut, 2, "both replication links are cut");
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg("0")
-        .query_async(&mut p)
-        .await
-        .expect("CONFIG SET min-replicas-to-write 0");
+    isolate_primary(&set, &replicas, &mut p).await;
 
     let victim_name = ctx.name(&format!("lost-{i}-victim"));
     let victim_key = format!("{prefix}{}", victim_name.as_str());
@@ -321,6 +287,52 @@ async fn one_kill(
     drop(checker);
     tokio::task::block_in_place(move || drop(set));
     t
+}
+
+/// Makes what is written next exist on the primary alone: waits until both
+/// `replicas` of `set` have every write so far, freezes them (SIGSTOP),
+/// cuts their replication links and lets the primary accept writes without
+/// them. `p` is a direct connection to the primary.
+pub(super) async fn isolate_primary(
+    set: &SentinelSet,
+    replicas: &[u16],
+    p: &mut redis::aio::MultiplexedConnection,
+) {
+    // Both replicas have every write so far before they are frozen.
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(2)
+        .arg(5_000)
+        .query_async(p)
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 2, "both replicas acknowledge every write so far");
+    for r in replicas {
+        set.server(*r)
+            .expect("replica")
+            .pause()
+            .expect("SIGSTOP a replica");
+    }
+    // A frozen replica still receives the stream into its socket buffer and
+    // applies it once thawed; cutting the links loses it for good. The
+    // primary then has no replica, so it must accept writes without one:
+    // the victim's write stands for one acknowledged in the moment before
+    // the stream broke, which min-replicas-to-write does not prevent (it
+    // counts linked replicas, not acknowledgements of this write).
+    let cut: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(p)
+        .await
+        .expect("CLIENT KILL TYPE replica");
+    assert_eq!(cut, 2, "both replication links are cut");
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .query_async(p)
+        .await
+        .expect("CONFIG SET min-replicas-to-write 0");
 }
 
 /// The primary killed after a lock that reached no replica; one fresh
