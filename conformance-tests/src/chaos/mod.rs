@@ -28,6 +28,7 @@ mod restart;
 mod sentinel_failover;
 mod sentinel_lost;
 mod sentinel_lost_clients;
+mod sentinel_sched;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -231,6 +232,20 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
                 let factory = Arc::new(redis::SentinelFactory::new(&prefix));
                 run_on(factory, &id, case, move |ctx| {
                     sentinel_lost::sentinel_primary_lost(ctx, target, prefix, ack)
+                })
+            }));
+        }
+        // The scheduler across the same loss: acknowledgement by both
+        // replicas, since a failover may promote either.
+        for (case, ack) in [
+            ("chaos_scheduler_primary_lost", None),
+            ("chaos_scheduler_primary_lost_acked", Some(both)),
+        ] {
+            let (id, replica) = (run_id.to_owned(), bins.replica.clone());
+            out.push(Trial::test(format!("redis_sentinel::{case}"), move || {
+                let factory = Arc::new(redis::SentinelFactory::new(&redis_prefix(&id)));
+                run_on(factory, &id, case, move |ctx| async move {
+                    sentinel_sched::scheduler_primary_lost(ctx, ack, &replica).await;
                 })
             }));
         }
