@@ -197,9 +197,11 @@
 //!
 //! Each tick on each replica ends as one [`TickOutcome`], counted in
 //! `scheduler_runs_total{job,outcome}`; see [`SchedulerMetrics`]. A panicking
-//! handler is caught, counted `panicked`, and its lock released. A run whose
-//! completion could not be recorded is counted `unrecorded`, whatever its
-//! handler returned.
+//! handler is caught, counted `panicked`, and its lock released once its
+//! `Completed` record is written. A run whose completion could not be
+//! recorded is counted `unrecorded`, whatever its handler returned (an error
+//! or a panic is logged), and keeps its lock as the tick's mark. Past the
+//! shutdown deadline a failed `Completed` write is not sent again.
 //!
 //! # Overlap
 //!

@@ -98,25 +98,7 @@ pub(crate) async fn execute(
         }
         Err(e) if e.is_panic() => {
             warn!(job = label, tick = %tick.at, "job panicked; the panic was caught");
-            pause::at(rt, ProtocolPoint::HandlerReturned, label, tick.at).await;
-            let completed = complete(rt, job, tick, token).await;
-            return match completed {
-                Completion::FencedOut => {
-                    let _ = guard.release().await;
-                    TickOutcome::FencedOut
-                }
-                Completion::Recorded => {
-                    let _ = guard.release().await;
-                    TickOutcome::Panicked
-                }
-                // Kept as the tick's only mark, as below: released, the lock
-                // would let a replica whose clock is behind find the tick
-                // `Started` with no lock and treat it as stale.
-                Completion::Failed => {
-                    mark_done(rt, job, tick, guard, false).await;
-                    TickOutcome::Unrecorded
-                }
-            };
+            TickOutcome::Panicked
         }
         Err(_) => return TickOutcome::Aborted,
     };
@@ -126,8 +108,9 @@ pub(crate) async fn execute(
     // has marked the tick abandoned or taken it over, and the write is
     // refused (fenced out) instead of landing on a record no longer ours.
     // A write that could not be made leaves the tick `Started`: the run is
-    // then reported `Unrecorded`, whatever the handler returned, since the
-    // store does not show the tick done.
+    // then reported `Unrecorded`, whatever the handler returned (an error or
+    // a panic is in the log line above), since the store does not show the
+    // tick done.
     let (recorded, outcome) = match complete(rt, job, tick, token).await {
         Completion::Recorded => (true, outcome),
         Completion::Failed => (false, TickOutcome::Unrecorded),
@@ -147,7 +130,10 @@ pub(crate) async fn execute(
             lease.assert_held().is_err()
         }
     };
-    if lost {
+    // A panicked run's lock is freed at once (the crate's documented
+    // contract): its `Completed` record alone keeps the tick from running
+    // again, so no mark is needed.
+    if lost || outcome == TickOutcome::Panicked {
         let _ = guard.release().await;
     } else {
         mark_done(rt, job, tick, guard, recorded).await;
@@ -195,7 +181,7 @@ const COMPLETE_RETRY: Duration = Duration::from_millis(100);
 /// Writes the `Completed` record of `tick` under `token`, which in the same
 /// step marks the tick done for the missed-tick logic. A write the store
 /// fails (an error or a timeout) is sent again, up to
-/// [`COMPLETE_ATTEMPTS`] in all.
+/// [`COMPLETE_ATTEMPTS`] in all, unless the shutdown deadline passes first.
 async fn complete(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, token: u64) -> Completion {
     let label = job.label();
     let mut wait = COMPLETE_RETRY;
@@ -225,7 +211,16 @@ async fn complete(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, token: u64) -> C
                 return Completion::Failed;
             }
         }
-        tokio::time::sleep(wait).await;
+        // Past the shutdown deadline the write is not sent again: shutdown
+        // returns within its grace, and the tick is left `Started` under
+        // its lock, as for a write that failed every time.
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = rt.hard_stop.cancelled() => {
+                warn!(job = label, tick = %tick.at, attempts = attempt, "shutdown deadline passed before the completed tick could be recorded: it stays Started in the store (outcome unrecorded)");
+                return Completion::Failed;
+            }
+        }
         wait = wait.saturating_mul(2);
         attempt += 1;
     }

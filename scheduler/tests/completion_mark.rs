@@ -7,19 +7,21 @@
 //! each delivery mode does with it afterwards. On the memory backend and
 //! tokio's paused clock.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::DateTime;
+use common::{replica, Completes, FlakyCompletes, Handler, TICK_MS};
 use lock_core::backend::{AcquireAttempt, LeaseStatus, OwnerToken, RenewRequest};
 use lock_core::{
     async_trait, BackendError, BackendErrorKind, Capabilities, Error as LockError, LockBackend,
-    LockName, LockOptions, Locker, TickAnswer, TickRecord, TickStore, TickWrite,
+    LockName, LockOptions, Locker, TickRecord, TickStore,
 };
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
-use scheduler::{Delivery, Job, RunReport, Scheduler, SchedulerMetrics, TickOutcome, TokioClock};
+use scheduler::{Delivery, Job, RunReport, Scheduler, TickOutcome, TokioClock};
 
 const MIN_TTL: Duration = Duration::from_secs(1);
 
@@ -138,150 +140,6 @@ async fn a_short_mark_is_raised_to_the_backends_minimum_ttl() {
     .expect("the test finishes within its bound");
 }
 
-/// What the tick store does with `Completed` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Completes {
-    /// Writes them.
-    Land,
-    /// Fails every one with a timeout, without writing it.
-    Fail,
-    /// Writes the first one but loses its reply (a timeout), as a server
-    /// that applied a write and then went quiet would; writes the rest.
-    LoseFirstReply,
-}
-
-/// The memory backend's tick store with its `Completed` writes changed as
-/// [`Completes`] says, counting them. The tick store is the scheduler's
-/// second argument, apart from the `Locker`'s backend, so it is wrapped
-/// here rather than through `Intercepted`.
-#[derive(Debug)]
-struct FlakyCompletes {
-    inner: MemoryBackend,
-    completes: Mutex<Completes>,
-    sent: AtomicUsize,
-}
-
-impl FlakyCompletes {
-    fn new(inner: MemoryBackend, completes: Completes) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            completes: Mutex::new(completes),
-            sent: AtomicUsize::new(0),
-        })
-    }
-
-    fn set(&self, completes: Completes) {
-        *self.completes.lock().expect("mode") = completes;
-    }
-
-    fn sent(&self) -> usize {
-        self.sent.load(Ordering::SeqCst)
-    }
-}
-
-fn timeout() -> BackendError {
-    BackendError::new(
-        BackendErrorKind::Timeout,
-        "injected: no answer within the operation timeout",
-    )
-}
-
-#[async_trait]
-impl TickStore for FlakyCompletes {
-    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
-        self.inner.last_completed(job).await
-    }
-    async fn record_completed(
-        &self,
-        job: &LockName,
-        tick: i64,
-        keep: Duration,
-    ) -> Result<(), BackendError> {
-        self.inner.record_completed(job, tick, keep).await
-    }
-    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
-        self.inner.is_completed(job, tick).await
-    }
-    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
-        self.inner.server_time().await
-    }
-    async fn write_tick(
-        &self,
-        job: &LockName,
-        tick: i64,
-        write: &TickWrite,
-        keep: Duration,
-    ) -> Result<TickAnswer, BackendError> {
-        if matches!(write, TickWrite::Complete { .. }) {
-            let n = self.sent.fetch_add(1, Ordering::SeqCst);
-            let mode = *self.completes.lock().expect("mode");
-            match mode {
-                Completes::Fail => return Err(timeout()),
-                Completes::LoseFirstReply if n == 0 => {
-                    self.inner.write_tick(job, tick, write, keep).await?;
-                    return Err(timeout());
-                }
-                _ => {}
-            }
-        }
-        self.inner.write_tick(job, tick, write, keep).await
-    }
-    async fn tick_record(
-        &self,
-        job: &LockName,
-        tick: i64,
-    ) -> Result<Option<TickRecord>, BackendError> {
-        self.inner.tick_record(job, tick).await
-    }
-}
-
-/// One replica over `memory` and `store`, its clock `skew_ms` off, with one
-/// job that fires at second 0 of each minute (the first tick 100 ms after
-/// the start) and logs its handler calls' tokens.
-fn replica(
-    memory: &MemoryBackend,
-    store: &Arc<FlakyCompletes>,
-    skew_ms: i64,
-    delivery: Delivery,
-    calls: &Arc<Mutex<Vec<u64>>>,
-    reports: &Arc<Mutex<Vec<RunReport>>>,
-) -> (Scheduler, SchedulerMetrics) {
-    let locker = Locker::builder()
-        .with_backend(memory.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("locker");
-    let base = DateTime::from_timestamp(1_799_999_999, 900_000_000).expect("valid");
-    let metrics = SchedulerMetrics::register(&Registry::new()).expect("registry");
-    let (log, seen) = (Arc::clone(calls), Arc::clone(reports));
-    let store: Arc<dyn TickStore> = Arc::clone(store) as Arc<dyn TickStore>;
-    let s = Scheduler::builder(locker, store)
-        .with_metrics(metrics.clone())
-        .with_clock(Arc::new(
-            TokioClock::starting_at(base).with_skew_ms(skew_ms),
-        ))
-        .with_skew_tolerance(Duration::from_secs(2))
-        .with_on_outcome(move |r| seen.lock().expect("log").push(r.clone()))
-        .with_job(
-            Job::new("recorded", "0 * * * * *", move |ctx| {
-                let log = Arc::clone(&log);
-                async move {
-                    log.lock()
-                        .expect("log")
-                        .push(ctx.fencing_token().unwrap_or(0));
-                    Ok(())
-                }
-            })
-            .with_ttl(Duration::from_secs(3))
-            .with_delivery(delivery),
-        )
-        .start()
-        .expect("starts");
-    (s, metrics)
-}
-
-const TICK_MS: i64 = 1_800_000_000_000;
-
 /// A `Completed` write the store fails every time is sent three times, then
 /// the run is reported `unrecorded`, not `success`, and counted so; the
 /// tick stays `Started` and its lock is kept as its mark, so no replica
@@ -298,8 +156,24 @@ async fn an_unwritable_completion_is_reported_unrecorded_and_left_to_the_mode() 
             let calls: Arc<Mutex<Vec<u64>>> = Arc::default();
             let first: Arc<Mutex<Vec<RunReport>>> = Arc::default();
             let later: Arc<Mutex<Vec<RunReport>>> = Arc::default();
-            let (a, metrics) = replica(&memory, &store, 0, delivery, &calls, &first);
-            let (b, _) = replica(&memory, &store, -4_000, delivery, &calls, &later);
+            let (a, metrics) = replica(
+                &memory,
+                &store,
+                0,
+                delivery,
+                &calls,
+                &first,
+                Handler::Returns,
+            );
+            let (b, _) = replica(
+                &memory,
+                &store,
+                -4_000,
+                delivery,
+                &calls,
+                &later,
+                Handler::Returns,
+            );
             // The tick at +0.1 s, its three writes 100 ms and 200 ms apart.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let outcomes: Vec<_> = first
@@ -378,7 +252,15 @@ async fn a_completion_whose_reply_was_lost_is_confirmed_by_its_retry() {
         let store = FlakyCompletes::new(memory.clone(), Completes::LoseFirstReply);
         let calls: Arc<Mutex<Vec<u64>>> = Arc::default();
         let reports: Arc<Mutex<Vec<RunReport>>> = Arc::default();
-        let (s, metrics) = replica(&memory, &store, 0, Delivery::AtMostOnce, &calls, &reports);
+        let (s, metrics) = replica(
+            &memory,
+            &store,
+            0,
+            Delivery::AtMostOnce,
+            &calls,
+            &reports,
+            Handler::Returns,
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
         let outcomes: Vec<_> = reports
             .lock()

@@ -1,0 +1,178 @@
+//! What the completion tests share: a tick store whose `Completed` writes
+//! fail or lose their replies on demand, and a replica over it on tokio's
+//! paused clock.
+
+// Each test binary that includes this module uses only part of it.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::DateTime;
+use lock_core::{
+    async_trait, BackendError, BackendErrorKind, LockName, Locker, TickAnswer, TickRecord,
+    TickStore, TickWrite,
+};
+use lock_memory::MemoryBackend;
+use prometheus::Registry;
+use scheduler::{Delivery, Job, RunReport, Scheduler, SchedulerMetrics, TokioClock};
+
+/// The first tick every replica fires, in Unix ms.
+pub(crate) const TICK_MS: i64 = 1_800_000_000_000;
+
+/// What the tick store does with `Completed` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Completes {
+    /// Writes them.
+    Land,
+    /// Fails every one with a timeout, without writing it.
+    Fail,
+    /// Writes the first one but loses its reply (a timeout), as a server
+    /// that applied a write and then went quiet would; writes the rest.
+    LoseFirstReply,
+}
+
+/// The memory backend's tick store with its `Completed` writes changed as
+/// [`Completes`] says, counting them. The tick store is the scheduler's
+/// second argument, apart from the `Locker`'s backend, so it is wrapped
+/// here rather than through `Intercepted`.
+#[derive(Debug)]
+pub(crate) struct FlakyCompletes {
+    inner: MemoryBackend,
+    completes: Mutex<Completes>,
+    sent: AtomicUsize,
+}
+
+impl FlakyCompletes {
+    pub(crate) fn new(inner: MemoryBackend, completes: Completes) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            completes: Mutex::new(completes),
+            sent: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn set(&self, completes: Completes) {
+        *self.completes.lock().expect("mode") = completes;
+    }
+
+    pub(crate) fn sent(&self) -> usize {
+        self.sent.load(Ordering::SeqCst)
+    }
+}
+
+fn timeout() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Timeout,
+        "injected: no answer within the operation timeout",
+    )
+}
+
+#[async_trait]
+impl TickStore for FlakyCompletes {
+    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
+        self.inner.last_completed(job).await
+    }
+    async fn record_completed(
+        &self,
+        job: &LockName,
+        tick: i64,
+        keep: Duration,
+    ) -> Result<(), BackendError> {
+        self.inner.record_completed(job, tick, keep).await
+    }
+    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        self.inner.is_completed(job, tick).await
+    }
+    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
+        self.inner.server_time().await
+    }
+    async fn write_tick(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: &TickWrite,
+        keep: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        if matches!(write, TickWrite::Complete { .. }) {
+            let n = self.sent.fetch_add(1, Ordering::SeqCst);
+            let mode = *self.completes.lock().expect("mode");
+            match mode {
+                Completes::Fail => return Err(timeout()),
+                Completes::LoseFirstReply if n == 0 => {
+                    self.inner.write_tick(job, tick, write, keep).await?;
+                    return Err(timeout());
+                }
+                _ => {}
+            }
+        }
+        self.inner.write_tick(job, tick, write, keep).await
+    }
+    async fn tick_record(
+        &self,
+        job: &LockName,
+        tick: i64,
+    ) -> Result<Option<TickRecord>, BackendError> {
+        self.inner.tick_record(job, tick).await
+    }
+}
+
+/// What the job's handler does after logging its call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handler {
+    /// Returns `Ok`.
+    Returns,
+    /// Panics.
+    Panics,
+}
+
+/// One replica over `memory` and `store`, its clock `skew_ms` off, with one
+/// job that fires at second 0 of each minute (the first tick 100 ms after
+/// the start), logs its handler calls' tokens and then does as `handler`
+/// says.
+pub(crate) fn replica(
+    memory: &MemoryBackend,
+    store: &Arc<FlakyCompletes>,
+    skew_ms: i64,
+    delivery: Delivery,
+    calls: &Arc<Mutex<Vec<u64>>>,
+    reports: &Arc<Mutex<Vec<RunReport>>>,
+    handler: Handler,
+) -> (Scheduler, SchedulerMetrics) {
+    let locker = Locker::builder()
+        .with_backend(memory.clone())
+        .with_registry(&Registry::new())
+        .build()
+        .expect("locker");
+    let base = DateTime::from_timestamp(1_799_999_999, 900_000_000).expect("valid");
+    let metrics = SchedulerMetrics::register(&Registry::new()).expect("registry");
+    let (log, seen) = (Arc::clone(calls), Arc::clone(reports));
+    let store: Arc<dyn TickStore> = Arc::clone(store) as Arc<dyn TickStore>;
+    let s = Scheduler::builder(locker, store)
+        .with_metrics(metrics.clone())
+        .with_clock(Arc::new(
+            TokioClock::starting_at(base).with_skew_ms(skew_ms),
+        ))
+        .with_skew_tolerance(Duration::from_secs(2))
+        .with_on_outcome(move |r| seen.lock().expect("log").push(r.clone()))
+        .with_job(
+            Job::new("recorded", "0 * * * * *", move |ctx| {
+                let log = Arc::clone(&log);
+                async move {
+                    log.lock()
+                        .expect("log")
+                        .push(ctx.fencing_token().unwrap_or(0));
+                    if handler == Handler::Panics {
+                        panic!("deliberate panic in a job handler");
+                    }
+                    Ok(())
+                }
+            })
+            .with_ttl(Duration::from_secs(3))
+            .with_delivery(delivery),
+        )
+        .start()
+        .expect("starts");
+    (s, metrics)
+}
