@@ -31,11 +31,12 @@ use std::time::Duration;
 use chrono::Utc;
 use lock_core::TickStore;
 use scheduler::{Delivery, RunReport, Scheduler, TokioClock, WallClock};
-use tokio::sync::oneshot;
-use tokio::time::sleep;
+use tokio::sync::{oneshot, Semaphore};
 
 use super::fleet::{tolerance, Fleet};
-use super::pause::{matrix, Action, Cell, Expect, OneTick, ReplicaPlan, Step, TTL};
+use super::pause::{
+    matrix, reported, Action, Cell, Expect, OneTick, ReplicaPlan, Step, REPORT_SLACK, TTL,
+};
 use crate::faulty::{Fault, FaultyBackend};
 use crate::Ctx;
 
@@ -47,18 +48,28 @@ const SURVIVOR_BEHIND_MS: i64 = -4_000;
 const DEATH_BOUND: Duration = Duration::from_secs(15);
 
 /// The dying: once, the replica's backend refuses every call, its reports
-/// stop counting, and `died` is told; the caller never resumes.
-fn death(fault: FaultyBackend, alive: Arc<AtomicBool>, died: oneshot::Sender<()>) -> Action {
+/// stop counting, and `died` is told; the caller resumes only when `grave`
+/// is closed, once the cell has been read (on the paused clock its tasks
+/// are not dropped with a runtime, and a lock they hold would otherwise
+/// keep the dead locker's heartbeat calling the refusing backend).
+fn death(
+    fault: FaultyBackend,
+    alive: Arc<AtomicBool>,
+    died: oneshot::Sender<()>,
+    grave: Arc<Semaphore>,
+) -> Action {
     let died = Arc::new(Mutex::new(Some(died)));
     Arc::new(move || {
         let (fault, alive, died) = (fault.clone(), Arc::clone(&alive), Arc::clone(&died));
+        let grave = Arc::clone(&grave);
         Box::pin(async move {
             fault.set(Fault::Down);
             alive.store(false, Ordering::SeqCst);
             if let Some(tx) = died.lock().expect("death").take() {
                 let _ = tx.send(());
             }
-            std::future::pending::<()>().await;
+            // Never granted: it returns (an error) when the grave is closed.
+            let _ = grave.acquire().await;
         })
     })
 }
@@ -73,13 +84,14 @@ async fn doomed(
     ticks: Arc<dyn TickStore>,
     clock: Arc<dyn WallClock>,
     step: Step,
+    grave: Arc<Semaphore>,
 ) {
     let backend = ctx.factory().replica().await.expect("replica connects");
     let fault = FaultyBackend::new(backend, TTL);
     let replica = ctx.replica_over(Arc::new(fault.clone()));
     let alive = Arc::new(AtomicBool::new(true));
     let (tx, rx) = oneshot::channel();
-    let action = death(fault, Arc::clone(&alive), tx);
+    let action = death(fault, Arc::clone(&alive), tx, grave);
     let scheduler: Scheduler = plan
         .scheduler(
             replica.locker.clone(),
@@ -119,8 +131,9 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
         .expect("starts");
     let clock: Arc<dyn WallClock> = Arc::new(TokioClock::starting_at(Utc::now()));
     let ticks = Arc::clone(&fleet.ticks);
+    let grave = Arc::new(Semaphore::new(0));
     if ctx.timing().paused_clock {
-        doomed(ctx.clone(), plan, ticks, clock, step).await;
+        doomed(ctx.clone(), plan, ticks, clock, step, Arc::clone(&grave)).await;
     } else {
         // A runtime of its own, on a thread of its own: shutting it down
         // drops every task and connection of the replica at once.
@@ -131,6 +144,7 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
             Arc::clone(&reports),
         );
         let tolerance = tolerance(&ctx);
+        let grave = Arc::clone(&grave);
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -144,7 +158,7 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
                 reports: &reports2,
                 tolerance,
             };
-            rt.block_on(doomed(ctx2, plan, ticks, clock, step));
+            rt.block_on(doomed(ctx2, plan, ticks, clock, step, grave));
             rt.shutdown_timeout(Duration::from_secs(1));
         });
         tokio::task::spawn_blocking(move || thread.join())
@@ -152,12 +166,16 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
             .expect("joins")
             .expect("the replica's thread ends without panicking");
     }
-    // The tick on the replica behind, after the dead one's lock ran out,
-    // and slack for a loaded machine.
+    // The survivor's report of the tick (the dead replica's stopped
+    // counting when it died): past the tick on the replica behind, after the
+    // dead one's lock ran out, with slack for a loaded machine.
     let behind = Duration::from_millis(SURVIVOR_BEHIND_MS.unsigned_abs());
-    sleep(tick.until() + behind + TTL + ctx.timing().tolerance + TTL).await;
+    let bound = tick.until() + behind + TTL + ctx.timing().tolerance + TTL;
+    reported(&reports, &tick, 1, bound + REPORT_SLACK).await;
     let _ = survivor.shutdown(Duration::from_secs(5)).await;
-    Cell::read(&*fleet.ticks, &tick, &calls, &reports).await
+    let cell = Cell::read(&*fleet.ticks, &tick, &calls, &reports).await;
+    grave.close();
+    cell
 }
 
 /// Every cell of the crash matrix on this row, asserted and printed.

@@ -38,6 +38,10 @@ use crate::Ctx;
 pub(super) const TTL: Duration = Duration::from_secs(2);
 pub(super) const BEHIND_MS: i64 = -3_000;
 
+/// How much longer than its timeline a cell waits for its reports: a loaded
+/// machine delays them; a missing one then shows in the verdict.
+pub(super) const REPORT_SLACK: Duration = Duration::from_secs(10);
+
 /// Where the replica under test stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Step {
@@ -197,6 +201,38 @@ impl Cell {
     }
 }
 
+/// Waits until `replicas` reports of the tick have come in (each replica
+/// that fires it reports once, whatever the outcome, after its record was
+/// written), or `bound` passed; says whether they came. Polled: the reports
+/// come from the schedulers' outcome hook.
+pub(super) async fn reported(
+    reports: &Mutex<Vec<RunReport>>,
+    tick: &OneTick,
+    replicas: usize,
+    bound: Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let seen = reports
+            .lock()
+            .expect("log")
+            .iter()
+            .filter(|r| r.scheduled == tick.at)
+            .count();
+        if seen >= replicas {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            println!(
+                "{}: {seen} of {replicas} reports within {bound:?}",
+                tick.name
+            );
+            return false;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// What a matrix expects beyond the mode's own promise.
 pub(super) struct Expect {
     /// Every at-least-once tick ends `Completed`.
@@ -338,9 +374,10 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
         );
         schedulers.push(s.start().expect("starts"));
     }
-    // The tick, the replica behind, the freeze, and slack for a loaded
-    // machine.
-    sleep(tick.until() + Duration::from_secs(3) + TTL * 3 + ctx.timing().tolerance + TTL).await;
+    // Both replicas' reports of the tick: past the tick, the replica behind
+    // and the freeze, with slack for a loaded machine.
+    let bound = tick.until() + Duration::from_secs(3) + TTL * 3 + ctx.timing().tolerance + TTL;
+    reported(&reports, &tick, 2, bound + REPORT_SLACK).await;
     for s in schedulers {
         let _ = s.shutdown(Duration::from_secs(5)).await;
     }
