@@ -214,6 +214,7 @@ mod shared;
 mod test_util;
 mod tick_batch;
 mod tick_runs;
+mod tick_runs_batch;
 mod ticks;
 
 pub use config::{EtcdBuilder, DEFAULT_MIN_TTL, DEFAULT_PREFIX, ENV_VAR, URL_SCHEMES};

@@ -144,7 +144,11 @@ impl Connected {
 }
 
 /// The answers of a transaction of `n` gets, in order.
-fn gets_of(resp: TxnResponse, n: usize, what: &str) -> Result<Vec<GetResponse>, BackendError> {
+pub(crate) fn gets_of(
+    resp: TxnResponse,
+    n: usize,
+    what: &str,
+) -> Result<Vec<GetResponse>, BackendError> {
     let gets: Vec<GetResponse> = resp
         .op_responses()
         .into_iter()

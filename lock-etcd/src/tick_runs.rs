@@ -22,7 +22,7 @@ const RUNS: &str = "#runs/";
 const ATTEMPTS: usize = 5;
 
 impl Connected {
-    fn run_key(&self, job: &LockName, tick: i64) -> String {
+    pub(crate) fn run_key(&self, job: &LockName, tick: i64) -> String {
         format!(
             "{}{RUNS}{}#{:020}",
             self.inner.prefix,

@@ -156,6 +156,14 @@ impl TickStore for Connected {
         self.read_tick_record(job, tick).await
     }
 
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        self.write_tick_records_batch(writes, keep).await
+    }
+
     async fn last_completed_many(
         &self,
         jobs: &[LockName],

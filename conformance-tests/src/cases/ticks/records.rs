@@ -278,4 +278,88 @@ pub(in crate::cases) async fn tick_records_one_start_wins(ctx: Ctx) {
             TickAnswer::Started,
         ]
     );
+    batch_of_distinct_jobs(&ctx, &store).await;
+}
+
+/// A batch whose items are all different jobs (the scheduler's usual one:
+/// many jobs firing at once), which stores may send as one statement or
+/// transaction: every transition answers as its single write would, and
+/// leaves the record, the mark and the latest tick it would.
+async fn batch_of_distinct_jobs(ctx: &Ctx, store: &Arc<dyn TickStore>) {
+    let tick = 1_000;
+    let jobs: Vec<_> = (0..6)
+        .map(|i| ctx.name(&format!("records-many-{i}")))
+        .collect();
+    let before = [
+        None,
+        Some(start(2, "a", OnStale::Refuse)),
+        Some(start(2, "a", OnStale::Refuse)),
+        Some(start(2, "a", OnStale::Refuse)),
+        Some(start(3, "a", OnStale::Refuse)),
+        Some(start(3, "a", OnStale::Refuse)),
+    ];
+    for (job, w) in jobs.iter().zip(&before) {
+        if let Some(w) = w {
+            within("write_tick", store.write_tick(job, tick, w, KEEP))
+                .await
+                .expect("write_tick answers");
+        }
+    }
+    let batch = [
+        start(5, "b", OnStale::Refuse),
+        TickWrite::Complete { token: 2 },
+        start(4, "b", OnStale::TakeOver),
+        start(4, "b", OnStale::Abandon),
+        TickWrite::Complete { token: 2 },
+        start(2, "b", OnStale::Refuse),
+    ];
+    let writes: Vec<_> = jobs
+        .iter()
+        .zip(batch)
+        .map(|(job, w)| (job.clone(), tick, w))
+        .collect();
+    let got: Vec<TickAnswer> = within("write_ticks_many", store.write_ticks_many(&writes, KEEP))
+        .await
+        .into_iter()
+        .map(|r| r.expect("write_ticks_many answers"))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            TickAnswer::Started,
+            TickAnswer::Completed,
+            TickAnswer::Started,
+            TickAnswer::Abandoned,
+            TickAnswer::Refused(Some(started(3, "a"))),
+            TickAnswer::Refused(Some(started(3, "a"))),
+        ]
+    );
+    let mut records = Vec::new();
+    for job in &jobs {
+        records.push(
+            within("tick_record", store.tick_record(job, tick))
+                .await
+                .expect("tick_record answers"),
+        );
+    }
+    assert_eq!(
+        records,
+        vec![
+            Some(started(5, "b")),
+            Some(TickRecord::Completed { token: 2 }),
+            Some(started(4, "b")),
+            Some(TickRecord::Abandoned { token: 4 }),
+            Some(started(3, "a")),
+            Some(started(3, "a")),
+        ]
+    );
+    let jobs_ref = &jobs;
+    let completed = within("is_completed", store.is_completed(&jobs_ref[1], tick))
+        .await
+        .expect("is_completed answers");
+    assert!(completed, "the batch's completion marks its tick");
+    let latest = within("last_completed", store.last_completed(&jobs_ref[1]))
+        .await
+        .expect("last_completed answers");
+    assert_eq!(latest, Some(tick), "and raises its job's latest tick");
 }
