@@ -13,11 +13,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::DateTime;
-use common::{replica, Completes, FlakyCompletes, Handler, TICK_MS};
+use common::{
+    first_record, outcomes, replica, tick_lock_held, Completes, FlakyCompletes, Handler, Solo,
+};
 use lock_core::backend::{AcquireAttempt, LeaseStatus, OwnerToken, RenewRequest};
 use lock_core::{
     async_trait, BackendError, BackendErrorKind, Capabilities, Error as LockError, LockBackend,
-    LockName, LockOptions, Locker, TickRecord, TickStore,
+    LockName, LockOptions, Locker, TickRecord,
 };
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
@@ -176,48 +178,31 @@ async fn an_unwritable_completion_is_reported_unrecorded_and_left_to_the_mode() 
             );
             // The tick at +0.1 s, its three writes 100 ms and 200 ms apart.
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let outcomes: Vec<_> = first
-                .lock()
-                .expect("log")
-                .iter()
-                .map(|r| r.outcome)
-                .collect();
-            assert_eq!(outcomes, vec![TickOutcome::Unrecorded], "{delivery}");
+            assert_eq!(
+                outcomes(&first),
+                vec![TickOutcome::Unrecorded],
+                "{delivery}"
+            );
             assert_eq!(metrics.runs("recorded", TickOutcome::Unrecorded), 1);
             assert_eq!(metrics.runs("recorded", TickOutcome::Success), 0);
             assert_eq!(store.sent(), 3, "{delivery}: the write is sent three times");
-            let job = LockName::new("recorded").expect("valid");
             let token = calls.lock().expect("log")[0];
-            let record = memory.tick_record(&job, TICK_MS).await.expect("memory");
+            let record = first_record(&memory).await;
             assert!(
                 matches!(record, Some(TickRecord::Started { token: t, .. }) if t == token),
                 "{delivery}: the tick stays Started: {record:?}"
             );
-            let other = Locker::builder()
-                .with_backend(memory.clone())
-                .with_registry(&Registry::new())
-                .build()
-                .expect("locker");
-            let name = LockName::new(format!("recorded/{TICK_MS}")).expect("valid");
-            let taken = other
-                .try_lock(&name, &LockOptions::new(Duration::from_secs(1)))
-                .await;
             assert!(
-                matches!(taken, Err(LockError::HeldElsewhere { .. })),
-                "{delivery}: the lock is kept as the tick's mark: {taken:?}"
+                tick_lock_held(&memory).await,
+                "{delivery}: the lock is kept as the tick's mark"
             );
             // The store heals; the replica 4 s behind fires at +4.1 s, after
             // the mark (the 2 s tolerance from +0.4 s) ran out.
             store.set(Completes::Land);
             tokio::time::sleep(Duration::from_secs(5)).await;
             let calls = calls.lock().expect("log").clone();
-            let outcomes: Vec<_> = later
-                .lock()
-                .expect("log")
-                .iter()
-                .map(|r| r.outcome)
-                .collect();
-            let record = memory.tick_record(&job, TICK_MS).await.expect("memory");
+            let outcomes = outcomes(&later);
+            let record = first_record(&memory).await;
             match delivery {
                 Delivery::AtMostOnce => {
                     assert_eq!(calls.len(), 1, "never run twice");
@@ -248,34 +233,17 @@ async fn an_unwritable_completion_is_reported_unrecorded_and_left_to_the_mode() 
 #[tokio::test(start_paused = true)]
 async fn a_completion_whose_reply_was_lost_is_confirmed_by_its_retry() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let memory = MemoryBackend::new();
-        let store = FlakyCompletes::new(memory.clone(), Completes::LoseFirstReply);
-        let calls: Arc<Mutex<Vec<u64>>> = Arc::default();
-        let reports: Arc<Mutex<Vec<RunReport>>> = Arc::default();
-        let (s, metrics) = replica(
-            &memory,
-            &store,
-            0,
-            Delivery::AtMostOnce,
-            &calls,
-            &reports,
-            Handler::Returns,
-        );
+        let solo = Solo::start(Completes::LoseFirstReply, Handler::Returns);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let outcomes: Vec<_> = reports
-            .lock()
-            .expect("log")
-            .iter()
-            .map(|r| r.outcome)
-            .collect();
-        assert_eq!(outcomes, vec![TickOutcome::Success]);
-        assert_eq!(metrics.runs("recorded", TickOutcome::Unrecorded), 0);
-        assert_eq!(store.sent(), 2);
-        let token = calls.lock().expect("log")[0];
-        let job = LockName::new("recorded").expect("valid");
-        let record = memory.tick_record(&job, TICK_MS).await.expect("memory");
-        assert_eq!(record, Some(TickRecord::Completed { token }));
-        s.shutdown(Duration::from_secs(1)).await.expect("clean");
+        assert_eq!(solo.outcomes(), vec![TickOutcome::Success]);
+        assert_eq!(solo.metrics.runs("recorded", TickOutcome::Unrecorded), 0);
+        assert_eq!(solo.store.sent(), 2);
+        let token = solo.calls.lock().expect("log")[0];
+        assert_eq!(solo.record().await, Some(TickRecord::Completed { token }));
+        solo.scheduler
+            .shutdown(Duration::from_secs(1))
+            .await
+            .expect("clean");
     })
     .await
     .expect("the test finishes within its bound");

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use chrono::DateTime;
 use lock_core::{
-    async_trait, BackendError, BackendErrorKind, LockName, Locker, TickAnswer, TickRecord,
-    TickStore, TickWrite,
+    async_trait, BackendError, BackendErrorKind, Error as LockError, LockName, LockOptions, Locker,
+    TickAnswer, TickRecord, TickStore, TickWrite,
 };
 use lock_memory::MemoryBackend;
 use prometheus::Registry;
-use scheduler::{Delivery, Job, RunReport, Scheduler, SchedulerMetrics, TokioClock};
+use scheduler::{Delivery, Job, RunReport, Scheduler, SchedulerMetrics, TickOutcome, TokioClock};
 
 /// The first tick every replica fires, in Unix ms.
 pub(crate) const TICK_MS: i64 = 1_800_000_000_000;
@@ -175,4 +175,90 @@ pub(crate) fn replica(
         .start()
         .expect("starts");
     (s, metrics)
+}
+
+/// One replica on a fresh memory backend, over a tick store whose
+/// `Completed` writes do as `completes` says, and what a test reads of it.
+pub(crate) struct Solo {
+    pub(crate) memory: MemoryBackend,
+    pub(crate) store: Arc<FlakyCompletes>,
+    pub(crate) calls: Arc<Mutex<Vec<u64>>>,
+    pub(crate) reports: Arc<Mutex<Vec<RunReport>>>,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) metrics: SchedulerMetrics,
+}
+
+impl Solo {
+    /// Started, on the true clock, its job at most once.
+    pub(crate) fn start(completes: Completes, handler: Handler) -> Self {
+        let memory = MemoryBackend::new();
+        let store = FlakyCompletes::new(memory.clone(), completes);
+        let calls: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let reports: Arc<Mutex<Vec<RunReport>>> = Arc::default();
+        let (scheduler, metrics) = replica(
+            &memory,
+            &store,
+            0,
+            Delivery::AtMostOnce,
+            &calls,
+            &reports,
+            handler,
+        );
+        Self {
+            memory,
+            store,
+            calls,
+            reports,
+            scheduler,
+            metrics,
+        }
+    }
+
+    /// The outcomes reported so far, in order.
+    pub(crate) fn outcomes(&self) -> Vec<TickOutcome> {
+        outcomes(&self.reports)
+    }
+
+    /// The record of the first tick.
+    pub(crate) async fn record(&self) -> Option<TickRecord> {
+        first_record(&self.memory).await
+    }
+}
+
+/// The record of the first tick in `memory`.
+pub(crate) async fn first_record(memory: &MemoryBackend) -> Option<TickRecord> {
+    let job = LockName::new("recorded").expect("valid");
+    memory.tick_record(&job, TICK_MS).await.expect("memory")
+}
+
+/// The outcomes in `reports`, in order.
+pub(crate) fn outcomes(reports: &Mutex<Vec<RunReport>>) -> Vec<TickOutcome> {
+    reports
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|r| r.outcome)
+        .collect()
+}
+
+/// Whether another locker over `memory` finds the first tick's lock held
+/// (one it gets is released again).
+pub(crate) async fn tick_lock_held(memory: &MemoryBackend) -> bool {
+    let other = Locker::builder()
+        .with_backend(memory.clone())
+        .with_registry(&Registry::new())
+        .build()
+        .expect("locker");
+    let name = LockName::new(format!("recorded/{TICK_MS}")).expect("valid");
+    match other
+        .try_lock(&name, &LockOptions::new(Duration::from_secs(1)))
+        .await
+    {
+        Ok(guard) => {
+            guard.release().await.expect("release");
+            false
+        }
+        Err(LockError::HeldElsewhere { .. }) => true,
+        Err(e) => panic!("unexpected: {e}"),
+    }
 }
