@@ -13,7 +13,7 @@ use crate::gcra::Cell;
 use crate::metrics::{LimiterSeries, Outcome, RateLimitMetrics, Source};
 use crate::policy::OnStoreError;
 use crate::quota::{check_name, Limit};
-use crate::store::{MemoryStore, Store, StoreDecision, StoreRequest};
+use crate::store::{MemoryStore, Store, StoreDecision, StoreRequest, SubjectHasher};
 use crate::MAX_KEY_LEN;
 
 /// The store timeout unless set: long enough for a loaded server on the same
@@ -170,23 +170,19 @@ impl LimiterBuilder {
             }
             _ => None,
         };
-        // Without a store the limiter makes its own MemoryStore and keeps it
-        // by type as well, for the fast path in `check_cost`. (A store given
-        // as `Arc<dyn Store>` cannot be recognised as memory, so it always
-        // takes the general path.)
-        let (store, memory): (Arc<dyn Store>, _) = match self.store {
-            Some(store) => (store, None),
-            None => {
-                let memory = Arc::new(MemoryStore::new());
-                (Arc::clone(&memory) as Arc<dyn Store>, Some(memory))
-            }
-        };
+        let store = self
+            .store
+            .unwrap_or_else(|| Arc::new(MemoryStore::new()) as Arc<dyn Store>);
+        let key_base = format!("{}:{}", self.prefix, self.name);
+        let in_process = store
+            .in_process()
+            .and_then(|m| m.subject_hasher(&key_base, self.limits.iter().map(Limit::name)));
         Ok(Limiter {
             inner: Arc::new(Inner {
                 breaker: Breaker::new(self.breaker, self.timeout),
                 store,
-                memory,
-                key_base: format!("{}:{}", self.prefix, self.name),
+                in_process,
+                key_base,
                 name: self.name,
                 limits: self.limits.into_iter().map(Arc::new).collect(),
                 cells,
@@ -231,9 +227,9 @@ struct Inner {
     limits: Vec<Arc<Limit>>,
     cells: Vec<Cell>,
     store: Arc<dyn Store>,
-    /// The same store as `store` when it is this limiter's own
-    /// [`MemoryStore`] (no store was given).
-    memory: Option<Arc<MemoryStore>>,
+    /// The ids of this limiter's buckets when `store` is in process
+    /// ([`Store::in_process`]): it is then called directly.
+    in_process: Option<SubjectHasher>,
     on_store_error: OnStoreError,
     timeout: Duration,
     breaker: Breaker,
@@ -369,8 +365,8 @@ impl Limiter {
                 limit: limit.name().to_owned(),
             });
         }
-        if let Some(memory) = &inner.memory {
-            return Ok(self.decide_in_memory(memory, key, cost));
+        if let (Some(hasher), Some(memory)) = (&inner.in_process, inner.store.in_process()) {
+            return Ok(self.decide_in_process(memory, hasher, key, cost));
         }
         let subject = subject_hash(key);
         let keys = inner.keys(&subject);
@@ -391,18 +387,22 @@ impl Limiter {
     /// The general path without what only a store that can fail or wait
     /// needs: an in-process store answers at once and never errs, so the
     /// breaker would never leave its closed state and the timeout would never
-    /// fire. Decisions and metrics are those of the general path.
+    /// fire, and no latency is sampled (there is no network to wait on).
+    /// Decisions and the decision counters are those of the general path.
     ///
-    /// The store is this limiter's alone, so its buckets need no string
-    /// keys: the subject's 128-bit keyed hash ([`MemoryStore::subject_id`])
-    /// replaces the SHA-256 prefix and the limit's index its name. No text
-    /// of the caller's is kept either way.
-    fn decide_in_memory(&self, memory: &MemoryStore, key: &str, cost: u64) -> Decision {
-        let inner = &*self.inner;
-        let subject = memory.subject_id(key);
-        let started = Instant::now();
-        let decision = memory.decide_subject(subject, &inner.cells, cost);
-        inner.series.store_duration(started.elapsed().as_secs_f64());
+    /// The subject's 128-bit keyed hash ([`MemoryStore::subject_id`], keyed
+    /// for this limiter's prefix and name) replaces the SHA-256 prefix in the
+    /// bucket's id, and a keyed hash of the limit's name the rest of the
+    /// key. No text of the caller's is kept either way.
+    fn decide_in_process(
+        &self,
+        memory: &MemoryStore,
+        hasher: &SubjectHasher,
+        key: &str,
+        cost: u64,
+    ) -> Decision {
+        let subject = MemoryStore::subject_id(hasher, key);
+        let decision = memory.decide_subject(hasher, subject, &self.inner.cells, cost);
         self.finish(decision, Source::Store)
     }
 
