@@ -36,9 +36,11 @@ pub struct Decision {
     pub reset_after: Duration,
     /// Where the decision was made.
     pub source: Source,
-    /// The limit that decided `remaining` (admitted) or `retry_after`
-    /// (refused).
-    pub limit: Arc<Limit>,
+    /// The index, in the deciding limiter's [`limits`](Limiter::limits), of
+    /// the limit that decided `remaining` (admitted) or `retry_after`
+    /// (refused); [`Limiter::limit_of`] returns that limit. An index rather
+    /// than a shared reference, so a decision costs no reference count.
+    pub limit: usize,
 }
 
 /// Builds a [`Limiter`]: [`Limiter::builder`], then `with_*`, then
@@ -184,7 +186,7 @@ impl LimiterBuilder {
                 in_process,
                 key_base,
                 name: self.name,
-                limits: self.limits.into_iter().map(Arc::new).collect(),
+                limits: self.limits,
                 cells,
                 on_store_error: self.on_store_error,
                 timeout: self.timeout,
@@ -224,7 +226,7 @@ pub struct Limiter {
 struct Inner {
     name: String,
     key_base: String,
-    limits: Vec<Arc<Limit>>,
+    limits: Vec<Limit>,
     cells: Vec<Cell>,
     store: Arc<dyn Store>,
     /// The ids of this limiter's buckets when `store` is in process
@@ -309,8 +311,16 @@ impl Limiter {
 
     /// The limits, in the order they were added.
     #[must_use]
-    pub fn limits(&self) -> &[Arc<Limit>] {
+    pub fn limits(&self) -> &[Limit] {
         &self.inner.limits
+    }
+
+    /// The limit that made `decision` (its [`limit`](Decision::limit)
+    /// index), or `None` for a decision of another limiter with fewer
+    /// limits.
+    #[must_use]
+    pub fn limit_of(&self, decision: &Decision) -> Option<&Limit> {
+        self.inner.limits.get(decision.limit)
     }
 
     /// The metrics this limiter reports into.
@@ -461,14 +471,13 @@ impl Limiter {
             }
             (OnStoreError::Allow, _) | (OnStoreError::Fallback { .. }, None) => {
                 inner.series.decision(Outcome::Allowed, Source::None);
-                let limit = Arc::clone(&inner.limits[0]);
                 Ok(Decision {
                     allowed: true,
-                    remaining: limit.quota().burst(),
+                    remaining: inner.limits.first().map_or(0, |l| l.quota().burst()),
                     retry_after: Duration::ZERO,
                     reset_after: Duration::ZERO,
                     source: Source::None,
-                    limit,
+                    limit: 0,
                 })
             }
             (OnStoreError::Deny, _) => {
@@ -489,14 +498,20 @@ impl Limiter {
             Outcome::Limited
         };
         inner.series.decision(outcome, source);
-        let limit = inner.limits.get(d.limiting).unwrap_or(&inner.limits[0]);
+        // A store names only a limit the limiter has (`call_store` checks
+        // server answers); the first is the answer if one ever did not.
+        let limit = if d.limiting < inner.limits.len() {
+            d.limiting
+        } else {
+            0
+        };
         Decision {
             allowed: d.allowed,
             remaining: d.remaining,
             retry_after: Duration::from_micros(d.retry_after_us),
             reset_after: Duration::from_micros(d.reset_after_us),
             source,
-            limit: Arc::clone(limit),
+            limit,
         }
     }
 }
