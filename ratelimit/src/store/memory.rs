@@ -159,8 +159,15 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Microseconds since the store was made: `as_micros` truncated to
+    /// `u64`, in `u64` arithmetic (saturating where that would overflow, after
+    /// half a million years).
     fn now_us(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+        let elapsed = self.start.elapsed();
+        elapsed
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(elapsed.subsec_micros()))
     }
 
     /// Decides synchronously; [`Store::decide`] is this behind an `async fn`.
