@@ -234,9 +234,10 @@ fn decision_headers<B>(response: &mut Response<B>, limiter: &Limiter, d: &Decisi
     if let Some(policy) = policy_header(limiter) {
         headers.insert(RATELIMIT_POLICY, policy);
     }
+    let name = limiter.limit_of(d).map_or("", |l| l.name());
     let now = format!(
         "\"{}\";r={};t={}",
-        d.limit.name(),
+        name,
         d.remaining,
         seconds(d.reset_after)
     );

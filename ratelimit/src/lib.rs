@@ -23,8 +23,9 @@
 //!   (sentinels on 26379 unless given; the credentials are the primary's),
 //!   `redis+cluster://host1[:port1][,...]`, `postgres://` or `postgresql://`.
 //! - Metrics in [`RateLimitMetrics`]: `rate_limit_decisions_total`,
-//!   `rate_limit_store_fallbacks_total` and the store's errors, latency and
-//!   breaker state.
+//!   `rate_limit_store_fallbacks_total` and the store's errors, latency
+//!   (not sampled for an in-process store, which never waits on a network)
+//!   and breaker state.
 //! - With the `tower` feature, `layer::RateLimitLayer`: 429 with
 //!   `Retry-After` and the IETF `RateLimit` / `RateLimit-Policy` headers.
 //! - [`gcra::decide`] is the algorithm as a pure function over integer

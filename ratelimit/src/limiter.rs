@@ -13,7 +13,7 @@ use crate::gcra::Cell;
 use crate::metrics::{LimiterSeries, Outcome, RateLimitMetrics, Source};
 use crate::policy::OnStoreError;
 use crate::quota::{check_name, Limit};
-use crate::store::{MemoryStore, Store, StoreDecision, StoreRequest};
+use crate::store::{MemoryStore, Store, StoreDecision, StoreRequest, SubjectHasher};
 use crate::MAX_KEY_LEN;
 
 /// The store timeout unless set: long enough for a loaded server on the same
@@ -36,9 +36,11 @@ pub struct Decision {
     pub reset_after: Duration,
     /// Where the decision was made.
     pub source: Source,
-    /// The limit that decided `remaining` (admitted) or `retry_after`
-    /// (refused).
-    pub limit: Arc<Limit>,
+    /// The index, in the deciding limiter's [`limits`](Limiter::limits), of
+    /// the limit that decided `remaining` (admitted) or `retry_after`
+    /// (refused); [`Limiter::limit_of`] returns that limit. An index rather
+    /// than a shared reference, so a decision costs no reference count.
+    pub limit: usize,
 }
 
 /// Builds a [`Limiter`]: [`Limiter::builder`], then `with_*`, then
@@ -170,25 +172,21 @@ impl LimiterBuilder {
             }
             _ => None,
         };
-        // Without a store the limiter makes its own MemoryStore and keeps it
-        // by type as well, for the fast path in `check_cost`. (A store given
-        // as `Arc<dyn Store>` cannot be recognised as memory, so it always
-        // takes the general path.)
-        let (store, memory): (Arc<dyn Store>, _) = match self.store {
-            Some(store) => (store, None),
-            None => {
-                let memory = Arc::new(MemoryStore::new());
-                (Arc::clone(&memory) as Arc<dyn Store>, Some(memory))
-            }
-        };
+        let store = self
+            .store
+            .unwrap_or_else(|| Arc::new(MemoryStore::new()) as Arc<dyn Store>);
+        let key_base = format!("{}:{}", self.prefix, self.name);
+        let in_process = store
+            .in_process()
+            .and_then(|m| m.subject_hasher(&key_base, self.limits.iter().map(Limit::name)));
         Ok(Limiter {
             inner: Arc::new(Inner {
                 breaker: Breaker::new(self.breaker, self.timeout),
                 store,
-                memory,
-                key_base: format!("{}:{}", self.prefix, self.name),
+                in_process,
+                key_base,
                 name: self.name,
-                limits: self.limits.into_iter().map(Arc::new).collect(),
+                limits: self.limits,
                 cells,
                 on_store_error: self.on_store_error,
                 timeout: self.timeout,
@@ -228,12 +226,12 @@ pub struct Limiter {
 struct Inner {
     name: String,
     key_base: String,
-    limits: Vec<Arc<Limit>>,
+    limits: Vec<Limit>,
     cells: Vec<Cell>,
     store: Arc<dyn Store>,
-    /// The same store as `store` when it is this limiter's own
-    /// [`MemoryStore`] (no store was given).
-    memory: Option<Arc<MemoryStore>>,
+    /// The ids of this limiter's buckets when `store` is in process
+    /// ([`Store::in_process`]): it is then called directly.
+    in_process: Option<SubjectHasher>,
     on_store_error: OnStoreError,
     timeout: Duration,
     breaker: Breaker,
@@ -313,8 +311,16 @@ impl Limiter {
 
     /// The limits, in the order they were added.
     #[must_use]
-    pub fn limits(&self) -> &[Arc<Limit>] {
+    pub fn limits(&self) -> &[Limit] {
         &self.inner.limits
+    }
+
+    /// The limit that made `decision` (its [`limit`](Decision::limit)
+    /// index), or `None` for a decision of another limiter with fewer
+    /// limits.
+    #[must_use]
+    pub fn limit_of(&self, decision: &Decision) -> Option<&Limit> {
+        self.inner.limits.get(decision.limit)
     }
 
     /// The metrics this limiter reports into.
@@ -369,8 +375,8 @@ impl Limiter {
                 limit: limit.name().to_owned(),
             });
         }
-        if let Some(memory) = &inner.memory {
-            return Ok(self.decide_in_memory(memory, key, cost));
+        if let (Some(hasher), Some(memory)) = (&inner.in_process, inner.store.in_process()) {
+            return Ok(self.decide_in_process(memory, hasher, key, cost));
         }
         let subject = subject_hash(key);
         let keys = inner.keys(&subject);
@@ -391,18 +397,22 @@ impl Limiter {
     /// The general path without what only a store that can fail or wait
     /// needs: an in-process store answers at once and never errs, so the
     /// breaker would never leave its closed state and the timeout would never
-    /// fire. Decisions and metrics are those of the general path.
+    /// fire, and no latency is sampled (there is no network to wait on).
+    /// Decisions and the decision counters are those of the general path.
     ///
-    /// The store is this limiter's alone, so its buckets need no string
-    /// keys: the subject's 128-bit keyed hash ([`MemoryStore::subject_id`])
-    /// replaces the SHA-256 prefix and the limit's index its name. No text
-    /// of the caller's is kept either way.
-    fn decide_in_memory(&self, memory: &MemoryStore, key: &str, cost: u64) -> Decision {
-        let inner = &*self.inner;
-        let subject = memory.subject_id(key);
-        let started = Instant::now();
-        let decision = memory.decide_subject(subject, &inner.cells, cost);
-        inner.series.store_duration(started.elapsed().as_secs_f64());
+    /// The subject's 128-bit keyed hash ([`MemoryStore::subject_id`], keyed
+    /// for this limiter's prefix and name) replaces the SHA-256 prefix in the
+    /// bucket's id, and a keyed hash of the limit's name the rest of the
+    /// key. No text of the caller's is kept either way.
+    fn decide_in_process(
+        &self,
+        memory: &MemoryStore,
+        hasher: &SubjectHasher,
+        key: &str,
+        cost: u64,
+    ) -> Decision {
+        let subject = MemoryStore::subject_id(hasher, key);
+        let decision = memory.decide_subject(hasher, subject, &self.inner.cells, cost);
         self.finish(decision, Source::Store)
     }
 
@@ -461,14 +471,13 @@ impl Limiter {
             }
             (OnStoreError::Allow, _) | (OnStoreError::Fallback { .. }, None) => {
                 inner.series.decision(Outcome::Allowed, Source::None);
-                let limit = Arc::clone(&inner.limits[0]);
                 Ok(Decision {
                     allowed: true,
-                    remaining: limit.quota().burst(),
+                    remaining: inner.limits.first().map_or(0, |l| l.quota().burst()),
                     retry_after: Duration::ZERO,
                     reset_after: Duration::ZERO,
                     source: Source::None,
-                    limit,
+                    limit: 0,
                 })
             }
             (OnStoreError::Deny, _) => {
@@ -489,14 +498,20 @@ impl Limiter {
             Outcome::Limited
         };
         inner.series.decision(outcome, source);
-        let limit = inner.limits.get(d.limiting).unwrap_or(&inner.limits[0]);
+        // A store names only a limit the limiter has (`call_store` checks
+        // server answers); the first is the answer if one ever did not.
+        let limit = if d.limiting < inner.limits.len() {
+            d.limiting
+        } else {
+            0
+        };
         Decision {
             allowed: d.allowed,
             remaining: d.remaining,
             retry_after: Duration::from_micros(d.retry_after_us),
             reset_after: Duration::from_micros(d.reset_after_us),
             source,
-            limit: Arc::clone(limit),
+            limit,
         }
     }
 }

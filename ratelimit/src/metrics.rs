@@ -96,11 +96,18 @@ impl Outcome {
 /// | `rate_limit_decisions_total` | `limiter`, `outcome` (`allowed`, `limited`, `unavailable`), `source` (`store`, `fallback`, `none`) |
 /// | `rate_limit_store_fallbacks_total` | `limiter`: decisions not made by the store because it failed (policies allow and fallback) |
 /// | `rate_limit_store_errors_total` | `limiter`, `kind` (`timeout`, `connection`, `server`, `protocol`) |
-/// | `rate_limit_store_duration_seconds` | `limiter`: store calls, answered or failed |
+/// | `rate_limit_store_duration_seconds` | `limiter`: store calls, answered or failed; none for an in-process store |
 /// | `rate_limit_breaker_open` | `limiter`: 1 while the circuit breaker keeps calls off the store |
 ///
 /// Every series of a limiter is created at 0 when it is built, so
 /// `increase()` in an alert sees the first fallback.
+///
+/// A limiter on an in-process store ([`Store::in_process`](crate::store::Store::in_process):
+/// a [`MemoryStore`](crate::store::MemoryStore), however it was given or
+/// named) records no `rate_limit_store_duration_seconds` sample: it never
+/// waits on a network, and timing each decision would cost more than the
+/// decision. Its series stays at 0; its decisions are counted as any
+/// other's.
 #[derive(Clone)]
 pub struct RateLimitMetrics {
     decisions: IntCounterVec,

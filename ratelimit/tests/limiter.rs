@@ -36,12 +36,15 @@ async fn a_request_refused_by_one_limit_charges_none() -> TestResult {
         // Cost 3 takes all of "day" but only 3 of 5 of "minute".
         let d = limiter.check_cost("alice", 3).await?;
         assert!(d.allowed);
-        assert_eq!((d.remaining, d.limit.name()), (0, "day"));
+        assert_eq!(
+            (d.remaining, limiter.limit_of(&d).map(|l| l.name())),
+            (0, Some("day"))
+        );
         // Refused by "day": "minute" must not be charged either.
         for _ in 0..10 {
             let d = limiter.check_cost("alice", 2).await?;
             assert!(!d.allowed);
-            assert_eq!(d.limit.name(), "day");
+            assert_eq!(limiter.limit_of(&d).map(|l| l.name()), Some("day"));
         }
         // "minute" still has 2 left (of 5, refilled by 1 in 8 h): the next
         // request is admitted as soon as "day" has one unit again.
@@ -75,7 +78,7 @@ async fn refusals_do_not_charge_the_other_limit() -> TestResult {
         tokio::time::advance(Duration::from_secs(1)).await;
         let d = limiter.check("k").await?;
         assert!(!d.allowed, "minute's 3 are spent");
-        assert_eq!(d.limit.name(), "minute");
+        assert_eq!(limiter.limit_of(&d).map(|l| l.name()), Some("minute"));
         Ok::<_, Box<dyn std::error::Error>>(())
     })
     .await?
@@ -312,5 +315,104 @@ async fn allow_admits_unchecked_and_counts_fallbacks() -> TestResult {
     }
     assert_eq!(m.fallbacks("allow"), 50);
     assert_eq!(m.decisions("allow", "allowed", Source::None), 50);
+    Ok(())
+}
+
+/// The samples of `rate_limit_store_duration_seconds` for `limiter`.
+fn latency_samples(registry: &Registry, limiter: &str) -> u64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "rate_limit_store_duration_seconds")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "limiter" && l.value() == limiter)
+        })
+        .map(|m| m.get_histogram().get_sample_count())
+        .sum()
+}
+
+/// Every way of getting an in-process store (the environment's `memory://`
+/// or no URL, `with_store` of a `MemoryStore`, the default) takes the
+/// in-process path, which samples no store latency; a store that merely
+/// wraps one (to inject failures) takes the general path and samples every
+/// call.
+#[tokio::test]
+async fn every_in_process_limiter_takes_the_in_process_path() -> TestResult {
+    let registry = Registry::new();
+    let m = RateLimitMetrics::register(&registry)?;
+    let from = |url: Option<&'static str>| {
+        distlock_ratelimit::RateLimitConfig::from_values(move |name| match (name, url) {
+            ("RATE_LIMIT_URL", Some(url)) => Some(Ok(url.to_owned())),
+            _ => None,
+        })
+    };
+    let builders = [
+        ("env-memory", from(Some("memory://"))?.limiter("env-memory")),
+        ("env-none", from(None)?.limiter("env-none")),
+        (
+            "given",
+            Limiter::builder("given").with_store(Arc::new(MemoryStore::new())),
+        ),
+        ("default", Limiter::builder("default")),
+    ];
+    for (name, builder) in builders {
+        let limiter = builder
+            .with_limit(limit("s", 3, Duration::from_secs(60)))
+            .with_metrics(m.clone())
+            .build()?;
+        for i in 0..5 {
+            let d = limiter.check("k").await?;
+            assert_eq!(d.allowed, i < 3, "{name}: decision {i}");
+        }
+        assert_eq!(m.decisions(name, "allowed", Source::Store), 3, "{name}");
+        assert_eq!(m.decisions(name, "limited", Source::Store), 2, "{name}");
+        assert_eq!(latency_samples(&registry, name), 0, "{name}");
+    }
+    let wrapped = Limiter::builder("wrapped")
+        .with_store(Arc::new(SwitchStore::new(Arc::new(MemoryStore::new()))))
+        .with_limit(limit("s", 3, Duration::from_secs(60)))
+        .with_metrics(m.clone())
+        .build()?;
+    for _ in 0..5 {
+        wrapped.check("k").await?;
+    }
+    assert_eq!(latency_samples(&registry, "wrapped"), 5);
+    Ok(())
+}
+
+/// On one in-process store (as every limiter built from one
+/// `RateLimitConfig` shares), limiters of different names keep apart
+/// buckets, and limiters of one name share theirs, as replicas do on a
+/// shared store; a limit is told apart by its name, not its position.
+#[tokio::test(start_paused = true)]
+async fn limiters_on_one_in_process_store_share_buckets_by_name() -> TestResult {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let build = |name: &str, limits: &[(&str, u64)]| {
+        let mut b = Limiter::builder(name)
+            .with_store(Arc::clone(&store))
+            .with_metrics(metrics());
+        for (l, n) in limits {
+            b = b.with_limit(limit(l, *n, Duration::from_secs(60)));
+        }
+        b.build()
+    };
+    let a1 = build("a", &[("s", 2)])?;
+    let a2 = build("a", &[("s", 2)])?;
+    let b = build("b", &[("s", 2)])?;
+    assert!(a1.check("k").await?.allowed);
+    assert!(a2.check("k").await?.allowed);
+    assert!(!a1.check("k").await?.allowed, "a's two replicas share");
+    assert!(b.check("k").await?.allowed, "b has its own bucket");
+    assert!(a1.check("other").await?.allowed, "another subject too");
+    // Limits of one name are one bucket whatever their order.
+    let c1 = build("c", &[("x", 1), ("y", 5)])?;
+    let c2 = build("c", &[("y", 5), ("x", 1)])?;
+    assert!(c1.check("k").await?.allowed);
+    let d = c2.check("k").await?;
+    assert!(!d.allowed);
+    assert_eq!(c2.limit_of(&d).map(|l| l.name()), Some("x"));
     Ok(())
 }

@@ -4,9 +4,11 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockWriteGuard};
 
 use async_trait::async_trait;
+use siphasher::sip128::SipHasher13;
 use tokio::time::Instant;
 
 use super::{Store, StoreDecision, StoreRequest};
@@ -28,31 +30,43 @@ const MIN_SWEEP: usize = 256;
 /// Memory stays bounded: when live keys pass the configured maximum, the
 /// keys closest to full are dropped first, which can admit those subjects a
 /// little early; it never refuses a request it should admit.
+///
+/// A [`Limiter`](crate::Limiter) on this store (given with `with_store`,
+/// named by `memory://` or by no URL at all, or its default) decides against
+/// it directly, without the store call, timeout and breaker a store that can
+/// wait or fail needs (see [`Store::in_process`]). Its buckets are kept by a
+/// keyed hash of the limiter's key prefix and name, the subject and the
+/// limit's name, apart from those of [`Store::decide`] (kept by store key),
+/// so limiters of different names never share buckets and limiters of one
+/// name share them, as on a shared store.
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     hasher: RandomState,
     max_per_shard: usize,
     start: Instant,
 }
 
-/// One shard: the buckets of the store's string keys, and those of the
-/// limiter that owns this store, by subject id (see
-/// [`MemoryStore::decide_subject`]). A store is used one way or the other,
-/// never both; the maximum applies to each map.
+/// One shard: the buckets of the store's string keys (decided under the
+/// write lock), and those of limiters deciding in process, by bucket id
+/// (see [`MemoryStore::decide_subject`]): each an atomic TAT that a
+/// single-limit decision updates by compare-and-swap under the read lock.
+/// The write lock is taken to add a bucket, to sweep, and to decide over
+/// several limits at once. The maximum applies to each map.
 #[derive(Debug)]
 struct Shard {
     tats: HashMap<Box<str>, u64>,
-    by_id: HashMap<BucketId, u64, BuildHasherDefault<IdHasher>>,
+    by_id: HashMap<BucketId, AtomicU64, BuildHasherDefault<IdHasher>>,
     sweep_at: usize,
 }
 
-/// A bucket of the owning limiter: its subject's 128-bit keyed hash and the
-/// limit's index.
+/// A bucket of a limiter deciding in process: its subject's 128-bit keyed
+/// hash (keyed per limiter, see [`SubjectHasher`]) and a keyed hash of the
+/// limit's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BucketId {
     subject: [u64; 2],
-    limit: usize,
+    limit: u64,
 }
 
 impl Hash for BucketId {
@@ -60,9 +74,20 @@ impl Hash for BucketId {
         // The subject's words are already keyed SipHash outputs: uniform and
         // unpredictable without this process's random key, so one of them
         // (mixed with the limit) is the map hash, with no second hashing.
-        let limit = u64::try_from(self.limit).unwrap_or(u64::MAX);
-        state.write_u64(self.subject[0] ^ limit.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        state.write_u64(self.subject[0] ^ self.limit.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     }
+}
+
+/// Turns one limiter's subjects into the 128-bit ids of its buckets: SipHash
+/// 1-3 with 128-bit output, in one pass, under a key derived from the
+/// store's random key and the limiter's key prefix and name. Without the
+/// store's key no one can make two subjects collide; it stands for the
+/// subject as the SHA-256 prefix does in a shared store's keys (neither
+/// keeps the caller's text).
+#[derive(Debug, Clone)]
+pub(crate) struct SubjectHasher {
+    sip: SipHasher13,
+    limits: Vec<u64>,
 }
 
 /// Passes a [`BucketId`]'s hash through. Other input (none is hashed with
@@ -106,7 +131,7 @@ impl MemoryStore {
         Self {
             shards: (0..SHARDS)
                 .map(|_| {
-                    Mutex::new(Shard {
+                    RwLock::new(Shard {
                         tats: HashMap::new(),
                         by_id: HashMap::default(),
                         sweep_at: MIN_SWEEP.min(max_per_shard),
@@ -124,7 +149,7 @@ impl MemoryStore {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| s.read().unwrap_or_else(PoisonError::into_inner).len())
             .sum()
     }
 
@@ -134,8 +159,15 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Microseconds since the store was made: `as_micros` truncated to
+    /// `u64`, in `u64` arithmetic (saturating where that would overflow, after
+    /// half a million years).
     fn now_us(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+        let elapsed = self.start.elapsed();
+        elapsed
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(elapsed.subsec_micros()))
     }
 
     /// Decides synchronously; [`Store::decide`] is this behind an `async fn`.
@@ -150,49 +182,136 @@ impl MemoryStore {
         )
     }
 
-    /// The id of `subject`: two SipHash outputs under this store's random
-    /// key, on inputs told apart by a leading byte, so 128 bits that no one
-    /// without the key can make collide. It stands for the subject as the
-    /// SHA-256 prefix does in a shared store's keys (neither keeps the
-    /// caller's text), at a third of the cost.
-    pub(crate) fn subject_id(&self, subject: &str) -> [u64; 2] {
-        [
-            self.hasher.hash_one((0u8, subject)),
-            self.hasher.hash_one((1u8, subject)),
-        ]
+    /// The hasher of the buckets of the limiter whose keys start with
+    /// `key_base` (its prefix and name), with limits named `limits`, in the
+    /// limiter's order. `None` when two of the limits' names hash alike
+    /// (odds of 2^-64 per pair); the limiter then decides through
+    /// [`Store::decide`] instead.
+    pub(crate) fn subject_hasher<'a>(
+        &self,
+        key_base: &str,
+        limits: impl IntoIterator<Item = &'a str>,
+    ) -> Option<SubjectHasher> {
+        let sip = SipHasher13::new_with_keys(
+            self.hasher.hash_one((0u8, key_base)),
+            self.hasher.hash_one((1u8, key_base)),
+        );
+        let limits: Vec<u64> = limits
+            .into_iter()
+            .map(|name| self.hasher.hash_one((2u8, key_base, name)))
+            .collect();
+        let distinct = limits
+            .iter()
+            .enumerate()
+            .all(|(i, l)| !limits[..i].contains(l));
+        distinct.then_some(SubjectHasher { sip, limits })
     }
 
-    /// Decides for the limiter that owns this store (its only user), keyed
-    /// by [`subject_id`](Self::subject_id) and the limit's index rather than
-    /// by strings: no key to build or hash again, nothing to allocate but a
-    /// new bucket. The decision is [`decide_now`](Self::decide_now)'s.
+    /// The id of `subject` under `hasher`.
+    pub(crate) fn subject_id(hasher: &SubjectHasher, subject: &str) -> [u64; 2] {
+        let h = hasher.sip.hash(subject.as_bytes());
+        [h.h1, h.h2]
+    }
+
+    /// Decides for a limiter deciding in process, keyed by
+    /// [`subject_id`](Self::subject_id) and the limits of `hasher` rather
+    /// than by strings: no key to build or hash again, nothing to allocate
+    /// but a new bucket. The decision is [`decide_now`](Self::decide_now)'s.
+    ///
+    /// One limit, the common case, takes the shard's read lock and updates
+    /// the bucket by compare-and-swap, so decisions on one subject never
+    /// wait for each other; a new bucket takes the write lock. Several limits
+    /// take the write lock, so all are charged or none.
     pub(crate) fn decide_subject(
         &self,
+        hasher: &SubjectHasher,
         subject: [u64; 2],
         cells: &[Cell],
         cost: u64,
     ) -> StoreDecision {
-        let id = |limit| BucketId { subject, limit };
-        match cells.len() {
-            1 => self.decide_in(subject[1], |s| &mut s.by_id, &[id(0)], cells, cost),
-            n if n <= INLINE_LIMITS => {
-                let ids = [id(0), id(1), id(2), id(3)];
-                let ids = ids.get(..n).unwrap_or(&ids);
-                self.decide_in(subject[1], |s| &mut s.by_id, ids, cells, cost)
+        let id = |limit: &u64| BucketId {
+            subject,
+            limit: *limit,
+        };
+        let shard = &self.shards[shard_of(subject[1])];
+        match (hasher.limits.as_slice(), cells) {
+            ([limit], [cell]) => self.decide_one_id(shard, id(limit), *cell, cost),
+            (limits, _) if limits.len() <= INLINE_LIMITS => {
+                let mut ids = [id(&0); INLINE_LIMITS];
+                for (slot, limit) in ids.iter_mut().zip(limits) {
+                    *slot = id(limit);
+                }
+                let ids = ids.get(..limits.len()).unwrap_or(&ids);
+                self.decide_locked(shard, |s| &mut s.by_id, ids, cells, cost)
             }
-            n => {
-                let ids: Vec<BucketId> = (0..n).map(id).collect();
-                self.decide_in(subject[1], |s| &mut s.by_id, &ids, cells, cost)
+            (limits, _) => {
+                let ids: Vec<BucketId> = limits.iter().map(id).collect();
+                self.decide_locked(shard, |s| &mut s.by_id, &ids, cells, cost)
             }
         }
     }
 
-    /// Locks the shard `hash` picks and decides over `keys` in the map
-    /// `map` picks in it.
-    fn decide_in<K, Q, R, S>(
+    /// One limit of a limiter deciding in process: a compare-and-swap on the
+    /// bucket under the read lock; the write lock only for a new bucket.
+    ///
+    /// The clock is read once, before the swap: a decision that loses a race
+    /// to one that read the clock later decides again against the newer TAT
+    /// at its own, earlier time, which can only refuse sooner. Every
+    /// admission still moves the TAT a full interval past the greater of the
+    /// TAT and the time it read, so no more than burst + rate × elapsed are
+    /// ever admitted.
+    fn decide_one_id(
+        &self,
+        shard: &RwLock<Shard>,
+        id: BucketId,
+        cell: Cell,
+        cost: u64,
+    ) -> StoreDecision {
+        let cells = [cell];
+        {
+            let guard = shard.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(slot) = guard.by_id.get(&id) {
+                let now = self.now_us();
+                let mut current = slot.load(Ordering::Acquire);
+                loop {
+                    let mut new_tat = [0];
+                    let summary =
+                        gcra::decide_into(now, &[Some(current)], &cells, cost, &mut new_tat);
+                    let [tat] = new_tat;
+                    if !summary.allowed || tat <= now || tat == current {
+                        return summary.at(now);
+                    }
+                    match slot.compare_exchange_weak(
+                        current,
+                        tat,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return summary.at(now),
+                        Err(actual) => current = actual,
+                    }
+                }
+            }
+        }
+        // A bucket not seen yet (or swept): add it under the write lock, where
+        // no swap runs.
+        let mut guard = self.write(shard);
+        let now = self.now_us();
+        let decision = decide_one(&mut guard.by_id, &id, now, &cells, cost);
+        guard.sweep_if_due(now, self.max_per_shard);
+        decision
+    }
+
+    fn write<'s>(&self, shard: &'s RwLock<Shard>) -> RwLockWriteGuard<'s, Shard> {
+        shard.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Locks the shard `hash` picks for writing and decides over `keys` in
+    /// the map `map` picks in it.
+    fn decide_in<K, Q, R, S, V>(
         &self,
         hash: u64,
-        map: impl FnOnce(&mut Shard) -> &mut HashMap<K, u64, S>,
+        map: impl FnOnce(&mut Shard) -> &mut HashMap<K, V, S>,
         keys: &[R],
         cells: &[Cell],
         cost: u64,
@@ -202,12 +321,31 @@ impl MemoryStore {
         Q: Hash + Eq + ?Sized,
         R: AsRef<Q>,
         S: BuildHasher,
+        V: Tat,
     {
-        let shard = usize::try_from(hash % SHARDS as u64).unwrap_or(0);
-        let mut shard = self.shards[shard]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Read the clock under the lock, so decisions on one shard see
+        self.decide_locked(&self.shards[shard_of(hash)], map, keys, cells, cost)
+    }
+
+    /// Decides over `keys` in the map `map` picks in `shard`, under its write
+    /// lock: every key is read before any is written, and no compare-and-swap
+    /// runs meanwhile.
+    fn decide_locked<K, Q, R, S, V>(
+        &self,
+        shard: &RwLock<Shard>,
+        map: impl FnOnce(&mut Shard) -> &mut HashMap<K, V, S>,
+        keys: &[R],
+        cells: &[Cell],
+        cost: u64,
+    ) -> StoreDecision
+    where
+        K: Borrow<Q> + for<'q> From<&'q Q> + Hash + Eq,
+        Q: Hash + Eq + ?Sized,
+        R: AsRef<Q>,
+        S: BuildHasher,
+        V: Tat,
+    {
+        let mut shard = self.write(shard);
+        // Read the clock under the lock, so decisions under it see
         // non-decreasing times.
         let now = self.now_us();
         let tats = map(&mut shard);
@@ -227,10 +365,47 @@ impl MemoryStore {
                 decide_many(tats, now, keys, cells, cost, &mut stored, &mut new_tats)
             }
         };
-        if decision.allowed && shard.len() >= shard.sweep_at {
-            shard.sweep(now, self.max_per_shard);
+        if decision.allowed {
+            shard.sweep_if_due(now, self.max_per_shard);
         }
         decision
+    }
+}
+
+/// The shard of a subject's hash.
+fn shard_of(hash: u64) -> usize {
+    usize::try_from(hash % SHARDS as u64).unwrap_or(0)
+}
+
+/// A stored TAT: a plain number where a write lock guards it, an atomic
+/// where single-limit decisions swap it under a read lock.
+trait Tat {
+    fn new(tat: u64) -> Self;
+    fn get(&mut self) -> u64;
+    fn set(&mut self, tat: u64);
+}
+
+impl Tat for u64 {
+    fn new(tat: u64) -> Self {
+        tat
+    }
+    fn get(&mut self) -> u64 {
+        *self
+    }
+    fn set(&mut self, tat: u64) {
+        *self = tat;
+    }
+}
+
+impl Tat for AtomicU64 {
+    fn new(tat: u64) -> Self {
+        AtomicU64::new(tat)
+    }
+    fn get(&mut self) -> u64 {
+        *self.get_mut()
+    }
+    fn set(&mut self, tat: u64) {
+        *self.get_mut() = tat;
     }
 }
 
@@ -252,8 +427,8 @@ const INLINE_LIMITS: usize = 4;
 
 /// One limit, the common case: one map lookup serves both the read and the
 /// write.
-fn decide_one<K, Q, S>(
-    tats: &mut HashMap<K, u64, S>,
+fn decide_one<K, Q, S, V>(
+    tats: &mut HashMap<K, V, S>,
     key: &Q,
     now: u64,
     cells: &[Cell],
@@ -263,18 +438,19 @@ where
     K: Borrow<Q> + for<'q> From<&'q Q> + Hash + Eq,
     Q: Hash + Eq + ?Sized,
     S: BuildHasher,
+    V: Tat,
 {
     let mut new_tat = [0];
-    let slot = tats.get_mut(key);
-    let stored = [slot.as_deref().copied()];
+    let mut slot = tats.get_mut(key);
+    let stored = [slot.as_deref_mut().map(Tat::get)];
     let summary = gcra::decide_into(now, &stored, cells, cost, &mut new_tat);
     let [tat] = new_tat;
     if summary.allowed && tat > now {
         // Update in place: a new key costs an allocation, a known one none.
         match slot {
-            Some(slot) => *slot = tat,
+            Some(slot) => slot.set(tat),
             None => {
-                tats.insert(K::from(key), tat);
+                tats.insert(K::from(key), V::new(tat));
             }
         }
     }
@@ -284,8 +460,8 @@ where
 /// Several limits, all read before any is written, so a refusal by one
 /// charges none. `stored` and `new_tats` hold at least one entry per key and
 /// per cell (entries past those are left alone).
-fn decide_many<K, Q, R, S>(
-    tats: &mut HashMap<K, u64, S>,
+fn decide_many<K, Q, R, S, V>(
+    tats: &mut HashMap<K, V, S>,
     now: u64,
     keys: &[R],
     cells: &[Cell],
@@ -298,18 +474,19 @@ where
     Q: Hash + Eq + ?Sized,
     R: AsRef<Q>,
     S: BuildHasher,
+    V: Tat,
 {
     for (slot, key) in stored.iter_mut().zip(keys) {
-        *slot = tats.get(key.as_ref()).copied();
+        *slot = tats.get_mut(key.as_ref()).map(Tat::get);
     }
     let summary = gcra::decide_into(now, stored, cells, cost, new_tats);
     if summary.allowed {
         for (key, &tat) in keys.iter().zip(new_tats.iter()) {
             if tat > now {
                 match tats.get_mut(key.as_ref()) {
-                    Some(slot) => *slot = tat,
+                    Some(slot) => slot.set(tat),
                     None => {
-                        tats.insert(K::from(key.as_ref()), tat);
+                        tats.insert(K::from(key.as_ref()), V::new(tat));
                     }
                 }
             }
@@ -323,6 +500,13 @@ impl Shard {
         self.tats.len() + self.by_id.len()
     }
 
+    /// Sweeps once the shard holds as many keys as the last sweep allowed.
+    fn sweep_if_due(&mut self, now: u64, max: usize) {
+        if self.len() >= self.sweep_at {
+            self.sweep(now, max);
+        }
+    }
+
     /// Drops full buckets, then, past the maximum, the keys closest to full
     /// down to half the maximum; schedules the next sweep at twice what is
     /// left, so sweeping costs O(1) per insert amortised.
@@ -334,16 +518,16 @@ impl Shard {
 }
 
 /// [`Shard::sweep`] on one map.
-fn sweep_map<K, S>(tats: &mut HashMap<K, u64, S>, now: u64, max: usize) {
-    tats.retain(|_, tat| *tat > now);
+fn sweep_map<K, S, V: Tat>(tats: &mut HashMap<K, V, S>, now: u64, max: usize) {
+    tats.retain(|_, tat| tat.get() > now);
     if tats.len() > max - max / 4 {
         let keep = max / 2;
-        let mut values: Vec<u64> = tats.values().copied().collect();
+        let mut values: Vec<u64> = tats.values_mut().map(Tat::get).collect();
         let drop = values.len() - keep;
         let (_, &mut cut, _) = values.select_nth_unstable(drop.saturating_sub(1));
         let mut to_drop = drop;
         tats.retain(|_, tat| {
-            if to_drop > 0 && *tat <= cut {
+            if to_drop > 0 && tat.get() <= cut {
                 to_drop -= 1;
                 false
             } else {
@@ -361,5 +545,75 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn in_process(&self) -> Option<&MemoryStore> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    fn hasher(store: &MemoryStore, limits: &[&str]) -> SubjectHasher {
+        store
+            .subject_hasher("t:limiter", limits.iter().copied())
+            .expect("distinct limit names")
+    }
+
+    #[test]
+    fn in_process_buckets_stay_bounded() {
+        let store = MemoryStore::with_max_keys(10_000);
+        let one = hasher(&store, &["s"]);
+        let two = hasher(&store, &["a", "b"]);
+        let cells = [Quota::per_minute(10).expect("quota").cell()];
+        let both = [cells[0], cells[0]];
+        for i in 0..200_000u32 {
+            let subject = format!("k{i}");
+            let id = MemoryStore::subject_id(&one, &subject);
+            assert!(store.decide_subject(&one, id, &cells, 1).allowed);
+            let id = MemoryStore::subject_id(&two, &subject);
+            assert!(store.decide_subject(&two, id, &both, 1).allowed);
+            if i % 1000 == 0 {
+                assert!(store.len() <= 10_000, "held {}", store.len());
+            }
+        }
+        assert!(store.len() <= 10_000, "held {}", store.len());
+    }
+
+    /// Threads racing on one bucket by compare-and-swap admit no more than
+    /// burst + rate × elapsed, on the times the store read.
+    #[test]
+    fn racing_single_limit_decisions_stay_within_the_bound() {
+        let store = MemoryStore::new();
+        let h = hasher(&store, &["s"]);
+        let cell = Quota::per_second(100_000).expect("quota").cell();
+        let id = MemoryStore::subject_id(&h, "one");
+        let times: Vec<u64> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut admitted = Vec::new();
+                        for _ in 0..100_000 {
+                            let d = store.decide_subject(&h, id, &[cell], 1);
+                            if d.allowed {
+                                admitted.push(d.now_us);
+                            }
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .flat_map(|r| r.join().expect("no panic"))
+                .collect()
+        });
+        let first = times.iter().min().copied().expect("admitted");
+        let last = times.iter().max().copied().expect("admitted");
+        let bound = cell.capacity / cell.interval + (last - first) / cell.interval;
+        let admitted = u64::try_from(times.len()).expect("fits");
+        assert!(admitted <= bound, "admitted {admitted} > {bound}");
     }
 }

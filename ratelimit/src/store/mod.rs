@@ -15,6 +15,7 @@ mod sentinel;
 #[cfg(feature = "test-util")]
 mod switch;
 
+pub(crate) use memory::SubjectHasher;
 pub use memory::{MemoryStore, DEFAULT_MAX_KEYS};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, DEFAULT_TABLE};
@@ -82,6 +83,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// The store's kind, for logs (`memory`, `redis`, `postgres`).
     fn kind(&self) -> &'static str;
+
+    /// This store as an in-process [`MemoryStore`], when it is one; `None`
+    /// (the default) otherwise.
+    ///
+    /// A [`Limiter`](crate::Limiter) on an in-process store decides by
+    /// calling the store directly, without the timeout,
+    /// circuit breaker and `rate_limit_store_duration_seconds` sample that
+    /// only a store that can wait or fail needs. A store that wraps another
+    /// to change its behaviour (to inject failures or delays) keeps the
+    /// default, so its limiter takes the general path.
+    fn in_process(&self) -> Option<&MemoryStore> {
+        None
+    }
 }
 
 impl From<(crate::gcra::Verdict, u64)> for StoreDecision {

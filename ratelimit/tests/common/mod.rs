@@ -57,20 +57,19 @@ pub(crate) fn run_id() -> String {
 }
 
 /// 3 stores (separate connections, as 3 replicas) × 16 tasks on one key for
-/// [`run`]: admitted ≤ burst + rate × elapsed on the store's clock, and ≥ 95 %
-/// of it. Returns (admitted, bound).
+/// [`run`]: what [`check_hammered`] checks.
 pub(crate) async fn hammer(
     stores: Vec<Arc<dyn Store>>,
     side: impl std::future::Future<Output = ()>,
-) -> Result<(u64, u64), BoxError> {
+) -> Result<Hammered, BoxError> {
     let key = format!("rl-test:{}:{{one}}:s", run_id());
-    let (times, ()) = tokio::join!(admissions(stores, &key), side);
-    bound(&times?)
+    let (outcomes, ()) = tokio::join!(decisions(stores, &key), side);
+    hammered(&outcomes?)
 }
 
 /// 200 a second with a burst of a second's worth: a process stalled by a
 /// loaded machine for under a second loses no admissions (the bucket refills
-/// meanwhile and the backlog takes it), so the 95 % floor holds.
+/// meanwhile and the backlog takes it).
 pub(crate) fn cell() -> distlock_ratelimit::gcra::Cell {
     Quota::per_second(200)
         .map(|q| q.cell())
@@ -93,12 +92,131 @@ pub(crate) fn bound(times: &[u64]) -> Result<(u64, u64), BoxError> {
     ))
 }
 
+/// What one over-admission run saw, on the store's clock (µs).
+#[derive(Debug, Default)]
+pub(crate) struct Outcomes {
+    /// The time of each admission.
+    pub(crate) admitted: Vec<u64>,
+    /// The time of each refusal.
+    pub(crate) refused: Vec<u64>,
+}
+
+/// An over-admission run's figures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hammered {
+    /// Requests admitted.
+    pub(crate) admitted: u64,
+    /// burst + rate × (last admission − first), on the store's clock: the
+    /// most GCRA may admit.
+    pub(crate) bound: u64,
+    /// Microseconds, on the store's clock, during which the key was
+    /// saturated: the spans of the chains of refusals no more than a
+    /// bucket's refill (less one interval) apart.
+    pub(crate) saturated_us: u64,
+    /// Chains of refusals (0: never saturated).
+    pub(crate) chains: u64,
+    /// burst × chains + rate × `saturated_us`: what a correct limiter
+    /// admits at least (less up to two per chain), however starved the
+    /// process was.
+    pub(crate) expected: u64,
+}
+
+/// The figures of `outcomes`.
+///
+/// The lower line comes from GCRA itself, not from the run's length. A
+/// refusal at `r` means the key's TAT was past `r + capacity − interval`.
+/// The TAT only moves by one interval per admission, except when the bucket
+/// is full (the TAT behind the clock) and it restarts from the clock, which
+/// cannot happen within `capacity − interval` of a refusal. So, with
+/// `interval` as the unit:
+/// - between two refusals `f < l` of one chain (consecutive refusals at most
+///   `capacity − interval` apart), at least `(l − f) − 1` admissions;
+/// - before the first chain, and between two chains (more than
+///   `capacity − interval` apart), at least `burst − 2`: the bucket refilled.
+///
+/// A process starved for longer than `capacity − interval` breaks a chain
+/// and the starved time is not counted, so starvation cannot fail the
+/// check; a shorter stall costs nothing (the backlog takes the refill). A
+/// limiter that refuses what it should admit, or does not refill, still
+/// fails it.
+pub(crate) fn hammered(outcomes: &Outcomes) -> Result<Hammered, BoxError> {
+    let cell = cell();
+    let (admitted, bound) = bound(&outcomes.admitted)?;
+    let mut refused = outcomes.refused.clone();
+    refused.sort_unstable();
+    let max_gap = cell.capacity - cell.interval;
+    let (mut saturated_us, mut chains) = (0, 0);
+    let mut chain: Option<(u64, u64)> = None;
+    for &r in &refused {
+        chain = match chain {
+            Some((first, last)) if r - last <= max_gap => Some((first, r)),
+            done => {
+                if let Some((first, last)) = done {
+                    saturated_us += last - first;
+                }
+                chains += 1;
+                Some((r, r))
+            }
+        };
+    }
+    if let Some((first, last)) = chain {
+        saturated_us += last - first;
+    }
+    Ok(Hammered {
+        admitted,
+        bound,
+        saturated_us,
+        chains,
+        expected: cell.capacity / cell.interval * chains + saturated_us / cell.interval,
+    })
+}
+
+/// Asserts admitted ≤ bound (exact), that the key was saturated at all, and
+/// admitted ≥ 95 % of what GCRA admits at least while saturated
+/// ([`hammered`]), printing the figures.
+pub(crate) fn check_hammered(backend: &str, h: &Hammered) {
+    eprintln!(
+        "{backend}: admitted {}, bound {}, saturated {} ms in {} chain(s), expected ≥ {}",
+        h.admitted,
+        h.bound,
+        h.saturated_us / 1000,
+        h.chains,
+        h.expected
+    );
+    assert!(
+        h.admitted <= h.bound,
+        "{backend} admitted {} > {}",
+        h.admitted,
+        h.bound
+    );
+    assert!(
+        h.chains > 0,
+        "{backend} never refused: the run never saturated the key"
+    );
+    assert!(
+        h.admitted * 100 >= h.expected * 95,
+        "{backend} admitted only {} while saturated for {} ms (expected ≥ {})",
+        h.admitted,
+        h.saturated_us / 1000,
+        h.expected
+    );
+}
+
 /// 16 tasks per store deciding on `key` for [`run`]; the store's clock at each
 /// admission.
 pub(crate) async fn admissions(
     stores: Vec<Arc<dyn Store>>,
     key: &str,
 ) -> Result<Vec<u64>, BoxError> {
+    Ok(decisions(stores, key).await?.admitted)
+}
+
+/// 16 tasks per store deciding on `key` for [`run`]; the store's clock at each
+/// admission and each refusal.
+pub(crate) async fn decisions(
+    stores: Vec<Arc<dyn Store>>,
+    key: &str,
+) -> Result<Outcomes, BoxError> {
     let cell = cell();
     let deadline = Instant::now() + run();
     let mut tasks = Vec::new();
@@ -107,7 +225,7 @@ pub(crate) async fn admissions(
             let store = Arc::clone(store);
             let keys = [key.to_owned()];
             tasks.push(tokio::spawn(async move {
-                let mut admitted = Vec::new();
+                let mut seen = Outcomes::default();
                 let mut calls = 0u32;
                 while Instant::now() < deadline && calls < 1_000_000 {
                     calls += 1;
@@ -119,21 +237,25 @@ pub(crate) async fn admissions(
                     };
                     let d = store.decide(&request).await?;
                     if d.allowed {
-                        admitted.push(d.now_us);
+                        seen.admitted.push(d.now_us);
+                    } else {
+                        seen.refused.push(d.now_us);
                     }
                     // The memory store answers without ever yielding; let
                     // the other tasks (and the runtime) run.
                     tokio::task::yield_now().await;
                 }
-                Ok::<_, distlock_ratelimit::StoreError>(admitted)
+                Ok::<_, distlock_ratelimit::StoreError>(seen)
             }));
         }
     }
-    let mut times = Vec::new();
+    let mut all = Outcomes::default();
     for r in futures_join(tasks).await {
-        times.extend(r??);
+        let seen = r??;
+        all.admitted.extend(seen.admitted);
+        all.refused.extend(seen.refused);
     }
-    Ok(times)
+    Ok(all)
 }
 
 pub(crate) async fn futures_join<T>(
