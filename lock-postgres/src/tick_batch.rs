@@ -3,6 +3,7 @@
 //! batch's size.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::time::Duration;
 
 use lock_core::{BackendError, LockName};
@@ -12,9 +13,9 @@ use crate::error::protocol;
 use crate::ticks::missing_table;
 use crate::PostgresBackend;
 
-/// How often a batch record is tried when Postgres picks it as a deadlock
+/// How often a batch statement is tried when Postgres picks it as a deadlock
 /// victim: two replicas' batches may touch the same jobs' rows in another
-/// order, and the statement is idempotent, so trying again is safe.
+/// order, and the statement was rolled back whole, so trying again is safe.
 const RECORD_ATTEMPTS: usize = 3;
 
 impl PostgresBackend {
@@ -106,22 +107,36 @@ impl PostgresBackend {
         ticks: &[(LockName, i64)],
         keep: Duration,
     ) -> Result<(), BackendError> {
+        self.retried("recording completed ticks", || {
+            self.record_once(ticks, keep)
+        })
+        .await
+    }
+
+    /// Sends a batch statement, creating the tick tables if they are
+    /// missing, and again, up to [`RECORD_ATTEMPTS`] in all, when Postgres
+    /// picked it as a deadlock victim or failed it for serialization:
+    /// nothing of it was written, and the batch statements are safe to send
+    /// again.
+    pub(crate) async fn retried<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T, BackendError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, BackendError>>,
+    {
         let mut last = None;
         for _ in 0..RECORD_ATTEMPTS {
-            match self.record_once(ticks, keep).await {
-                Err(e) if e.message().contains("42P01") => {
+            match attempt().await {
+                Err(e) if missing_table(&e) => {
                     self.create_tick_tables().await?;
                     last = Some(e);
                 }
-                // Chosen as a deadlock victim, or a serialization failure:
-                // nothing was written; the statement is idempotent.
                 Err(e) if e.message().contains("40P01") || e.message().contains("40001") => {
                     last = Some(e);
                 }
                 other => return other,
             }
         }
-        Err(last.unwrap_or_else(|| protocol("recording completed ticks was not attempted")))
+        Err(last.unwrap_or_else(|| protocol(format!("{what} was not attempted"))))
     }
 
     async fn record_once(

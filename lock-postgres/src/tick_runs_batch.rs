@@ -15,11 +15,6 @@ use crate::tick_runs::{record, token_param};
 use crate::ticks::missing_table;
 use crate::PostgresBackend;
 
-/// How often a batch is tried when Postgres picks it as a deadlock victim
-/// (two replicas' batches may lock the same rows in another order): the
-/// statement was rolled back whole, so sending it again is safe.
-const ATTEMPTS: usize = 3;
-
 /// One tick's record as a statement returned it, by job and tick.
 type Written = HashMap<(String, i64), TickRecord>;
 
@@ -44,11 +39,7 @@ impl PostgresBackend {
                 continue;
             }
             let rows = self.write_group(&group, start, keep_ms).await?;
-            for row in &rows {
-                let job: String = row.try_get(0).map_err(|e| protocol(e.to_string()))?;
-                let tick: i64 = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
-                written.insert((job, tick), record(row, 2)?);
-            }
+            written.extend(by_tick(&rows)?);
         }
         let unchanged: Vec<(&str, i64)> = writes
             .iter()
@@ -74,29 +65,20 @@ impl PostgresBackend {
         start: bool,
         keep_ms: i64,
     ) -> Result<Vec<Row>, BackendError> {
-        let mut last = None;
-        for _ in 0..ATTEMPTS {
-            let sent = if start {
+        self.retried("writing tick records", || async {
+            if start {
                 self.starts_once(group, keep_ms).await
             } else {
                 self.completes_once(group, keep_ms).await
-            };
-            match sent {
-                Err(e) if missing_table(&e) => {
-                    self.create_tick_tables().await?;
-                    last = Some(e);
-                }
-                Err(e) if e.message().contains("40P01") || e.message().contains("40001") => {
-                    last = Some(e);
-                }
-                other => return other,
             }
-        }
-        Err(last.unwrap_or_else(|| protocol("writing tick records was not attempted")))
+        })
+        .await
     }
 
     /// The `Started` writes: each inserts its record, or on a `Started` of
     /// a lower token does what its own stale rule says (only that row's).
+    /// Old records are pruned by the completions, off the path between a
+    /// tick's lock and its handler (the single write prunes on start).
     async fn starts_once(
         &self,
         group: &[&(LockName, i64, TickWrite)],
@@ -141,10 +123,7 @@ impl PostgresBackend {
              token = EXCLUDED.token, replica = EXCLUDED.replica, at = EXCLUDED.at \
              WHERE r.state = 'S' AND r.token < EXCLUDED.token \
              AND (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick) <> 'R' \
-             RETURNING job, tick, state, token, replica, at), \
-             pruned AS (DELETE FROM {r} d USING (SELECT v.job, max(v.cut) AS cut FROM v \
-             JOIN w ON w.job = v.job AND w.tick = v.tick GROUP BY v.job) c \
-             WHERE d.namespace = $1 AND d.job = c.job AND d.tick < c.cut) \
+             RETURNING job, tick, state, token, replica, at) \
              SELECT job, tick, state, token, replica, at FROM w",
             r = self.run_table()
         );
@@ -167,7 +146,8 @@ impl PostgresBackend {
     }
 
     /// The `Completed` writes: each completes its own `Started` record and,
-    /// gated on that, marks the tick and raises its job's latest tick.
+    /// gated on that, marks the tick, raises its job's latest tick and
+    /// prunes the job's marks and records more than `keep` older.
     async fn completes_once(
         &self,
         group: &[&(LockName, i64, TickWrite)],
@@ -191,9 +171,12 @@ impl PostgresBackend {
              c AS (UPDATE {r} r SET state = 'C' FROM (SELECT * FROM v ORDER BY job, tick) u \
              WHERE r.namespace = $1 AND r.job = u.job AND r.tick = u.tick AND r.state = 'S' \
              AND r.token = u.token RETURNING r.job, r.tick, r.state, r.token, r.replica, r.at), \
-             pruned AS (DELETE FROM {m} m USING (SELECT v.job, max(v.cut) AS cut FROM v \
-             JOIN c ON c.job = v.job AND c.tick = v.tick GROUP BY v.job) p \
+             p AS (SELECT v.job, max(v.cut) AS cut FROM v \
+             JOIN c ON c.job = v.job AND c.tick = v.tick GROUP BY v.job), \
+             pruned AS (DELETE FROM {m} m USING p \
              WHERE m.namespace = $1 AND m.job = p.job AND m.tick < p.cut), \
+             pruned_runs AS (DELETE FROM {r} d USING p \
+             WHERE d.namespace = $1 AND d.job = p.job AND d.tick < p.cut), \
              marked AS (INSERT INTO {m} (namespace, job, tick) SELECT $1, job, tick FROM c \
              ORDER BY job, tick ON CONFLICT DO NOTHING), \
              latest AS (INSERT INTO {t} AS t (namespace, job, tick) \
@@ -246,14 +229,19 @@ impl PostgresBackend {
             Err(e) if missing_table(&e) => return Ok(Written::new()),
             Err(e) => return Err(e),
         };
-        let mut out = Written::with_capacity(rows.len());
-        for row in &rows {
-            let job: String = row.try_get(0).map_err(|e| protocol(e.to_string()))?;
-            let tick: i64 = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
-            out.insert((job, tick), record(row, 2)?);
-        }
-        Ok(out)
+        by_tick(&rows)
     }
+}
+
+/// Rows of job, tick, state, token, replica, at, by job and tick.
+fn by_tick(rows: &[Row]) -> Result<Written, BackendError> {
+    let mut out = Written::with_capacity(rows.len());
+    for row in rows {
+        let job: String = row.try_get(0).map_err(|e| protocol(e.to_string()))?;
+        let tick: i64 = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
+        out.insert((job, tick), record(row, 2)?);
+    }
+    Ok(out)
 }
 
 /// Whether two writes of `writes` are for the same tick: one statement
