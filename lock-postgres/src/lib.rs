@@ -229,7 +229,6 @@ mod sessions;
 mod test_util;
 mod tick_batch;
 mod tick_runs;
-mod tick_runs_batch;
 mod ticks;
 mod unlocks;
 
