@@ -74,26 +74,9 @@ pub fn wait_for_port(port: u16, timeout: Duration) -> Result<(), BoxError> {
 impl ServerProcess {
     /// Starts the server on a free port with a fresh temp dir and waits until it listens.
     pub fn start(spec: ServerSpec) -> Result<Self, BoxError> {
-        let dir = tempfile::Builder::new().prefix("lock-test-").tempdir()?;
-        if let Some((uid, gid)) = spec.run_as {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
-        }
-        let port = free_port()?;
-        let mut port2 = free_port()?;
-        for _ in 0..10 {
-            if port2 != port {
-                break;
-            }
-            port2 = free_port()?;
-        }
-        let server = Self {
-            port,
-            port2,
-            spec,
-            dir,
-            child: Mutex::new(None),
-        };
-        server.spawn()?;
+        let ports = (free_port()?, free_port()?);
+        let server = Self::launch(spec, ports, None)?;
+        server.wait_ready()?;
         Ok(server)
     }
 
