@@ -44,23 +44,15 @@ const CASE: &str = "chaos_leader_partition";
 /// engine or image fails it under `DISTLOCK_REQUIRE_DOCKER=1` and skips it
 /// loudly elsewhere.
 pub(in crate::chaos) fn trials(run_id: &str) -> Vec<Trial> {
-    let name = format!("docker_etcd_cluster::{CASE}");
-    if let Err(e) = docker::engine().and_then(|_| docker::ensure_image(docker::Kind::Etcd.image()))
-    {
-        if docker::required() {
-            let msg = format!("docker_etcd_cluster: {e}");
-            return vec![Trial::test(name, move || Err(msg.into()))];
-        }
-        eprintln!("!!! SKIPPING {name}: {e}");
-        return Vec::new();
-    }
     let target = Target {
         op_timeout: Duration::from_secs(1),
         iterations: figures::iterations(SMOKE_ITERATIONS),
         scheme: "etcd",
     };
     let run_id = run_id.to_owned();
-    vec![Trial::test(name, move || run(&run_id, target))]
+    super::docker_trial("docker_etcd_cluster", CASE, docker::Kind::Etcd, move || {
+        run(&run_id, target)
+    })
 }
 
 fn run(run_id: &str, target: Target) -> Result<(), Failed> {
