@@ -14,20 +14,19 @@ fn metrics_need_the_token_and_show_the_held_lock_and_logs_are_json_lines() {
     let url = redis_url();
     let name = unique("lockrun/metrics");
     let token = unique("token");
-    let mut command = lockrun(&[
-        "exec",
-        "--backend",
+    let mut command = exec(
         &url,
-        "--name",
         &name,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--log-json",
-        "--",
-        "sh",
-        "-c",
-        "echo pid=$$; exec sleep 30",
-    ]);
+        &[
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-json",
+            "--",
+            "sh",
+            "-c",
+            "echo pid=$$; exec sleep 30",
+        ],
+    );
     command.env("METRICS_TOKEN", &token);
     let mut runner = Spawned::start(command, &name);
     runner

@@ -26,7 +26,7 @@ use tokio::process::Child;
 use tokio::time::{sleep, Instant};
 
 use super::figures::{self, Row};
-use super::procs::{libfaketime, process_url, signal, Journal, Line, WallClock};
+use super::procs::{keep_journal, libfaketime, process_url, signal, Journal, Line, WallClock};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -176,15 +176,7 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
     let verdict = judge(&lines, &failovers, &mut row);
     if !verdict.is_empty() {
         // The whole journal, for whoever reads the failure.
-        let path =
-            figures::path().with_file_name(format!("chaos-churn-{}.log", ctx.factory().name()));
-        let text: String = lines
-            .iter()
-            .filter(|l| l.kind() != "WRITE")
-            .map(|l| format!("{} {} {}\n", l.mono, l.who, l.words.join(" ")))
-            .collect();
-        let _ = std::fs::write(&path, text);
-        eprintln!("journal written to {}", path.display());
+        keep_journal(&lines, &format!("chaos-churn-{}.log", ctx.factory().name()));
     }
     let summary = format!("{row:?} {verdict:?}");
     figures::record(row);

@@ -41,7 +41,9 @@ use tokio::process::Child;
 use tokio::time::{sleep, Instant};
 
 use super::figures::{self, Row};
-use super::procs::{is_stopped, libfaketime, process_url, signal, Journal, Line, WallClock};
+use super::procs::{
+    is_stopped, keep_journal, libfaketime, process_url, signal, Journal, Line, WallClock,
+};
 use crate::mono::now_ns;
 use crate::Ctx;
 
@@ -305,18 +307,8 @@ pub(super) async fn frozen_after_handler(ctx: Ctx, plan: Plan, replica: &Path) {
         row.iterations
     );
     if !verdict.is_empty() {
-        let path = figures::path().with_file_name(format!(
-            "chaos-frozen-{}-{}.log",
-            ctx.factory().name(),
-            plan.case
-        ));
-        let text: String = lines
-            .iter()
-            .filter(|l| l.kind() != "WRITE")
-            .map(|l| format!("{} {} {}\n", l.mono, l.who, l.words.join(" ")))
-            .collect();
-        let _ = std::fs::write(&path, text);
-        eprintln!("journal written to {}", path.display());
+        let file = format!("chaos-frozen-{}-{}.log", ctx.factory().name(), plan.case);
+        keep_journal(&lines, &file);
     }
     let summary = format!("{row:?}");
     figures::record(row);

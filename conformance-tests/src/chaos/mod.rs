@@ -4,8 +4,9 @@
 //!
 //! Every trial starts its own server, since it freezes or partitions it
 //! (the Postgres trials share one: each freezes, cuts or kills only its own
-//! sessions), and the trials run one at a time so that their timing bounds do not
-//! compete for the CPU. Figures go to [`figures::table`].
+//! sessions). Most trials run one at a time so that their timing bounds do
+//! not compete for the CPU; the few that [`may_overlap`] names run two at
+//! a time first. Figures go to [`figures::table`].
 
 mod cases;
 mod churn;
@@ -43,6 +44,50 @@ use crate::harness::{in_ci, which};
 use crate::{BackendFactory, BoxError, Ctx};
 
 pub use cases::Target;
+
+/// How many of the trials [`may_overlap`] names run at once by default.
+pub const OVERLAP: usize = 2;
+
+/// The trials that may run beside one another, by name. Each has a
+/// deployment of its own on ports no other trial is given (see
+/// `harness::free_port`), touches nothing host-wide (no nftables rule, no
+/// shared server, no other trial's processes), and spends its time waiting
+/// for what its servers do (a failover, an election, a fresh deployment)
+/// under bounds of seconds, which a second trial's load does not reach.
+/// Trials that time the library's own timers to within a few hundred
+/// milliseconds (stalls, partitions, clock steps, latency) stay alone, as
+/// do the Postgres trials (one server for all) and every trial that cuts
+/// traffic with nftables.
+const MAY_OVERLAP: &[&str] = &[
+    // Safety counted from the tick records; every wait is seconds long.
+    "redis::chaos_scheduler_frozen_after_handler_per_tick_at_most_once",
+    "redis::chaos_scheduler_frozen_after_handler_leader_at_least_once",
+    "etcd::chaos_scheduler_frozen_after_handler_per_tick_at_most_once",
+    "etcd::chaos_scheduler_frozen_after_handler_leader_at_least_once",
+    // Mostly waits for the sentinels; the tightest bound leaves a 1 s
+    // lease's deadline half a second.
+    "redis_sentinel::chaos_sentinel_failover",
+    "redis_sentinel::chaos_sentinel_failover_acked",
+    // The acquire is refused; unlike the unacknowledged case, no bound on
+    // when the victim learns of its loss.
+    "redis_sentinel::chaos_sentinel_primary_lost_acked",
+    // Replica 1 fires the lost tick 10 s late, past any failover here.
+    "redis_sentinel::chaos_scheduler_primary_lost",
+    "redis_sentinel::chaos_scheduler_primary_lost_acked",
+    // Elections; safety asserted, times reported.
+    "etcd_cluster::chaos_leader_kill",
+    "etcd_cluster::chaos_scheduler_per_tick_leader_kills",
+    "etcd_cluster::chaos_scheduler_leader_mode_leader_kills",
+    // Containers on networks of their own, cut off with `docker network`.
+    "docker_etcd_cluster::chaos_leader_partition",
+    "docker_redis_sentinel::chaos_primary_partition",
+];
+
+/// Whether the trial `name` may run beside another trial that may: see
+/// [`MAY_OVERLAP`]. Any other trial runs alone.
+pub fn may_overlap(name: &str) -> bool {
+    MAY_OVERLAP.contains(&name)
+}
 
 /// Smoke iterations per case; `CHAOS_SOAK` multiplies them.
 const SMOKE_ITERATIONS: usize = 3;

@@ -249,3 +249,16 @@ impl Journal {
         }
     }
 }
+
+/// Writes `lines` but the `WRITE`s to `file` beside the figures table, for
+/// whoever reads a failed case, and says where on stderr.
+pub(super) fn keep_journal(lines: &[Line], file: &str) {
+    let path = super::figures::path().with_file_name(file);
+    let text: String = lines
+        .iter()
+        .filter(|l| l.kind() != "WRITE")
+        .map(|l| format!("{} {} {}\n", l.mono, l.who, l.words.join(" ")))
+        .collect();
+    let _ = std::fs::write(&path, text);
+    eprintln!("journal written to {}", path.display());
+}

@@ -74,25 +74,8 @@ async fn one_kill(
     let tol = ctx.timing().tolerance;
     let opts = LockOptions::new(TTL);
     let interval = opts.renew_interval();
-    let set = Arc::new(
-        tokio::task::spawn_blocking(SentinelSet::start)
-            .await
-            .expect("start task")
-            .expect("the Sentinel deployment starts"),
-    );
+    let (set, old, replicas) = deploy().await;
     let mut t = Trial::default();
-    let old = {
-        let s = Arc::clone(&set);
-        tokio::task::spawn_blocking(move || s.primary_port())
-            .await
-            .expect("task")
-            .expect("the sentinels name the primary")
-    };
-    let replicas: Vec<u16> = set
-        .server_ports()
-        .into_iter()
-        .filter(|p| *p != old)
-        .collect();
 
     let keep_names: Vec<LockName> = (0..KEEPERS)
         .map(|k| ctx.name(&format!("lost-{i}-keep-{k}")))
@@ -157,23 +140,7 @@ async fn one_kill(
     ));
     sleep(interval / 2).await;
 
-    let killed_at = Instant::now();
-    set.server(old)
-        .expect("primary")
-        .kill()
-        .expect("SIGKILL the primary");
-    for r in &replicas {
-        set.server(*r)
-            .expect("replica")
-            .resume()
-            .expect("SIGCONT a replica");
-    }
-    let s = Arc::clone(&set);
-    let new = tokio::task::spawn_blocking(move || s.wait_new_primary(old, FAILOVER_WITHIN))
-        .await
-        .expect("task")
-        .expect("the sentinels promote a replica");
-    let switched_at = Instant::now();
+    let (new, killed_at, switched_at) = kill_primary(&set, old, &replicas, FAILOVER_WITHIN).await;
     t.switch = (old, new);
     t.promoted_in = switched_at - killed_at;
     // The waiter may already hold the name on the promoted primary; what
@@ -242,11 +209,7 @@ async fn one_kill(
     // its one replica is not linked, which the sentinels' reconfiguration
     // can cause again after the waiter's grant: the keepers release once it
     // is linked, so a refused release is not counted as a leak.
-    let s = Arc::clone(&set);
-    tokio::task::spawn_blocking(move || s.wait_settled(new, FAILOVER_WITHIN))
-        .await
-        .expect("task")
-        .expect("the thawed replica links to the promoted primary");
+    wait_linked(&set, new, FAILOVER_WITHIN).await;
     let hold_until = switched_at + interval + target.op_timeout + tol;
     let mut refused_releases = 0;
     for (_rep, mut holder) in keepers {
@@ -287,6 +250,68 @@ async fn one_kill(
     drop(checker);
     tokio::task::block_in_place(move || drop(set));
     t
+}
+
+/// A fresh deployment, its primary's port and its two replicas' ports.
+pub(super) async fn deploy() -> (Arc<SentinelSet>, u16, Vec<u16>) {
+    let set = Arc::new(
+        tokio::task::spawn_blocking(SentinelSet::start)
+            .await
+            .expect("start task")
+            .expect("the Sentinel deployment starts"),
+    );
+    let old = {
+        let s = Arc::clone(&set);
+        tokio::task::spawn_blocking(move || s.primary_port())
+            .await
+            .expect("task")
+            .expect("the sentinels name the primary")
+    };
+    let replicas: Vec<u16> = set
+        .server_ports()
+        .into_iter()
+        .filter(|p| *p != old)
+        .collect();
+    (set, old, replicas)
+}
+
+/// Kills the primary `old` (SIGKILL), thaws the `replicas` that
+/// [`isolate_primary`] froze, and waits up to `within` for the sentinels to
+/// promote one. Returns the promoted server, when the kill was sent and
+/// when the promotion was seen.
+pub(super) async fn kill_primary(
+    set: &Arc<SentinelSet>,
+    old: u16,
+    replicas: &[u16],
+    within: Duration,
+) -> (u16, Instant, Instant) {
+    let killed_at = Instant::now();
+    set.server(old)
+        .expect("primary")
+        .kill()
+        .expect("SIGKILL the primary");
+    for r in replicas {
+        set.server(*r)
+            .expect("replica")
+            .resume()
+            .expect("SIGCONT a replica");
+    }
+    let s = Arc::clone(set);
+    let new = tokio::task::spawn_blocking(move || s.wait_new_primary(old, within))
+        .await
+        .expect("task")
+        .expect("the sentinels promote a replica");
+    (new, killed_at, Instant::now())
+}
+
+/// Waits up to `within` until the thawed replica is linked to the promoted
+/// primary `new`.
+pub(super) async fn wait_linked(set: &Arc<SentinelSet>, new: u16, within: Duration) {
+    let s = Arc::clone(set);
+    tokio::task::spawn_blocking(move || s.wait_settled(new, within))
+        .await
+        .expect("task")
+        .expect("the thawed replica links to the promoted primary");
 }
 
 /// Makes what is written next exist on the primary alone: waits until both

@@ -24,7 +24,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{LockName, TickRecord};
@@ -32,9 +31,8 @@ use tokio::time::Instant;
 
 use super::figures::{self, Row};
 use super::procs::{is_stopped, libfaketime, signal, Journal, Line, WallClock};
-use super::sentinel_lost::isolate_primary;
+use super::sentinel_lost::{deploy, isolate_primary, kill_primary, wait_linked};
 use super::sentinel_lost_clients::direct;
-use crate::backends::redis::sentinel::SentinelSet;
 use crate::mono::now_ns;
 use crate::Ctx;
 
@@ -61,24 +59,7 @@ pub(super) async fn scheduler_primary_lost(ctx: Ctx, ack: Option<(u8, Duration)>
         "chaos_scheduler_primary_lost"
     };
     let began = Instant::now();
-    let set = Arc::new(
-        tokio::task::spawn_blocking(SentinelSet::start)
-            .await
-            .expect("start task")
-            .expect("the Sentinel deployment starts"),
-    );
-    let old = {
-        let s = Arc::clone(&set);
-        tokio::task::spawn_blocking(move || s.primary_port())
-            .await
-            .expect("task")
-            .expect("the sentinels name the primary")
-    };
-    let replicas: Vec<u16> = set
-        .server_ports()
-        .into_iter()
-        .filter(|p| *p != old)
-        .collect();
+    let (set, old, replicas) = deploy().await;
     let url = match ack {
         Some((n, t)) => format!(
             "{}?replica_ack={n}&replica_ack_timeout={}ms",
@@ -146,28 +127,9 @@ pub(super) async fn scheduler_primary_lost(ctx: Ctx, ack: Option<(u8, Duration)>
     }
     let stopped = now_ns();
 
-    let killed_at = Instant::now();
-    set.server(old)
-        .expect("primary")
-        .kill()
-        .expect("SIGKILL the primary");
-    for r in &replicas {
-        set.server(*r)
-            .expect("replica")
-            .resume()
-            .expect("SIGCONT a replica");
-    }
-    let s = Arc::clone(&set);
-    let new = tokio::task::spawn_blocking(move || s.wait_new_primary(old, FAILOVER_WITHIN))
-        .await
-        .expect("task")
-        .expect("the sentinels promote a replica");
-    let promoted_in = killed_at.elapsed();
-    let s = Arc::clone(&set);
-    tokio::task::spawn_blocking(move || s.wait_settled(new, FAILOVER_WITHIN))
-        .await
-        .expect("task")
-        .expect("the thawed replica links to the promoted primary");
+    let (new, killed_at, promoted_at) = kill_primary(&set, old, &replicas, FAILOVER_WITHIN).await;
+    let promoted_in = promoted_at - killed_at;
+    wait_linked(&set, new, FAILOVER_WITHIN).await;
     let store = scheduler::connect(&url)
         .await
         .expect("a tick store through the sentinels")

@@ -1,9 +1,10 @@
 //! A private server process: own port, own temp dir, pausable and killable.
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -35,10 +36,26 @@ pub struct ServerProcess {
     child: Mutex<Option<Child>>,
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago and that this process has
+/// not handed out before. Trials that run side by side each start servers
+/// on such ports, and some kill a server and start it again on its port: no
+/// other trial may be given that port meanwhile. Each port handed out also
+/// keeps the port 10,000 above it from being handed out, which a Redis
+/// cluster node listens on for its bus.
 pub fn free_port() -> Result<u16, BoxError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?.port())
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    for _ in 0..100 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = listener.local_addr()?.port();
+        let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+        if given.insert(port) {
+            if let Some(bus) = port.checked_add(10_000) {
+                given.insert(bus);
+            }
+            return Ok(port);
+        }
+    }
+    Err("no free loopback port that was not handed out before".into())
 }
 
 /// Waits until `127.0.0.1:port` accepts TCP connections.
@@ -57,26 +74,9 @@ pub fn wait_for_port(port: u16, timeout: Duration) -> Result<(), BoxError> {
 impl ServerProcess {
     /// Starts the server on a free port with a fresh temp dir and waits until it listens.
     pub fn start(spec: ServerSpec) -> Result<Self, BoxError> {
-        let dir = tempfile::Builder::new().prefix("lock-test-").tempdir()?;
-        if let Some((uid, gid)) = spec.run_as {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
-        }
-        let port = free_port()?;
-        let mut port2 = free_port()?;
-        for _ in 0..10 {
-            if port2 != port {
-                break;
-            }
-            port2 = free_port()?;
-        }
-        let server = Self {
-            port,
-            port2,
-            spec,
-            dir,
-            child: Mutex::new(None),
-        };
-        server.spawn()?;
+        let ports = (free_port()?, free_port()?);
+        let server = Self::launch(spec, ports, None)?;
+        server.wait_ready()?;
         Ok(server)
     }
 

@@ -30,6 +30,50 @@ pub fn lockrun(args: &[&str]) -> Command {
     c
 }
 
+/// `lockrun exec --backend <backend> --name <name>`, then `rest`.
+pub fn exec(backend: &str, name: &str, rest: &[&str]) -> Command {
+    let mut c = lockrun(&["exec", "--backend", backend, "--name", name]);
+    c.args(rest);
+    c
+}
+
+/// Prints and checks when a command's group was stopped by a maximum hold
+/// of `max_hold` with a kill grace of `grace`: SIGTERM seen at `termed`,
+/// the group gone at `gone`, both counted from `started`, the command's
+/// first line (read a little after the hold began). The tolerance is for a
+/// loaded machine's timers.
+pub fn check_max_hold(
+    label: &str,
+    (max_hold, grace): (Duration, Duration),
+    started: Instant,
+    termed: Instant,
+    gone: Instant,
+) {
+    println!(
+        "{label} {} ms, grace {} ms: SIGTERM seen {} ms after the start, the group gone {} ms after it",
+        max_hold.as_millis(),
+        grace.as_millis(),
+        (termed - started).as_millis(),
+        (gone - started).as_millis()
+    );
+    let tolerance = Duration::from_millis(300);
+    assert!(
+        termed - started >= max_hold - grace - tolerance,
+        "SIGTERM came too early: {:?}",
+        termed - started
+    );
+    assert!(
+        gone - termed >= grace - tolerance,
+        "SIGKILL did not wait for the grace: {:?}",
+        gone - termed
+    );
+    assert!(
+        gone - started < max_hold + tolerance,
+        "the group outlived the maximum hold: {:?}",
+        gone - started
+    );
+}
+
 /// Runs to completion within `limit`; returns the status and the output.
 pub fn output_bounded(command: Command, limit: Duration) -> (ExitStatus, String, String) {
     let mut run = Spawned::start(command, "lockrun");

@@ -15,19 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
-use lock_core::{LockGuard, LockName};
-use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 
-use super::leader::waiter;
-use super::watch::RenewWatch;
+use super::leader::Pair;
 use crate::backends::docker_cluster::{DockerEtcdCluster, DockerEtcdClusterFactory};
 use crate::backends::etcd::server;
-use crate::chaos::cases::{wind_down, Handover, Target};
+use crate::chaos::cases::Target;
 use crate::chaos::figures::{self, Row};
-use crate::chaos::holder::{Holder, Resource};
 use crate::harness::docker;
-use crate::{Ctx, Replica};
+use crate::Ctx;
 
 /// Locks held across each fault, each with a waiter queued behind it.
 const HOLDERS: usize = 2;
@@ -44,23 +40,15 @@ const CASE: &str = "chaos_leader_partition";
 /// engine or image fails it under `DISTLOCK_REQUIRE_DOCKER=1` and skips it
 /// loudly elsewhere.
 pub(in crate::chaos) fn trials(run_id: &str) -> Vec<Trial> {
-    let name = format!("docker_etcd_cluster::{CASE}");
-    if let Err(e) = docker::engine().and_then(|_| docker::ensure_image(docker::Kind::Etcd.image()))
-    {
-        if docker::required() {
-            let msg = format!("docker_etcd_cluster: {e}");
-            return vec![Trial::test(name, move || Err(msg.into()))];
-        }
-        eprintln!("!!! SKIPPING {name}: {e}");
-        return Vec::new();
-    }
     let target = Target {
         op_timeout: Duration::from_secs(1),
         iterations: figures::iterations(SMOKE_ITERATIONS),
         scheme: "etcd",
     };
     let run_id = run_id.to_owned();
-    vec![Trial::test(name, move || run(&run_id, target))]
+    super::docker_trial("docker_etcd_cluster", CASE, docker::Kind::Etcd, move || {
+        run(&run_id, target)
+    })
 }
 
 fn run(run_id: &str, target: Target) -> Result<(), Failed> {
@@ -80,15 +68,6 @@ fn run(run_id: &str, target: Target) -> Result<(), Failed> {
     outcome
 }
 
-struct Pair {
-    name: LockName,
-    resource: Arc<Resource>,
-    holder: Holder,
-    watch: RenewWatch,
-    waiter_rep: Replica,
-    waiter: JoinHandle<(Instant, LockGuard)>,
-}
-
 /// Cuts the leader off once per iteration with [`HOLDERS`] holders and
 /// their waiters, then heals it.
 async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Target) {
@@ -104,27 +83,8 @@ async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Tar
     for i in 0..target.iterations {
         let mut pairs = Vec::new();
         for h in 0..HOLDERS {
-            let holder_rep = ctx.replica().await;
-            let waiter_rep = ctx.replica().await;
             let name = ctx.name(&format!("leader-partition-{i}-{h}"));
-            let resource = Arc::new(Resource::default());
-            let holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
-            let watch = RenewWatch::start(holder.handle.clone());
-            let wait = opts.clone().with_acquire_timeout(ttl * 10);
-            let waiter = waiter(
-                waiter_rep.clone(),
-                name.clone(),
-                wait,
-                Arc::clone(&resource),
-            );
-            pairs.push(Pair {
-                name,
-                resource,
-                holder,
-                watch,
-                waiter_rep,
-                waiter,
-            });
+            pairs.push(Pair::start(&ctx, name, &opts, ttl).await);
         }
         let leader = cluster
             .wait_leader(None, ELECTION_WITHIN)
@@ -163,54 +123,11 @@ async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Tar
         // come through by now has lost its lease.
         sleep_until(fault_at + ttl * 2).await;
         for p in pairs {
-            let Pair {
-                name,
-                resource,
-                mut holder,
-                watch,
-                waiter_rep,
-                waiter,
-            } = p;
-            let (let_go_at, writes) = if holder.handle.is_held() {
+            if p.settle(&mut row, fault_at, &opts, ttl).await {
                 kept += 1;
-                holder
-                    .handle
-                    .verify()
-                    .await
-                    .expect("a lease held locally is held by the new leader");
-                row.stall.push(watch.stall(fault_at, Instant::now()));
-                let (released, at, writes) = holder.release(ttl).await;
-                released.expect("the holder releases through the new leader");
-                (at, writes)
             } else {
                 lost += 1;
-                let (lost_at, reason) = holder
-                    .lost_by(Instant::now() + Duration::from_millis(200))
-                    .await
-                    .expect("a lease not held was lost");
-                row.abort.push(lost_at - fault_at);
-                row.stall.push(watch.stall(fault_at, lost_at));
-                let deadline_ok = resource.log.after_deadline() == 0;
-                assert!(deadline_ok, "writes after the deadline ({reason:?})");
-                let (_old, writes) = holder.writes(ttl).await;
-                (lost_at, writes)
-            };
-            let (acquired_at, succ) = tokio::time::timeout(ttl * 12, waiter)
-                .await
-                .expect("the waiter acquires in time")
-                .expect("waiter task");
-            assert!(
-                let_go_at <= acquired_at,
-                "double grant: the waiter acquired {:?} before the holder let go",
-                let_go_at - acquired_at
-            );
-            let late = resource.log.after_deadline();
-            let h = Handover {
-                locker: &waiter_rep.locker,
-                name: &name,
-                opts: &opts,
-            };
-            wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
+            }
         }
         tokio::task::block_in_place(|| cluster.heal(leader)).expect("docker reconnects the member");
         println!(

@@ -60,23 +60,18 @@ const CASE: &str = "chaos_primary_partition";
 /// engine or image fails it under `DISTLOCK_REQUIRE_DOCKER=1` and skips it
 /// loudly elsewhere.
 pub(in crate::chaos) fn trials(run_id: &str) -> Vec<Trial> {
-    let name = format!("docker_redis_sentinel::{CASE}");
-    if let Err(e) = docker::engine().and_then(|_| docker::ensure_image(docker::Kind::Redis.image()))
-    {
-        if docker::required() {
-            let msg = format!("docker_redis_sentinel: {e}");
-            return vec![Trial::test(name, move || Err(msg.into()))];
-        }
-        eprintln!("!!! SKIPPING {name}: {e}");
-        return Vec::new();
-    }
     let target = Target {
         op_timeout: crate::backends::redis::OP_TIMEOUT,
         iterations: figures::iterations(SMOKE_ITERATIONS),
         scheme: "redis+sentinel",
     };
     let run_id = run_id.to_owned();
-    vec![Trial::test(name, move || run(&run_id, target))]
+    super::docker_trial(
+        "docker_redis_sentinel",
+        CASE,
+        docker::Kind::Redis,
+        move || run(&run_id, target),
+    )
 }
 
 fn run(run_id: &str, target: Target) -> Result<(), Failed> {

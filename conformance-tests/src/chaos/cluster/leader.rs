@@ -47,13 +47,107 @@ pub(super) fn waiter(
     })
 }
 
-struct Pair {
+/// A holder and a waiter queued behind it, each in a replica of its own.
+pub(super) struct Pair {
     name: LockName,
     resource: Arc<Resource>,
     holder: Holder,
     watch: RenewWatch,
     waiter_rep: Replica,
     waiter: JoinHandle<(Instant, LockGuard)>,
+}
+
+impl Pair {
+    /// Takes `name` in one replica and queues a waiter on it in another.
+    pub(super) async fn start(
+        ctx: &Ctx,
+        name: LockName,
+        opts: &LockOptions,
+        ttl: Duration,
+    ) -> Self {
+        let holder_rep = ctx.replica().await;
+        let waiter_rep = ctx.replica().await;
+        let resource = Arc::new(Resource::default());
+        let holder = Holder::start(&holder_rep, &name, opts, Arc::clone(&resource)).await;
+        let watch = RenewWatch::start(holder.handle.clone());
+        let wait = opts.clone().with_acquire_timeout(ttl * 10);
+        let waiter = waiter(
+            waiter_rep.clone(),
+            name.clone(),
+            wait,
+            Arc::clone(&resource),
+        );
+        Self {
+            name,
+            resource,
+            holder,
+            watch,
+            waiter_rep,
+            waiter,
+        }
+    }
+
+    /// Once the fault at `fault_at` is over: a holder that still holds its
+    /// lease verifies and releases it through the new leader; one that lost
+    /// it lost it by its deadline, with no write after it. Either way the
+    /// waiter acquires only after the holder let go, and the hand-over is
+    /// wound down into `row`. Whether the holder kept its lease.
+    pub(super) async fn settle(
+        self,
+        row: &mut Row,
+        fault_at: Instant,
+        opts: &LockOptions,
+        ttl: Duration,
+    ) -> bool {
+        let Self {
+            name,
+            resource,
+            mut holder,
+            watch,
+            waiter_rep,
+            waiter,
+        } = self;
+        let kept = holder.handle.is_held();
+        let (let_go_at, writes) = if kept {
+            holder
+                .handle
+                .verify()
+                .await
+                .expect("a lease held locally is held by the new leader");
+            row.stall.push(watch.stall(fault_at, Instant::now()));
+            let (released, at, writes) = holder.release(ttl).await;
+            released.expect("the holder releases through the new leader");
+            (at, writes)
+        } else {
+            let (lost_at, reason) = holder
+                .lost_by(Instant::now() + Duration::from_millis(200))
+                .await
+                .expect("a lease not held was lost");
+            row.abort.push(lost_at - fault_at);
+            row.stall.push(watch.stall(fault_at, lost_at));
+            let deadline_ok = resource.log.after_deadline() == 0;
+            assert!(deadline_ok, "writes after the deadline ({reason:?})");
+            let (_old, writes) = holder.writes(ttl).await;
+            (lost_at, writes)
+        };
+        let (acquired_at, succ) = tokio::time::timeout(ttl * 12, waiter)
+            .await
+            .expect("the waiter acquires in time")
+            .expect("waiter task");
+        assert!(
+            let_go_at <= acquired_at,
+            "double grant: the waiter acquired {:?} before the holder let go",
+            let_go_at - acquired_at
+        );
+        let late = resource.log.after_deadline();
+        let h = Handover {
+            locker: &waiter_rep.locker,
+            name: &name,
+            opts,
+        };
+        wind_down(row, h, succ, &resource, acquired_at, (writes, late)).await;
+        kept
+    }
 }
 
 /// Kills the leader once per iteration with [`HOLDERS`] holders and their
@@ -71,27 +165,8 @@ pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Tar
     for i in 0..target.iterations {
         let mut pairs = Vec::new();
         for h in 0..HOLDERS {
-            let holder_rep = ctx.replica().await;
-            let waiter_rep = ctx.replica().await;
             let name = ctx.name(&format!("leader-kill-{i}-{h}"));
-            let resource = Arc::new(Resource::default());
-            let holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
-            let watch = RenewWatch::start(holder.handle.clone());
-            let wait = opts.clone().with_acquire_timeout(ttl * 10);
-            let waiter = waiter(
-                waiter_rep.clone(),
-                name.clone(),
-                wait,
-                Arc::clone(&resource),
-            );
-            pairs.push(Pair {
-                name,
-                resource,
-                holder,
-                watch,
-                waiter_rep,
-                waiter,
-            });
+            pairs.push(Pair::start(&ctx, name, &opts, ttl).await);
         }
         sleep(ttl).await;
         let leader = cluster
@@ -110,55 +185,11 @@ pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Tar
         // come through by now has lost its lease.
         sleep_until(fault_at + ttl * 2).await;
         for p in pairs {
-            let Pair {
-                name,
-                resource,
-                mut holder,
-                watch,
-                waiter_rep,
-                waiter,
-            } = p;
-            let (let_go_at, writes) = if holder.handle.is_held() {
+            if p.settle(&mut row, fault_at, &opts, ttl).await {
                 kept += 1;
-                holder
-                    .handle
-                    .verify()
-                    .await
-                    .expect("a lease held locally is held by the new leader");
-                let stall = watch.stall(fault_at, Instant::now());
-                row.stall.push(stall);
-                let (released, at, writes) = holder.release(ttl).await;
-                released.expect("the holder releases through the new leader");
-                (at, writes)
             } else {
                 lost += 1;
-                let (lost_at, reason) = holder
-                    .lost_by(Instant::now() + Duration::from_millis(200))
-                    .await
-                    .expect("a lease not held was lost");
-                row.abort.push(lost_at - fault_at);
-                row.stall.push(watch.stall(fault_at, lost_at));
-                let deadline_ok = resource.log.after_deadline() == 0;
-                assert!(deadline_ok, "writes after the deadline ({reason:?})");
-                let (_old, writes) = holder.writes(ttl).await;
-                (lost_at, writes)
-            };
-            let (acquired_at, succ) = tokio::time::timeout(ttl * 12, waiter)
-                .await
-                .expect("the waiter acquires in time")
-                .expect("waiter task");
-            assert!(
-                let_go_at <= acquired_at,
-                "double grant: the waiter acquired {:?} before the holder let go",
-                let_go_at - acquired_at
-            );
-            let late = resource.log.after_deadline();
-            let h = Handover {
-                locker: &waiter_rep.locker,
-                name: &name,
-                opts: &opts,
-            };
-            wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
+            }
         }
         let restarted = tokio::task::block_in_place(|| cluster.restart(leader));
         restarted.expect("the killed member restarts");

@@ -39,6 +39,30 @@ pub(super) fn docker_trials(run_id: &str) -> Vec<Trial> {
     out
 }
 
+/// The trial `row::case` on a deployment in containers of `kind`'s image:
+/// `body` when the engine answers and the image is on this machine; else a
+/// failing trial under `DISTLOCK_REQUIRE_DOCKER=1`, or none and a loud line
+/// on stderr.
+#[cfg(feature = "docker")]
+fn docker_trial(
+    row: &str,
+    case: &str,
+    kind: crate::harness::docker::Kind,
+    body: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Vec<Trial> {
+    use crate::harness::docker;
+    let name = format!("{row}::{case}");
+    if let Err(e) = docker::engine().and_then(|_| docker::ensure_image(kind.image())) {
+        if docker::required() {
+            let msg = format!("{row}: {e}");
+            return vec![Trial::test(name, move || Err(msg.into()))];
+        }
+        eprintln!("!!! SKIPPING {name}: {e}");
+        return Vec::new();
+    }
+    vec![Trial::test(name, body)]
+}
+
 /// A trial's body, given the run id.
 type ClusterTrial = Box<dyn FnOnce(&str) -> Result<(), Failed> + Send>;
 
