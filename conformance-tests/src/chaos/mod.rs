@@ -84,7 +84,7 @@ const MAY_OVERLAP: &[&str] = &[
 ];
 
 /// Whether the trial `name` may run beside another trial that may: see
-/// [`MAY_OVERLAP`]. Any other trial runs alone.
+/// `MAY_OVERLAP`. Any other trial runs alone.
 pub fn may_overlap(name: &str) -> bool {
     MAY_OVERLAP.contains(&name)
 }
