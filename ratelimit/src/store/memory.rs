@@ -173,8 +173,8 @@ impl MemoryStore {
     /// Decides synchronously; [`Store::decide`] is this behind an `async fn`.
     pub fn decide_now(&self, request: &StoreRequest<'_>) -> StoreDecision {
         let hash = self.hasher.hash_one(request.subject);
-        self.decide_in(
-            hash,
+        self.decide_locked(
+            &self.shards[shard_of(hash)],
             |shard| &mut shard.tats,
             request.keys,
             request.cells,
@@ -304,26 +304,6 @@ impl MemoryStore {
 
     fn write<'s>(&self, shard: &'s RwLock<Shard>) -> RwLockWriteGuard<'s, Shard> {
         shard.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Locks the shard `hash` picks for writing and decides over `keys` in
-    /// the map `map` picks in it.
-    fn decide_in<K, Q, R, S, V>(
-        &self,
-        hash: u64,
-        map: impl FnOnce(&mut Shard) -> &mut HashMap<K, V, S>,
-        keys: &[R],
-        cells: &[Cell],
-        cost: u64,
-    ) -> StoreDecision
-    where
-        K: Borrow<Q> + for<'q> From<&'q Q> + Hash + Eq,
-        Q: Hash + Eq + ?Sized,
-        R: AsRef<Q>,
-        S: BuildHasher,
-        V: Tat,
-    {
-        self.decide_locked(&self.shards[shard_of(hash)], map, keys, cells, cost)
     }
 
     /// Decides over `keys` in the map `map` picks in `shard`, under its write

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use lock_core::{OnStale, TickAnswer, TickRecord, TickStore, TickWrite};
+use lock_core::{LockName, OnStale, TickAnswer, TickRecord, TickStore, TickWrite};
 
 use super::{within, KEEP};
 use crate::Ctx;
@@ -24,6 +24,18 @@ fn started(token: u64, replica: &str) -> TickRecord {
         replica: replica.into(),
         at: 1_700_000_000_000,
     }
+}
+
+/// `write_ticks_many`, every item answered.
+async fn write_many(
+    store: &Arc<dyn TickStore>,
+    writes: &[(LockName, i64, TickWrite)],
+) -> Vec<TickAnswer> {
+    within("write_ticks_many", store.write_ticks_many(writes, KEEP))
+        .await
+        .into_iter()
+        .map(|r| r.expect("write_ticks_many answers"))
+        .collect()
 }
 
 async fn store(ctx: &Ctx) -> Option<Arc<dyn TickStore>> {
@@ -264,11 +276,7 @@ pub(in crate::cases) async fn tick_records_one_start_wins(ctx: Ctx) {
         (other.clone(), 3, TickWrite::Complete { token: 3 }),
         (job.clone(), 9, start(1, "a", OnStale::Abandon)),
     ];
-    let got: Vec<TickAnswer> = within("write_ticks_many", store.write_ticks_many(&writes, KEEP))
-        .await
-        .into_iter()
-        .map(|r| r.expect("write_ticks_many answers"))
-        .collect();
+    let got = write_many(&store, &writes).await;
     assert_eq!(
         got,
         vec![
@@ -318,11 +326,7 @@ async fn batch_of_distinct_jobs(ctx: &Ctx, store: &Arc<dyn TickStore>) {
         .zip(batch)
         .map(|(job, w)| (job.clone(), tick, w))
         .collect();
-    let got: Vec<TickAnswer> = within("write_ticks_many", store.write_ticks_many(&writes, KEEP))
-        .await
-        .into_iter()
-        .map(|r| r.expect("write_ticks_many answers"))
-        .collect();
+    let got = write_many(store, &writes).await;
     assert_eq!(
         got,
         vec![
