@@ -4,10 +4,9 @@
 //! replicas. Skipped with a printed reason without redis-server, except
 //! under CI=true.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock_ratelimit::store::{RedisStore, Store};
 use distlock_ratelimit::{Limit, Limiter, OnStoreError, Quota, RateLimitMetrics};
@@ -15,119 +14,57 @@ use prometheus::Registry;
 
 mod common;
 
+use common::procs::{self, Dir, Server};
+
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-/// Kills (by PID) and reaps the nodes it started when dropped.
+/// Three cluster nodes, each in its own directory under one removed when
+/// dropped; the servers are killed (by PID) first.
 struct Nodes {
-    children: Vec<Child>,
+    _servers: Vec<Server>,
     ports: Vec<u16>,
-    _dir: tempdir::Dir,
+    _dir: Dir,
 }
 
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-mod tempdir {
-    /// A directory removed when dropped.
-    pub(crate) struct Dir(pub(crate) std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn on_path(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// A free port whose cluster bus port (+10000) is free too.
-fn free_port() -> std::io::Result<u16> {
-    for _ in 0..100 {
-        let l = TcpListener::bind("127.0.0.1:0")?;
-        let port = l.local_addr()?.port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err(std::io::Error::other("no free port pair"))
-}
-
+/// Starts three primaries and joins them with `redis-cli --cluster create`
+/// (bounded: it waits for the nodes to meet without a limit of its own),
+/// then waits up to 30 s for every node to report `cluster_state:ok`.
 fn start_cluster() -> Result<Nodes, Box<dyn std::error::Error + Send + Sync>> {
-    let dir = std::env::temp_dir().join(format!("rl-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let mut nodes = Nodes {
-        children: Vec::new(),
-        ports: Vec::new(),
-        _dir: tempdir::Dir(dir.clone()),
-    };
+    let dir = Dir::new("cluster")?;
+    let mut servers = Vec::new();
+    let mut ports = Vec::new();
     for _ in 0..3 {
-        let port = free_port()?;
-        let node_dir = dir.join(port.to_string());
+        let port = procs::free_port()?;
+        let node_dir = dir.0.join(port.to_string());
         std::fs::create_dir_all(&node_dir)?;
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&node_dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        nodes.children.push(child);
-        nodes.ports.push(port);
+        let extra = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        servers.push(Server::start(&node_dir, port, &extra)?);
+        ports.push(port);
     }
-    let ready = |args: &[&str], want: &str| -> bool {
-        let until = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < until {
-            let ok = Command::new("redis-cli")
-                .args(args)
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(want));
-            if ok {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        false
+    let nodes = Nodes {
+        _servers: servers,
+        ports,
+        _dir: dir,
     };
-    for p in &nodes.ports {
-        if !ready(&["-p", &p.to_string(), "PING"], "PONG") {
-            return Err(format!("node {p} did not answer PING").into());
-        }
-    }
-    let mut create = Command::new("redis-cli");
-    create.args(["--cluster", "create"]);
-    for p in &nodes.ports {
-        create.arg(format!("127.0.0.1:{p}"));
-    }
-    let out = create
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdin(Stdio::null())
+    let mut args = vec!["--cluster".to_owned(), "create".to_owned()];
+    args.extend(nodes.ports.iter().map(|p| format!("127.0.0.1:{p}")));
+    args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = procs::redis_cli(nodes.ports[0], &args)
+        .stderr(Stdio::null())
         .output()?;
     if !out.status.success() {
         return Err(format!(
-            "cluster create failed: {}",
+            "cluster create failed or did not finish ({}): {}",
+            out.status,
             String::from_utf8_lossy(&out.stdout)
         )
         .into());
     }
     for p in &nodes.ports {
-        if !ready(
-            &["-p", &p.to_string(), "CLUSTER", "INFO"],
-            "cluster_state:ok",
-        ) {
+        let info = ["CLUSTER", "INFO"];
+        if !procs::wait_for(*p, &info, "cluster_state:ok", Duration::from_secs(30)) {
             return Err(format!("node {p} never reported cluster_state:ok").into());
         }
     }
@@ -136,12 +73,7 @@ fn start_cluster() -> Result<Nodes, Box<dyn std::error::Error + Send + Sync>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_keeps_a_subjects_limits_in_one_slot_and_the_bound() -> TestResult {
-    if !(on_path("redis-server") && on_path("redis-cli")) {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "redis-server/redis-cli not on PATH and CI=true"
-        );
-        eprintln!("skipped: redis-server or redis-cli is not on PATH");
+    if !procs::redis_on_path() {
         return Ok(());
     }
     let nodes = tokio::task::spawn_blocking(start_cluster).await??;
@@ -213,11 +145,7 @@ async fn cluster_keeps_a_subjects_limits_in_one_slot_and_the_bound() -> TestResu
 /// `redis-cli -p port args...`, its output trimmed, or an error naming the
 /// command when it did not run or answered an error.
 fn cli(port: u16, args: &[&str]) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()?;
+    let out = procs::redis_cli(port, args).output()?;
     let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     if !out.status.success() || text.starts_with("ERR") || text.starts_with("(error)") {
         return Err(format!("redis-cli -p {port} {args:?}: {text}").into());
@@ -298,12 +226,7 @@ fn owner(port: u16, slot: u16) -> Result<u16, Box<dyn std::error::Error + Send +
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_slot_migrated_under_load_keeps_the_bound() -> TestResult {
-    if !(on_path("redis-server") && on_path("redis-cli")) {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "redis-server/redis-cli not on PATH and CI=true"
-        );
-        eprintln!("skipped: redis-server or redis-cli is not on PATH");
+    if !procs::redis_on_path() {
         return Ok(());
     }
     let nodes = tokio::task::spawn_blocking(start_cluster).await??;

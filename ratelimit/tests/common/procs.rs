@@ -1,9 +1,11 @@
 //! Private Redis processes on loopback (redis-server from PATH) that a test
 //! may stop, continue, kill and restart by PID.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::BoxError;
@@ -32,10 +34,32 @@ pub(crate) fn redis_on_path() -> bool {
     false
 }
 
-/// A loopback port nothing listens on right now.
+/// A loopback port nothing listens on right now and that this process has
+/// not handed out before: tests run side by side, and one that kills a
+/// server and starts it again on its port must not find it taken by
+/// another's. The port 10,000 above it (a cluster node's bus port) is held
+/// back too, and must be free now.
 pub(crate) fn free_port() -> std::io::Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    l.local_addr().map(|a| a.port())
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    for _ in 0..100 {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        let Some(bus) = port.checked_add(10_000) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", bus)).is_err() {
+            continue;
+        }
+        let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+        if !given.contains(&port) && !given.contains(&bus) {
+            given.insert(port);
+            given.insert(bus);
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other(
+        "no free loopback port (and bus port) not handed out before",
+    ))
 }
 
 /// A directory removed when dropped.
@@ -55,12 +79,32 @@ impl Drop for Dir {
     }
 }
 
-/// `redis-cli -p port args...`'s standard output, or "" when it did not run.
-pub(crate) fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
+/// How long one redis-cli call may take before coreutils' `timeout` kills
+/// it: a stopped server accepts the connection and never answers, and
+/// `redis-cli --cluster create` waits for nodes to join without a limit.
+pub(crate) const CLI_PATIENCE: &str = "20";
+
+/// `redis-cli -p port args...` under [`CLI_PATIENCE`].
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> Command {
+    let mut command = Command::new("timeout");
+    command
+        .args([
+            "-s",
+            "KILL",
+            CLI_PATIENCE,
+            "redis-cli",
+            "-p",
+            &port.to_string(),
+        ])
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    command
+}
+
+/// `redis-cli -p port args...`'s standard output, or "" when it did not run
+/// or did not finish within [`CLI_PATIENCE`].
+pub(crate) fn cli(port: u16, args: &[&str]) -> String {
+    redis_cli(port, args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
