@@ -229,6 +229,7 @@ mod sessions;
 mod test_util;
 mod tick_batch;
 mod tick_runs;
+mod tick_runs_batch;
 mod ticks;
 mod unlocks;
 

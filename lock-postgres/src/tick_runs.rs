@@ -132,7 +132,7 @@ impl PostgresBackend {
                     .await?
             }
         };
-        rows.first().map(record).transpose()
+        rows.first().map(|r| record(r, 0)).transpose()
     }
 
     /// The record of `tick` of `job`, if any (none before the table exists).
@@ -159,14 +159,14 @@ impl PostgresBackend {
             )
             .await
         {
-            Ok(rows) => rows.first().map(record).transpose(),
+            Ok(rows) => rows.first().map(|r| record(r, 0)).transpose(),
             Err(e) if missing_table(&e) => Ok(None),
             Err(e) => Err(e),
         }
     }
 }
 
-fn token_param(token: u64) -> Result<i64, BackendError> {
+pub(crate) fn token_param(token: u64) -> Result<i64, BackendError> {
     i64::try_from(token).map_err(|_| {
         protocol(format!(
             "fencing token {token} does not fit the tick record's bigint column"
@@ -174,17 +174,18 @@ fn token_param(token: u64) -> Result<i64, BackendError> {
     })
 }
 
-fn record(row: &Row) -> Result<TickRecord, BackendError> {
+/// The record in `row`'s columns from `first` on: state, token, replica, at.
+pub(crate) fn record(row: &Row, first: usize) -> Result<TickRecord, BackendError> {
     let bad = |e: tokio_postgres::Error| protocol(e.to_string());
-    let state: String = row.try_get(0).map_err(bad)?;
-    let token: i64 = row.try_get(1).map_err(bad)?;
+    let state: String = row.try_get(first).map_err(bad)?;
+    let token: i64 = row.try_get(first + 1).map_err(bad)?;
     let token =
         u64::try_from(token).map_err(|_| protocol(format!("a tick record holds token {token}")))?;
     match state.as_str() {
         "S" => Ok(TickRecord::Started {
             token,
-            replica: row.try_get(2).map_err(bad)?,
-            at: row.try_get(3).map_err(bad)?,
+            replica: row.try_get(first + 2).map_err(bad)?,
+            at: row.try_get(first + 3).map_err(bad)?,
         }),
         "C" => Ok(TickRecord::Completed { token }),
         "A" => Ok(TickRecord::Abandoned { token }),

@@ -8,6 +8,7 @@ use lock_core::{
 use tokio_postgres::types::Type;
 
 use crate::error::protocol;
+use crate::tick_runs_batch::repeats_a_tick;
 use crate::PostgresBackend;
 
 impl PostgresBackend {
@@ -176,6 +177,26 @@ impl TickStore for PostgresBackend {
         tick: i64,
     ) -> Result<Option<TickRecord>, BackendError> {
         self.read_tick_record(job, tick).await
+    }
+
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        // A lone write keeps its one-row statement; a batch goes as one
+        // statement per kind of write, not one transaction per tick.
+        if writes.len() < 2 || repeats_a_tick(writes) {
+            let mut out = Vec::with_capacity(writes.len());
+            for (job, tick, write) in writes {
+                out.push(self.write_tick_record(job, *tick, write, keep).await);
+            }
+            return out;
+        }
+        each(
+            self.write_tick_records_batch(writes, keep).await,
+            writes.len(),
+        )
     }
 
     async fn last_completed_many(

@@ -1,0 +1,309 @@
+//! The tick records' writes of many ticks at once: the `Started` writes of a
+//! batch in one statement and its `Completed` writes in another (`unnest`
+//! over arrays), each row its own conditional step as in `tick_runs.rs`,
+//! instead of one statement, and so one transaction, per tick.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use lock_core::{BackendError, LockName, OnStale, TickAnswer, TickRecord, TickWrite};
+use tokio_postgres::types::Type;
+use tokio_postgres::Row;
+use tracing::warn;
+
+use crate::error::protocol;
+use crate::tick_runs::{record, token_param};
+use crate::ticks::missing_table;
+use crate::PostgresBackend;
+
+/// One tick's record as a statement returned it, by job and tick.
+type Written = HashMap<(String, i64), TickRecord>;
+
+impl PostgresBackend {
+    /// Applies every write of `writes` (no two for the same tick), one
+    /// statement for the `Started` writes and one for the `Completed`
+    /// ones, and answers each from the record it left, or from one read of
+    /// the records the statements did not change (refusals and retries).
+    pub(crate) async fn write_tick_records_batch(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Result<Vec<TickAnswer>, BackendError> {
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        let mut written = Written::new();
+        for start in [true, false] {
+            let group: Vec<&(LockName, i64, TickWrite)> = writes
+                .iter()
+                .filter(|(_, _, w)| matches!(w, TickWrite::Start { .. }) == start)
+                .collect();
+            if group.is_empty() {
+                continue;
+            }
+            let rows = self.write_group(&group, start, keep_ms).await?;
+            let rows = by_tick(&rows)?;
+            if !start {
+                // The records and marks are written: a latest tick left
+                // behind costs reads, never a second run, so it fails
+                // nothing.
+                if let Err(e) = self.raise_latest(&rows).await {
+                    warn!(error = %e, "completed ticks recorded; their jobs' latest ticks not raised");
+                }
+            }
+            written.extend(rows);
+        }
+        let unchanged: Vec<(&str, i64)> = writes
+            .iter()
+            .filter(|(job, tick, _)| !written.contains_key(&(job.as_str().to_owned(), *tick)))
+            .map(|(job, tick, _)| (job.as_str(), *tick))
+            .collect();
+        if !unchanged.is_empty() {
+            written.extend(self.read_records(&unchanged).await?);
+        }
+        Ok(writes
+            .iter()
+            .map(|(job, tick, write)| {
+                write.answer(written.get(&(job.as_str().to_owned(), *tick)).cloned())
+            })
+            .collect())
+    }
+
+    /// One group's statement, creating the tables on first use and sent
+    /// again if it was a deadlock victim.
+    async fn write_group(
+        &self,
+        group: &[&(LockName, i64, TickWrite)],
+        start: bool,
+        keep_ms: i64,
+    ) -> Result<Vec<Row>, BackendError> {
+        self.retried("writing tick records", || async {
+            if start {
+                self.starts_once(group, keep_ms).await
+            } else {
+                self.completes_once(group, keep_ms).await
+            }
+        })
+        .await
+    }
+
+    /// The `Started` writes: each inserts its record, or on a `Started` of
+    /// a lower token does what its own stale rule says (only that row's).
+    /// Old records are pruned by the completions, off the path between a
+    /// tick's lock and its handler (the single write prunes on start).
+    async fn starts_once(
+        &self,
+        group: &[&(LockName, i64, TickWrite)],
+        keep_ms: i64,
+    ) -> Result<Vec<Row>, BackendError> {
+        let session = self.session().await?;
+        let ns = self.inner.config.namespace.as_str();
+        let (mut jobs, mut ticks, mut tokens, mut replicas, mut ats, mut stales, mut cuts) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for (job, tick, write) in group {
+            let TickWrite::Start {
+                token,
+                replica,
+                at,
+                on_stale,
+            } = write
+            else {
+                continue;
+            };
+            jobs.push(job.as_str());
+            ticks.push(*tick);
+            tokens.push(token_param(*token)?);
+            replicas.push(replica.as_str());
+            ats.push(*at);
+            stales.push(match on_stale {
+                OnStale::Refuse => "R",
+                OnStale::Abandon => "A",
+                OnStale::TakeOver => "S",
+            });
+            cuts.push(tick.saturating_sub(keep_ms));
+        }
+        // Rows go in (job, tick) order, so two replicas' batches lock them
+        // in the same order. The stale rule of a conflicting row is looked
+        // up by its key: EXCLUDED holds only the table's columns.
+        let sql = format!(
+            "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::text[], \
+             $6::int8[], $7::text[], $8::int8[]) AS v(job, tick, token, replica, at, stale, cut)), \
+             w AS (INSERT INTO {r} AS r (namespace, job, tick, state, token, replica, at) \
+             SELECT $1, job, tick, 'S', token, replica, at FROM v ORDER BY job, tick \
+             ON CONFLICT (namespace, job, tick) DO UPDATE \
+             SET state = (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick), \
+             token = EXCLUDED.token, replica = EXCLUDED.replica, at = EXCLUDED.at \
+             WHERE r.state = 'S' AND r.token < EXCLUDED.token \
+             AND (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick) <> 'R' \
+             RETURNING job, tick, state, token, replica, at) \
+             SELECT job, tick, state, token, replica, at FROM w",
+            r = self.run_table()
+        );
+        session
+            .query(
+                "writing ticks' start records",
+                &sql,
+                &[
+                    (&ns, Type::TEXT),
+                    (&jobs, Type::TEXT_ARRAY),
+                    (&ticks, Type::INT8_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&replicas, Type::TEXT_ARRAY),
+                    (&ats, Type::INT8_ARRAY),
+                    (&stales, Type::TEXT_ARRAY),
+                    (&cuts, Type::INT8_ARRAY),
+                ],
+            )
+            .await
+    }
+
+    /// The `Completed` writes: each completes its own `Started` record and,
+    /// gated on that, marks the tick and prunes the job's marks and records
+    /// more than `keep` older. The jobs' latest ticks are raised after it,
+    /// by [`PostgresBackend::raise_latest`].
+    async fn completes_once(
+        &self,
+        group: &[&(LockName, i64, TickWrite)],
+        keep_ms: i64,
+    ) -> Result<Vec<Row>, BackendError> {
+        let session = self.session().await?;
+        let ns = self.inner.config.namespace.as_str();
+        let (mut jobs, mut ticks, mut tokens, mut cuts) = (vec![], vec![], vec![], vec![]);
+        for (job, tick, write) in group {
+            let TickWrite::Complete { token } = write else {
+                continue;
+            };
+            jobs.push(job.as_str());
+            ticks.push(*tick);
+            tokens.push(token_param(*token)?);
+            cuts.push(tick.saturating_sub(keep_ms));
+        }
+        let sql = format!(
+            "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int8[]) \
+             AS v(job, tick, token, cut)), \
+             c AS (UPDATE {r} r SET state = 'C' FROM (SELECT * FROM v ORDER BY job, tick) u \
+             WHERE r.namespace = $1 AND r.job = u.job AND r.tick = u.tick AND r.state = 'S' \
+             AND r.token = u.token RETURNING r.job, r.tick, r.state, r.token, r.replica, r.at), \
+             p AS (SELECT v.job, max(v.cut) AS cut FROM v \
+             JOIN c ON c.job = v.job AND c.tick = v.tick GROUP BY v.job), \
+             pruned AS (DELETE FROM {m} m USING p \
+             WHERE m.namespace = $1 AND m.job = p.job AND m.tick < p.cut), \
+             pruned_runs AS (DELETE FROM {r} d USING p \
+             WHERE d.namespace = $1 AND d.job = p.job AND d.tick < p.cut), \
+             marked AS (INSERT INTO {m} (namespace, job, tick) SELECT $1, job, tick FROM c \
+             ORDER BY job, tick ON CONFLICT DO NOTHING) \
+             SELECT job, tick, state, token, replica, at FROM c",
+            r = self.run_table(),
+            m = self.mark_table(),
+        );
+        session
+            .query(
+                "writing ticks' completed records",
+                &sql,
+                &[
+                    (&ns, Type::TEXT),
+                    (&jobs, Type::TEXT_ARRAY),
+                    (&ticks, Type::INT8_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&cuts, Type::INT8_ARRAY),
+                ],
+            )
+            .await
+    }
+
+    /// Raises each job's latest completed tick to the highest of its ticks
+    /// that `completed` holds, in a statement of its own. Every replica's
+    /// completions raise the same few rows: inside the completions'
+    /// statement their locks were held for all of it, and the replicas'
+    /// batches queued behind one another (and timed out). A crash between
+    /// the two statements leaves a latest tick behind its marks, which only
+    /// costs a catch-up the reads of marks it then finds.
+    async fn raise_latest(&self, completed: &Written) -> Result<(), BackendError> {
+        let mut latest: HashMap<&str, i64> = HashMap::new();
+        for ((job, tick), record) in completed {
+            if matches!(record, TickRecord::Completed { .. }) {
+                let at = latest.entry(job.as_str()).or_insert(*tick);
+                *at = (*at).max(*tick);
+            }
+        }
+        if latest.is_empty() {
+            return Ok(());
+        }
+        // In job order, as every batch locks its rows.
+        let mut latest: Vec<(&str, i64)> = latest.into_iter().collect();
+        latest.sort_unstable();
+        let (jobs, ticks): (Vec<&str>, Vec<i64>) = latest.into_iter().unzip();
+        let sql = format!(
+            "INSERT INTO {t} AS t (namespace, job, tick) \
+             SELECT $1, job, tick FROM unnest($2::text[], $3::int8[]) AS q(job, tick) \
+             ON CONFLICT (namespace, job) DO UPDATE SET tick = GREATEST(t.tick, EXCLUDED.tick) \
+             WHERE t.tick < EXCLUDED.tick",
+            t = self.tick_table()
+        );
+        let ns = self.inner.config.namespace.as_str();
+        self.retried("raising the latest completed ticks", || async {
+            self.session()
+                .await?
+                .query(
+                    "raising the latest completed ticks",
+                    &sql,
+                    &[
+                        (&ns, Type::TEXT),
+                        (&jobs, Type::TEXT_ARRAY),
+                        (&ticks, Type::INT8_ARRAY),
+                    ],
+                )
+                .await
+                .map(drop)
+        })
+        .await
+    }
+
+    /// The records of `ticks` as they stand, in one statement.
+    async fn read_records(&self, ticks: &[(&str, i64)]) -> Result<Written, BackendError> {
+        let session = self.session().await?;
+        let sql = format!(
+            "SELECT r.job, r.tick, r.state, r.token, r.replica, r.at FROM {} r \
+             JOIN unnest($2::text[], $3::int8[]) AS q(job, tick) \
+             ON r.job = q.job AND r.tick = q.tick WHERE r.namespace = $1",
+            self.run_table()
+        );
+        let ns = self.inner.config.namespace.as_str();
+        let (jobs, at): (Vec<&str>, Vec<i64>) = ticks.iter().copied().unzip();
+        let rows = match session
+            .query(
+                "reading tick records",
+                &sql,
+                &[
+                    (&ns, Type::TEXT),
+                    (&jobs, Type::TEXT_ARRAY),
+                    (&at, Type::INT8_ARRAY),
+                ],
+            )
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) if missing_table(&e) => return Ok(Written::new()),
+            Err(e) => return Err(e),
+        };
+        by_tick(&rows)
+    }
+}
+
+/// Rows of job, tick, state, token, replica, at, by job and tick.
+fn by_tick(rows: &[Row]) -> Result<Written, BackendError> {
+    let mut out = Written::with_capacity(rows.len());
+    for row in rows {
+        let job: String = row.try_get(0).map_err(|e| protocol(e.to_string()))?;
+        let tick: i64 = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
+        out.insert((job, tick), record(row, 2)?);
+    }
+    Ok(out)
+}
+
+/// Whether two writes of `writes` are for the same tick: one statement
+/// cannot change a row twice, so such a batch is written item by item.
+pub(crate) fn repeats_a_tick(writes: &[(LockName, i64, TickWrite)]) -> bool {
+    let mut seen = HashSet::with_capacity(writes.len());
+    !writes
+        .iter()
+        .all(|(job, tick, _)| seen.insert((job, *tick)))
+}
