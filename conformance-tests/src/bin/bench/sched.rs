@@ -236,6 +236,7 @@ pub(crate) async fn at_scale(
         }
     }
     let server_after = server.read_after(&server_before).await?;
+    server.clear_ticks(&names).await?;
     let runs = logs.started.lock().map(|l| l.clone()).unwrap_or_default();
     // Every tick the run fired, the first and last second's included: the
     // server's counters cover the whole run.

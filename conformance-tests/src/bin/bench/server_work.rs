@@ -98,6 +98,33 @@ impl ServerWork {
         }
     }
 
+    /// Deletes the tick tables' rows of `jobs` (Postgres; elsewhere
+    /// nothing): a job's old rows are pruned only by its own later
+    /// completions, and every run names new jobs, so without this the
+    /// tables grow run after run and later runs measure a larger table.
+    /// The tables are the default ones; none of them yet is no error.
+    pub(crate) async fn clear_ticks(&self, jobs: &[String]) -> Result<(), BoxError> {
+        let Self::Postgres(url) = self else {
+            return Ok(());
+        };
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        let driver = tokio::spawn(connection);
+        for table in ["lock_ticks", "lock_ticks_marks", "lock_ticks_runs"] {
+            let sql = format!(
+                "DO $$ BEGIN IF to_regclass('{table}') IS NOT NULL THEN \
+                 DELETE FROM {table} WHERE job = ANY(ARRAY[{}]::text[]); END IF; END $$",
+                jobs.iter()
+                    .map(|j| format!("'{}'", j.replace('\'', "''")))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            client.batch_execute(&sql).await?;
+        }
+        drop(client);
+        let _ = driver.await;
+        Ok(())
+    }
+
     /// Reads the counters once the sessions opened since `before` have
     /// ended (Postgres: their last counts are reported as they end), or
     /// right away where counts are immediate.
