@@ -45,8 +45,12 @@ impl PostgresBackend {
                 // The records and marks are written: a latest tick left
                 // behind costs reads, never a second run, so it fails
                 // nothing.
-                if let Err(e) = self.raise_latest(&rows).await {
+                let latest = latest_of(&rows);
+                if let Err(e) = self.raise_latest(&latest).await {
                     warn!(error = %e, "completed ticks recorded; their jobs' latest ticks not raised");
+                }
+                if let Err(e) = self.prune_older(&latest, keep_ms).await {
+                    warn!(error = %e, "completed ticks recorded; their jobs' old records not pruned");
                 }
             }
             written.extend(rows);
@@ -156,9 +160,9 @@ impl PostgresBackend {
     }
 
     /// The `Completed` writes: each completes its own `Started` record and,
-    /// gated on that, marks the tick and prunes the job's marks and records
-    /// more than `keep` older. The jobs' latest ticks are raised after it,
-    /// by [`PostgresBackend::raise_latest`].
+    /// gated on that, marks the tick. The jobs' latest ticks are raised and
+    /// their old marks and records pruned after it, each in a statement of
+    /// its own ([`PostgresBackend::raise_latest`], [`PostgresBackend::prune_older`]).
     async fn completes_once(
         &self,
         group: &[&(LockName, i64, TickWrite)],
@@ -182,12 +186,6 @@ impl PostgresBackend {
              c AS (UPDATE {r} r SET state = 'C' FROM (SELECT * FROM v ORDER BY job, tick) u \
              WHERE r.namespace = $1 AND r.job = u.job AND r.tick = u.tick AND r.state = 'S' \
              AND r.token = u.token RETURNING r.job, r.tick, r.state, r.token, r.replica, r.at), \
-             p AS (SELECT v.job, max(v.cut) AS cut FROM v \
-             JOIN c ON c.job = v.job AND c.tick = v.tick GROUP BY v.job), \
-             pruned AS (DELETE FROM {m} m USING p \
-             WHERE m.namespace = $1 AND m.job = p.job AND m.tick < p.cut), \
-             pruned_runs AS (DELETE FROM {r} d USING p \
-             WHERE d.namespace = $1 AND d.job = p.job AND d.tick < p.cut), \
              marked AS (INSERT INTO {m} (namespace, job, tick) SELECT $1, job, tick FROM c \
              ORDER BY job, tick ON CONFLICT DO NOTHING) \
              SELECT job, tick, state, token, replica, at FROM c",
@@ -209,28 +207,18 @@ impl PostgresBackend {
             .await
     }
 
-    /// Raises each job's latest completed tick to the highest of its ticks
-    /// that `completed` holds, in a statement of its own. Every replica's
+    /// Raises each job's latest completed tick to its tick in `latest`, in a
+    /// statement of its own. Every replica's
     /// completions raise the same few rows: inside the completions'
     /// statement their locks were held for all of it, and the replicas'
     /// batches queued behind one another (and timed out). A crash between
     /// the two statements leaves a latest tick behind its marks, which only
     /// costs a catch-up the reads of marks it then finds.
-    async fn raise_latest(&self, completed: &Written) -> Result<(), BackendError> {
-        let mut latest: HashMap<&str, i64> = HashMap::new();
-        for ((job, tick), record) in completed {
-            if matches!(record, TickRecord::Completed { .. }) {
-                let at = latest.entry(job.as_str()).or_insert(*tick);
-                *at = (*at).max(*tick);
-            }
-        }
+    async fn raise_latest(&self, latest: &[(&str, i64)]) -> Result<(), BackendError> {
         if latest.is_empty() {
             return Ok(());
         }
-        // In job order, as every batch locks its rows.
-        let mut latest: Vec<(&str, i64)> = latest.into_iter().collect();
-        latest.sort_unstable();
-        let (jobs, ticks): (Vec<&str>, Vec<i64>) = latest.into_iter().unzip();
+        let (jobs, ticks): (Vec<&str>, Vec<i64>) = latest.iter().copied().unzip();
         let sql = format!(
             "INSERT INTO {t} AS t (namespace, job, tick) \
              SELECT $1, job, tick FROM unnest($2::text[], $3::int8[]) AS q(job, tick) \
@@ -255,6 +243,45 @@ impl PostgresBackend {
                 .map(drop)
         })
         .await
+    }
+
+    /// Deletes the marks and records of each job more than `keep_ms`
+    /// older than its latest tick in `latest`, in a statement of its own
+    /// that skips rows another statement has locked (they go with a later
+    /// batch): inside the completions' statement these deletes waited on
+    /// other replicas' batches, and in per-tick mode, where every replica
+    /// completes the same jobs, those waits ran into the statement timeout.
+    async fn prune_older(&self, latest: &[(&str, i64)], keep_ms: i64) -> Result<(), BackendError> {
+        if latest.is_empty() {
+            return Ok(());
+        }
+        let (jobs, cuts): (Vec<&str>, Vec<i64>) = latest
+            .iter()
+            .map(|(job, tick)| (*job, tick.saturating_sub(keep_ms)))
+            .unzip();
+        let sql = format!(
+            "WITH p AS (SELECT * FROM unnest($2::text[], $3::int8[]) AS p(job, cut)), \
+             marks AS (DELETE FROM {m} WHERE ctid IN (SELECT m.ctid FROM {m} m JOIN p ON m.job = p.job \
+             WHERE m.namespace = $1 AND m.tick < p.cut FOR UPDATE OF m SKIP LOCKED)) \
+             DELETE FROM {r} WHERE ctid IN (SELECT r.ctid FROM {r} r JOIN p ON r.job = p.job \
+             WHERE r.namespace = $1 AND r.tick < p.cut FOR UPDATE OF r SKIP LOCKED)",
+            m = self.mark_table(),
+            r = self.run_table()
+        );
+        let ns = self.inner.config.namespace.as_str();
+        self.session()
+            .await?
+            .query(
+                "pruning old tick records",
+                &sql,
+                &[
+                    (&ns, Type::TEXT),
+                    (&jobs, Type::TEXT_ARRAY),
+                    (&cuts, Type::INT8_ARRAY),
+                ],
+            )
+            .await
+            .map(drop)
     }
 
     /// The records of `ticks` as they stand, in one statement.
@@ -286,6 +313,21 @@ impl PostgresBackend {
         };
         by_tick(&rows)
     }
+}
+
+/// Each job's highest tick among the `Completed` records of `written`, in
+/// job order (the order every batch locks rows in).
+fn latest_of(written: &Written) -> Vec<(&str, i64)> {
+    let mut latest: HashMap<&str, i64> = HashMap::new();
+    for ((job, tick), record) in written {
+        if matches!(record, TickRecord::Completed { .. }) {
+            let at = latest.entry(job.as_str()).or_insert(*tick);
+            *at = (*at).max(*tick);
+        }
+    }
+    let mut latest: Vec<(&str, i64)> = latest.into_iter().collect();
+    latest.sort_unstable();
+    latest
 }
 
 /// Rows of job, tick, state, token, replica, at, by job and tick.
