@@ -39,7 +39,7 @@ impl PostgresBackend {
             if group.is_empty() {
                 continue;
             }
-            let rows = self.write_group(&group, start, keep_ms).await?;
+            let rows = self.write_group(&group, start).await?;
             let rows = by_tick(&rows)?;
             if !start {
                 // The records and marks are written: a latest tick left
@@ -77,13 +77,12 @@ impl PostgresBackend {
         &self,
         group: &[&(LockName, i64, TickWrite)],
         start: bool,
-        keep_ms: i64,
     ) -> Result<Vec<Row>, BackendError> {
         self.retried("writing tick records", || async {
             if start {
-                self.starts_once(group, keep_ms).await
+                self.starts_once(group).await
             } else {
-                self.completes_once(group, keep_ms).await
+                self.completes_once(group).await
             }
         })
         .await
@@ -96,12 +95,11 @@ impl PostgresBackend {
     async fn starts_once(
         &self,
         group: &[&(LockName, i64, TickWrite)],
-        keep_ms: i64,
     ) -> Result<Vec<Row>, BackendError> {
         let session = self.session().await?;
         let ns = self.inner.config.namespace.as_str();
-        let (mut jobs, mut ticks, mut tokens, mut replicas, mut ats, mut stales, mut cuts) =
-            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut jobs, mut ticks, mut tokens, mut replicas, mut ats, mut stales) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         for (job, tick, write) in group {
             let TickWrite::Start {
                 token,
@@ -122,14 +120,13 @@ impl PostgresBackend {
                 OnStale::Abandon => "A",
                 OnStale::TakeOver => "S",
             });
-            cuts.push(tick.saturating_sub(keep_ms));
         }
         // Rows go in (job, tick) order, so two replicas' batches lock them
         // in the same order. The stale rule of a conflicting row is looked
         // up by its key: EXCLUDED holds only the table's columns.
         let sql = format!(
             "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::text[], \
-             $6::int8[], $7::text[], $8::int8[]) AS v(job, tick, token, replica, at, stale, cut)), \
+             $6::int8[], $7::text[]) AS v(job, tick, token, replica, at, stale)), \
              w AS (INSERT INTO {r} AS r (namespace, job, tick, state, token, replica, at) \
              SELECT $1, job, tick, 'S', token, replica, at FROM v ORDER BY job, tick \
              ON CONFLICT (namespace, job, tick) DO UPDATE \
@@ -153,7 +150,6 @@ impl PostgresBackend {
                     (&replicas, Type::TEXT_ARRAY),
                     (&ats, Type::INT8_ARRAY),
                     (&stales, Type::TEXT_ARRAY),
-                    (&cuts, Type::INT8_ARRAY),
                 ],
             )
             .await
@@ -166,11 +162,10 @@ impl PostgresBackend {
     async fn completes_once(
         &self,
         group: &[&(LockName, i64, TickWrite)],
-        keep_ms: i64,
     ) -> Result<Vec<Row>, BackendError> {
         let session = self.session().await?;
         let ns = self.inner.config.namespace.as_str();
-        let (mut jobs, mut ticks, mut tokens, mut cuts) = (vec![], vec![], vec![], vec![]);
+        let (mut jobs, mut ticks, mut tokens) = (vec![], vec![], vec![]);
         for (job, tick, write) in group {
             let TickWrite::Complete { token } = write else {
                 continue;
@@ -178,11 +173,10 @@ impl PostgresBackend {
             jobs.push(job.as_str());
             ticks.push(*tick);
             tokens.push(token_param(*token)?);
-            cuts.push(tick.saturating_sub(keep_ms));
         }
         let sql = format!(
-            "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int8[]) \
-             AS v(job, tick, token, cut)), \
+            "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[]) \
+             AS v(job, tick, token)), \
              c AS (UPDATE {r} r SET state = 'C' FROM (SELECT * FROM v ORDER BY job, tick) u \
              WHERE r.namespace = $1 AND r.job = u.job AND r.tick = u.tick AND r.state = 'S' \
              AND r.token = u.token RETURNING r.job, r.tick, r.state, r.token, r.replica, r.at), \
@@ -201,7 +195,6 @@ impl PostgresBackend {
                     (&jobs, Type::TEXT_ARRAY),
                     (&ticks, Type::INT8_ARRAY),
                     (&tokens, Type::INT8_ARRAY),
-                    (&cuts, Type::INT8_ARRAY),
                 ],
             )
             .await
