@@ -65,6 +65,9 @@ impl PostgresBackend {
             } => {
                 // The update on conflict is the stale-record rule: only a
                 // Started of a lower token is replaced, and only if asked.
+                // The prune skips rows another statement holds (a later
+                // write prunes them): waiting on them would add to the
+                // lag of the tick about to run.
                 let stale = match on_stale {
                     OnStale::Refuse => "R",
                     OnStale::Abandon => "A",
@@ -76,8 +79,9 @@ impl PostgresBackend {
                      ON CONFLICT (namespace, job, tick) DO UPDATE \
                      SET state = $7, token = EXCLUDED.token, replica = EXCLUDED.replica, at = EXCLUDED.at \
                      WHERE r.state = 'S' AND r.token < EXCLUDED.token AND $7 <> 'R' {RETURNING}), \
-                     pruned AS (DELETE FROM {r} WHERE namespace = $1 AND job = $2 AND tick < $8 \
-                     AND EXISTS (SELECT 1 FROM w)) \
+                     pruned AS (DELETE FROM {r} WHERE ctid IN (SELECT ctid FROM {r} \
+                     WHERE namespace = $1 AND job = $2 AND tick < $8 AND EXISTS (SELECT 1 FROM w) \
+                     FOR UPDATE SKIP LOCKED)) \
                      SELECT state, token, replica, at FROM w",
                     r = self.run_table()
                 );
@@ -101,12 +105,14 @@ impl PostgresBackend {
             }
             TickWrite::Complete { token } => {
                 // Completed, the mark and the latest tick in one statement,
-                // all gated on the conditional update.
+                // all gated on the conditional update; old marks other
+                // statements hold are left for a later completion.
                 let sql = format!(
                     "WITH c AS (UPDATE {r} SET state = 'C' WHERE namespace = $1 AND job = $2 \
                      AND tick = $3 AND state = 'S' AND token = $4 {RETURNING}), \
-                     pruned AS (DELETE FROM {m} WHERE namespace = $1 AND job = $2 AND tick < $5 \
-                     AND EXISTS (SELECT 1 FROM c)), \
+                     pruned AS (DELETE FROM {m} WHERE ctid IN (SELECT ctid FROM {m} \
+                     WHERE namespace = $1 AND job = $2 AND tick < $5 AND EXISTS (SELECT 1 FROM c) \
+                     FOR UPDATE SKIP LOCKED)), \
                      marked AS (INSERT INTO {m} (namespace, job, tick) SELECT $1, $2, $3 FROM c \
                      ON CONFLICT DO NOTHING), \
                      latest AS (INSERT INTO {t} AS t (namespace, job, tick) SELECT $1, $2, $3 FROM c \

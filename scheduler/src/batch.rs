@@ -27,7 +27,8 @@ struct Lanes {
     clock: Lane<ServerTime>,
     latest: Lane<Latest>,
     marks: Lane<Marks>,
-    writes: Lane<Writes>,
+    starts: Lane<Starts>,
+    completes: Lane<Completes>,
 }
 
 impl Ticks {
@@ -38,7 +39,8 @@ impl Ticks {
                 clock: Lane::default(),
                 latest: Lane::default(),
                 marks: Lane::default(),
-                writes: Lane::default(),
+                starts: Lane::default(),
+                completes: Lane::default(),
             }),
         }
     }
@@ -73,10 +75,14 @@ impl Ticks {
 }
 
 impl Ticks {
-    /// [`TickStore::write_tick`], batched: the `Started` and `Completed`
-    /// writes of concurrent ticks go together. A batch keeps every record
-    /// for the longest `keep` asked in it. Not cancel safe: a dropped call
-    /// may or may not have applied the write (the batch goes on without its
+    /// [`TickStore::write_tick`], batched: the `Started` writes of
+    /// concurrent ticks go together, and so do their `Completed` writes, in
+    /// a lane of their own. A `Started` write stands between a tick's lock
+    /// and its handler; queued behind a batch of completions (which also
+    /// raise the jobs' latest ticks and prune old records) it would add
+    /// their round trips to every tick's lag. A batch keeps every record for
+    /// the longest `keep` asked in it. Not cancel safe: a dropped call may
+    /// or may not have applied the write (the batch goes on without its
     /// caller).
     pub(crate) async fn write_tick(
         &self,
@@ -85,36 +91,64 @@ impl Ticks {
         write: TickWrite,
         keep: Duration,
     ) -> Result<TickAnswer, BackendError> {
-        lane::call::<Writes>(&self.lanes, (job.clone(), tick, write, keep)).await
+        let item = (job.clone(), tick, write, keep);
+        match item.2 {
+            TickWrite::Start { .. } => lane::call::<Starts>(&self.lanes, item).await,
+            TickWrite::Complete { .. } => lane::call::<Completes>(&self.lanes, item).await,
+        }
     }
 }
 
-#[derive(Debug)]
-struct Writes;
+/// One tick-record write as a lane carries it.
+type WriteItem = (LockName, i64, TickWrite, Duration);
 
-impl Batch for Writes {
+/// Sends one batch of writes, kept for the longest `keep` asked in it.
+async fn write_batch(host: &Lanes, items: Vec<WriteItem>) -> Vec<Result<TickAnswer, BackendError>> {
+    let keep = items
+        .iter()
+        .map(|(_, _, _, keep)| *keep)
+        .max()
+        .unwrap_or_default();
+    let writes: Vec<(LockName, i64, TickWrite)> = items
+        .into_iter()
+        .map(|(job, tick, write, _)| (job, tick, write))
+        .collect();
+    host.store.write_ticks_many(&writes, keep).await
+}
+
+/// The `Started` writes' lane.
+#[derive(Debug)]
+struct Starts;
+
+impl Batch for Starts {
     type Host = Lanes;
-    type Item = (LockName, i64, TickWrite, Duration);
+    type Item = WriteItem;
     type Answer = TickAnswer;
 
     fn lane(host: &Lanes) -> &Lane<Self> {
-        &host.writes
+        &host.starts
     }
 
-    async fn run(
-        host: &Lanes,
-        items: Vec<(LockName, i64, TickWrite, Duration)>,
-    ) -> Vec<Result<TickAnswer, BackendError>> {
-        let keep = items
-            .iter()
-            .map(|(_, _, _, keep)| *keep)
-            .max()
-            .unwrap_or_default();
-        let writes: Vec<(LockName, i64, TickWrite)> = items
-            .into_iter()
-            .map(|(job, tick, write, _)| (job, tick, write))
-            .collect();
-        host.store.write_ticks_many(&writes, keep).await
+    async fn run(host: &Lanes, items: Vec<WriteItem>) -> Vec<Result<TickAnswer, BackendError>> {
+        write_batch(host, items).await
+    }
+}
+
+/// The `Completed` writes' lane.
+#[derive(Debug)]
+struct Completes;
+
+impl Batch for Completes {
+    type Host = Lanes;
+    type Item = WriteItem;
+    type Answer = TickAnswer;
+
+    fn lane(host: &Lanes) -> &Lane<Self> {
+        &host.completes
+    }
+
+    async fn run(host: &Lanes, items: Vec<WriteItem>) -> Vec<Result<TickAnswer, BackendError>> {
+        write_batch(host, items).await
     }
 }
 

@@ -77,6 +77,24 @@ impl TickStore for Gated {
         Ok(Some(self.readings.fetch_add(1, Ordering::SeqCst) + 1))
     }
 
+    /// A `Started` write answers at once; a `Completed` one waits at the
+    /// gate like every batch.
+    async fn write_tick(
+        &self,
+        _: &LockName,
+        _: i64,
+        write: &TickWrite,
+        _: Duration,
+    ) -> Result<TickAnswer, BackendError> {
+        match write {
+            TickWrite::Start { .. } => Ok(TickAnswer::Started),
+            TickWrite::Complete { .. } => {
+                self.pass(1).await?;
+                Ok(TickAnswer::Completed)
+            }
+        }
+    }
+
     async fn last_completed_many(
         &self,
         jobs: &[LockName],
@@ -198,4 +216,44 @@ async fn a_failed_batch_fails_every_call_in_it() {
     let again = ticks.last_completed(&name("d")).await;
     assert!(again.is_err());
     assert!(ticks.lanes.latest.in_flight() == 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_started_write_does_not_wait_behind_completions_in_flight() {
+    let store = Arc::new(Gated::new(false));
+    let ticks = Arc::new(Ticks::new(store.clone()));
+    let t = Arc::clone(&ticks);
+    let complete = tokio::spawn(async move {
+        t.write_tick(
+            &name("a"),
+            1_000,
+            TickWrite::Complete { token: 7 },
+            Duration::from_secs(60),
+        )
+        .await
+    });
+    until(|| store.batches() == [1]).await;
+    let start = TickWrite::Start {
+        token: 8,
+        replica: "r".to_owned(),
+        at: 2_000,
+        on_stale: lock_core::OnStale::Refuse,
+    };
+    // The completion is held at the gate for as long as this test runs;
+    // a start queued behind it would never answer.
+    let started = tokio::time::timeout(
+        Duration::from_secs(10),
+        ticks.write_tick(&name("b"), 2_000, start, Duration::from_secs(60)),
+    )
+    .await;
+    assert!(
+        matches!(started, Ok(Ok(TickAnswer::Started))),
+        "a start goes out beside a completion in flight: {started:?}"
+    );
+    store.gate.add_permits(1);
+    let completed = complete.await.map_err(|e| e.to_string());
+    assert!(
+        matches!(completed, Ok(Ok(TickAnswer::Completed))),
+        "{completed:?}"
+    );
 }
