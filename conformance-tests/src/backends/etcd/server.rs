@@ -1,11 +1,13 @@
 //! Private etcd servers for the tests: own data dir, own client and peer ports.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_core::LockBackend;
 use lock_etcd::{EtcdBackend, EtcdBuilder};
 
-use crate::harness::{which, ServerProcess, ServerSpec};
+use crate::harness::{free_port, which, ServerProcess, ServerSpec};
 use crate::BoxError;
 
 /// Heartbeat and election timeout of private servers. etcd's minimum lease
@@ -111,6 +113,14 @@ fn spec(args: Vec<String>) -> Result<ServerSpec, BoxError> {
         run_as: None,
         ready_timeout: Duration::from_secs(20),
     })
+}
+
+/// A replica of a member that is not there (a free port nobody listens
+/// on), as the factories hand out for the cases about unreachable servers.
+pub fn unreachable() -> Option<Arc<dyn LockBackend>> {
+    let port = free_port().ok()?;
+    let backend = builder(port).build().ok()?;
+    Some(Arc::new(backend))
 }
 
 /// A builder for the private server on `port`, with the suite's timeouts.
