@@ -27,6 +27,7 @@ use super::redis::sentinel::{
 };
 use super::redis::{capabilities_of, config_for, RedisSaboteur, TIMING};
 use crate::harness::docker::{Container, Kind, Network, Spec};
+use crate::harness::poll_until;
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
 /// Data servers: the primary and two replicas.
@@ -296,23 +297,13 @@ impl DockerSentinelSet {
     ///
     /// If that does not happen `within`.
     pub fn wait_settled(&self, primary: usize, within: Duration) -> Result<(), BoxError> {
-        let until = Instant::now() + within;
-        let mut last = String::new();
-        loop {
-            match self.settled(primary) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => last = e.to_string(),
-            }
-            if Instant::now() >= until {
-                return Err(format!(
-                    "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
-                    self.sentinel_logs()
-                )
-                .into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_until(within, Duration::from_millis(100), || self.settled(primary)).map_err(|last| {
+            format!(
+                "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
+                self.sentinel_logs()
+            )
+            .into()
+        })
     }
 
     fn settled(&self, primary: usize) -> Result<bool, BoxError> {

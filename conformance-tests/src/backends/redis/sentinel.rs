@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::server;
-use crate::harness::{which, ServerProcess, ServerSpec};
+use crate::harness::{poll_until, which, ServerProcess, ServerSpec};
 use crate::BoxError;
 
 /// The name the sentinels know the primary by.
@@ -227,29 +227,22 @@ impl SentinelSet {
     /// Waits until every running data server other than `primary` is its
     /// linked replica and every sentinel knows them and its two peers.
     pub fn wait_settled(&self, primary: u16, within: Duration) -> Result<(), BoxError> {
-        let until = Instant::now() + within;
         let replicas: Vec<u16> = self
             .servers
             .iter()
             .filter(|s| s.running() && s.port() != primary)
             .map(ServerProcess::port)
             .collect();
-        let mut last = String::new();
-        loop {
-            match self.settled(primary, &replicas) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => last = e.to_string(),
-            }
-            if Instant::now() >= until {
-                return Err(format!(
-                    "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
-                    self.sentinel_logs()
-                )
-                .into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_until(within, Duration::from_millis(100), || {
+            self.settled(primary, &replicas)
+        })
+        .map_err(|last| {
+            format!(
+                "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
+                self.sentinel_logs()
+            )
+            .into()
+        })
     }
 
     /// The latest TILT and failover-abort lines of the sentinels' logs.
