@@ -9,7 +9,7 @@ use std::time::Duration;
 use lock_etcd::EtcdBuilder;
 
 use super::leader::{leader_among, wait_for_leader};
-use super::server::TUNING;
+use super::server::{QUIET_LOGS, RAFT_TUNING};
 use crate::harness::nft::OutputTable;
 use crate::harness::{free_port, which, ServerProcess, ServerSpec};
 use crate::BoxError;
@@ -95,7 +95,8 @@ impl EtcdCluster {
                 "--pre-vote",
             ]
             .iter()
-            .chain(TUNING)
+            .chain(RAFT_TUNING)
+            .chain(QUIET_LOGS)
             .map(|s| (*s).to_owned())
             .collect();
             let spec = ServerSpec {

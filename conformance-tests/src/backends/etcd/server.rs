@@ -17,11 +17,11 @@ use crate::BoxError;
 const HEARTBEAT_MS: &str = "100";
 const ELECTION_MS: &str = "500";
 
-/// Arguments every private member gets, alone or in a cluster: the short
-/// raft timings the suite's TTLs are sized for, compaction (etcd keeps every
-/// revision until compacted; thousands of acquisitions would otherwise slow
-/// it down) and quiet logs.
-pub(super) const TUNING: &[&str] = &[
+/// The raft timings and compaction of every private member, a process
+/// alone or in a cluster or a container: the short raft timings the
+/// suite's TTLs are sized for, and compaction (etcd keeps every revision
+/// until compacted; thousands of acquisitions would otherwise slow it down).
+pub(crate) const RAFT_TUNING: &[&str] = &[
     "--heartbeat-interval",
     HEARTBEAT_MS,
     "--election-timeout",
@@ -30,11 +30,10 @@ pub(super) const TUNING: &[&str] = &[
     "revision",
     "--auto-compaction-retention",
     "1000",
-    "--logger",
-    "zap",
-    "--log-level",
-    "warn",
 ];
+
+/// The logs of a member process: warnings only.
+pub(super) const QUIET_LOGS: &[&str] = &["--logger", "zap", "--log-level", "warn"];
 
 /// How a private server listens.
 #[derive(Debug, Clone, Copy, Default)]
@@ -95,7 +94,8 @@ fn member_args(scheme: &str, election_ms: &str) -> Vec<String> {
         &format!("lock-test={peer}"),
     ]
     .iter()
-    .chain(TUNING)
+    .chain(RAFT_TUNING)
+    .chain(QUIET_LOGS)
     .map(|s| (*s).to_owned())
     .collect();
     if let Some(at) = args.iter().position(|a| a == "--election-timeout") {
