@@ -60,6 +60,23 @@ pub(super) fn refused_for_now(e: &Error) -> bool {
     }
 }
 
+/// A fault proxy in front of the backend's loopback server.
+pub(super) async fn proxy_to_server(ctx: &Ctx) -> FaultProxy {
+    let upstream = ctx.factory().server_addr().expect("a loopback server");
+    FaultProxy::start(upstream).await.expect("proxy starts")
+}
+
+/// A replica with a connection of its own through `proxy`.
+pub(super) async fn replica_through(ctx: &Ctx, proxy: &FaultProxy) -> Replica {
+    let via = ctx
+        .factory()
+        .replica_via(proxy.addr())
+        .await
+        .expect("connects through the proxy")
+        .expect("the backend can be proxied");
+    ctx.replica_over(via)
+}
+
 /// Where an iteration's lock went: the successor's locker and the name.
 pub(super) struct Handover<'a> {
     /// The successor's locker (it also probes for a leak at the end).
@@ -186,20 +203,13 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let opts = ctx.opts();
-    let upstream = ctx.factory().server_addr().expect("a loopback server");
-    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let proxy = proxy_to_server(&ctx).await;
     let successor = ctx.replica().await;
     let mut row = Row::of(&ctx, "chaos_partition");
     for i in 0..target.iterations {
         // A fresh connection each time, so iterations do not share a
         // stream that a partition held back.
-        let via = ctx
-            .factory()
-            .replica_via(proxy.addr())
-            .await
-            .expect("connects through the proxy")
-            .expect("the backend can be proxied");
-        let holder_rep = ctx.replica_over(via);
+        let holder_rep = replica_through(&ctx, &proxy).await;
         let name = ctx.name(&format!("partition-{i}"));
         let (mut holder, resource) = Holder::healthy(&holder_rep, &name, &opts, ttl).await;
         let fault_at = Instant::now();
