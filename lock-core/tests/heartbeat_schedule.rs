@@ -6,20 +6,10 @@ use std::time::Duration;
 
 use lock_core::{LockGuard, LockName, LockOptions, Locker, LossReason, RenewalOutcome};
 use lock_memory::MemoryBackend;
-use prometheus::Registry;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
-/// A bound on each test, in the paused clock's time: a heartbeat that
-/// stopped waking would let it run out instead of hanging.
-const BOUND: Duration = Duration::from_secs(600);
-
-fn locker() -> Locker {
-    Locker::builder()
-        .with_backend(MemoryBackend::new())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("a fresh registry takes the metrics")
-}
+mod common;
+use common::{locker, BOUND};
 
 async fn take(locker: &Locker, prefix: &str, count: usize, opts: &LockOptions) -> Vec<LockGuard> {
     let mut guards = Vec::with_capacity(count);
@@ -33,7 +23,7 @@ async fn take(locker: &Locker, prefix: &str, count: usize, opts: &LockOptions) -
 #[tokio::test(start_paused = true)]
 async fn each_lease_is_renewed_on_its_own_schedule_among_thousands() {
     timeout(BOUND, async {
-        let locker = locker();
+        let locker = locker(&MemoryBackend::new());
         let start = Instant::now();
         // Interval 1 s (a third of the TTL) and 10 s.
         let short = LockOptions::new(Duration::from_secs(3)).with_metric_label("short");
@@ -68,7 +58,7 @@ async fn each_lease_is_renewed_on_its_own_schedule_among_thousands() {
 #[tokio::test(start_paused = true)]
 async fn a_max_hold_among_thousands_of_leases_ends_at_its_instant() {
     timeout(BOUND, async {
-        let locker = locker();
+        let locker = locker(&MemoryBackend::new());
         let opts = LockOptions::new(Duration::from_secs(3));
         let others = take(
             &locker,
@@ -104,7 +94,7 @@ async fn a_max_hold_among_thousands_of_leases_ends_at_its_instant() {
 #[tokio::test(start_paused = true)]
 async fn leases_released_before_their_renewal_leave_the_rest_on_schedule() {
     timeout(BOUND, async {
-        let locker = locker();
+        let locker = locker(&MemoryBackend::new());
         let opts = LockOptions::new(Duration::from_secs(3)).with_metric_label("kept");
         let kept = take(&locker, "kept", 100, &opts).await;
         let start = Instant::now();

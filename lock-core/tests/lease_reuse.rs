@@ -6,21 +6,12 @@
 
 use std::time::Duration;
 
-use lock_core::{Error, LockName, LockOptions, Locker, LossReason, RenewalOutcome};
+use lock_core::{Error, LockName, LockOptions, LossReason, RenewalOutcome};
 use lock_memory::MemoryBackend;
-use prometheus::Registry;
 use tokio::time::{sleep, timeout};
 
-/// A bound on each test, in the paused clock's time.
-const BOUND: Duration = Duration::from_secs(600);
-
-fn locker(backend: &MemoryBackend) -> Locker {
-    Locker::builder()
-        .with_backend(backend.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("a fresh registry takes the metrics")
-}
+mod common;
+use common::{locker, BOUND};
 
 fn name(text: &str) -> LockName {
     LockName::new(text).expect("a valid name")

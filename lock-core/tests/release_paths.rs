@@ -17,8 +17,8 @@ use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use tokio::time::{sleep, timeout};
 
-/// A bound on each test, in the paused clock's time.
-const BOUND: Duration = Duration::from_secs(600);
+mod common;
+use common::{locker, BOUND};
 
 /// Counts the renewals and releases that reach the in-process backend.
 #[derive(Debug, Default)]
@@ -70,14 +70,6 @@ impl Intercept for CountCalls {
         self.renewals.fetch_add(requests.len(), Ordering::SeqCst);
         inner.renew_many(requests).await
     }
-}
-
-fn locker(backend: &Counting) -> Locker {
-    Locker::builder()
-        .with_backend(backend.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("a fresh registry takes the metrics")
 }
 
 fn name(text: &str) -> LockName {

@@ -12,13 +12,11 @@ use lock_core::{
     async_trait, BackendError, LockBackend, LockGuard, LockName, LockOptions, Locker, LossReason,
 };
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
-use prometheus::Registry;
 use tokio::sync::Notify;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
-/// A bound on each test, in the paused clock's time: a lease whose deadline
-/// nobody watches would otherwise hang the test.
-const BOUND: Duration = Duration::from_secs(600);
+mod common;
+use common::{locker, BOUND};
 
 /// Makes the in-process backend's batch renewals wait while `stalled` is
 /// set until `answer` is notified, and records each batch's size.
@@ -52,14 +50,6 @@ impl Intercept for Stall {
         }
         inner.renew_many(requests).await
     }
-}
-
-fn locker(backend: &Stalling) -> Locker {
-    Locker::builder()
-        .with_backend(backend.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("a fresh registry takes the metrics")
 }
 
 /// 3 s TTL, renewed every second: renewals due within 125 ms (an eighth of

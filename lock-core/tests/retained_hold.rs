@@ -13,12 +13,12 @@ use lock_core::{
     OwnerToken,
 };
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
-use prometheus::Registry;
 use tokio::sync::Notify;
 use tokio::time::{sleep, timeout};
 
-/// A bound on each test, in the paused clock's time.
-const BOUND: Duration = Duration::from_secs(600);
+mod common;
+use common::{locker, BOUND};
+
 const TTL: Duration = Duration::from_secs(3);
 const HOLD: Duration = Duration::from_secs(10);
 
@@ -59,14 +59,6 @@ impl Intercept for Gate {
     }
 }
 
-fn locker(backend: impl LockBackend + 'static) -> Locker {
-    Locker::builder()
-        .with_backend(backend)
-        .with_registry(&Registry::new())
-        .build()
-        .expect("a fresh registry takes the metrics")
-}
-
 fn name() -> LockName {
     LockName::new("retained/renewed").expect("a valid name")
 }
@@ -89,7 +81,7 @@ async fn held_elsewhere(other: &Locker) -> bool {
 async fn renew_of_a_retained_lease_keeps_its_hold() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
+        let (a, b) = (locker(&backend), locker(backend.memory()));
         let guard = a
             .try_lock(&name(), &LockOptions::new(TTL))
             .await
@@ -121,7 +113,7 @@ async fn renew_of_a_retained_lease_keeps_its_hold() {
 async fn retain_waits_for_a_manual_renewal_in_flight() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
+        let (a, b) = (locker(&backend), locker(backend.memory()));
         let opts = LockOptions::new(TTL).with_auto_renew(false);
         let guard = a.try_lock(&name(), &opts).await.expect("free");
         let clone = guard.handle();
@@ -157,7 +149,7 @@ async fn retain_waits_for_a_manual_renewal_in_flight() {
 async fn a_hold_that_fails_releases_the_lock() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
+        let (a, b) = (locker(&backend), locker(backend.memory()));
         let guard = a
             .try_lock(&name(), &LockOptions::new(TTL))
             .await
@@ -184,7 +176,7 @@ async fn a_hold_that_fails_releases_the_lock() {
 async fn a_hold_below_the_minimum_ttl_is_refused_and_released() {
     timeout(BOUND, async {
         let backend = Gated::default();
-        let (a, b) = (locker(backend.clone()), locker(backend.memory().clone()));
+        let (a, b) = (locker(&backend), locker(backend.memory()));
         let min = backend.capabilities().min_ttl;
         let guard = a
             .try_lock(&name(), &LockOptions::new(TTL))

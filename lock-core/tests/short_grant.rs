@@ -10,15 +10,13 @@ use std::time::Duration;
 
 use lock_core::backend::{AcquireAttempt, LeaseStatus, RenewRequest};
 use lock_core::{
-    async_trait, BackendError, Error, LockBackend, LockName, LockOptions, Locker, LossReason,
-    OwnerToken,
+    async_trait, BackendError, Error, LockBackend, LockName, LockOptions, LossReason, OwnerToken,
 };
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
-use prometheus::Registry;
 use tokio::time::{sleep_until, timeout, Instant};
 
-/// A bound on each test, in the paused clock's time.
-const BOUND: Duration = Duration::from_secs(600);
+mod common;
+use common::{locker, BOUND};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -87,14 +85,6 @@ impl Intercept for Shorten {
         self.note_renewal();
         inner.renew_many(requests).await
     }
-}
-
-fn locker(backend: &ShortGrant) -> Locker {
-    Locker::builder()
-        .with_backend(backend.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("a fresh registry takes the metrics")
 }
 
 fn name(s: &str) -> LockName {

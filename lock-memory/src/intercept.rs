@@ -25,6 +25,12 @@ pub trait Intercept: fmt::Debug + Send + Sync + 'static {
         inner.capabilities()
     }
 
+    /// Awaited before each acquire, renewal, check, release and batch
+    /// renewal, ahead of that call's own hook: for a test that holds every
+    /// call to the server alike, as a frozen process's are held. Returns at
+    /// once by default.
+    async fn before_call(&self) {}
+
     /// As [`LockBackend::try_acquire`].
     async fn try_acquire(
         &self,
@@ -150,6 +156,7 @@ impl<H: Intercept> LockBackend for Intercepted<H> {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
+        self.hooks.before_call().await;
         self.hooks.try_acquire(&self.inner, name, owner, ttl).await
     }
 
@@ -159,6 +166,7 @@ impl<H: Intercept> LockBackend for Intercepted<H> {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<LeaseStatus, BackendError> {
+        self.hooks.before_call().await;
         self.hooks.renew(&self.inner, name, owner, ttl).await
     }
 
@@ -167,6 +175,7 @@ impl<H: Intercept> LockBackend for Intercepted<H> {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
+        self.hooks.before_call().await;
         self.hooks.check(&self.inner, name, owner).await
     }
 
@@ -175,6 +184,7 @@ impl<H: Intercept> LockBackend for Intercepted<H> {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, BackendError> {
+        self.hooks.before_call().await;
         self.hooks.release(&self.inner, name, owner).await
     }
 
@@ -182,6 +192,7 @@ impl<H: Intercept> LockBackend for Intercepted<H> {
         &self,
         requests: &[RenewRequest],
     ) -> Result<Vec<LeaseStatus>, BackendError> {
+        self.hooks.before_call().await;
         self.hooks.renew_many(&self.inner, requests).await
     }
 

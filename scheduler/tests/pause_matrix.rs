@@ -18,8 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lock_core::backend::{AcquireAttempt, LeaseStatus, OwnerToken, ReleaseOutcome, RenewRequest};
-use lock_core::{async_trait, BackendError, LockBackend, LockName, Locker, TickRecord, TickStore};
+use lock_core::{async_trait, LockName, Locker, TickRecord, TickStore};
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{
@@ -59,61 +58,12 @@ struct Freeze {
     frozen: watch::Receiver<bool>,
 }
 
-impl Freeze {
-    async fn thawed(&self) {
+#[async_trait]
+impl Intercept for Freeze {
+    async fn before_call(&self) {
         let mut rx = self.frozen.clone();
         // The sender lives as long as the test; a closed channel means thawed.
         let _ = rx.wait_for(|frozen| !frozen).await;
-    }
-}
-
-#[async_trait]
-impl Intercept for Freeze {
-    async fn try_acquire(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        self.thawed().await;
-        inner.try_acquire(name, owner, ttl).await
-    }
-    async fn renew(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.thawed().await;
-        inner.renew(name, owner, ttl).await
-    }
-    async fn check(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.thawed().await;
-        inner.check(name, owner).await
-    }
-    async fn release(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        self.thawed().await;
-        inner.release(name, owner).await
-    }
-    async fn renew_many(
-        &self,
-        inner: &MemoryBackend,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        self.thawed().await;
-        inner.renew_many(requests).await
     }
 }
 

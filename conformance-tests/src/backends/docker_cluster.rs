@@ -8,23 +8,20 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, ConnectOptions};
 use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_etcd::{EtcdBackend, EtcdBuilder};
 
+use super::etcd::cluster_factory::CLUSTER_TIMING;
+use super::etcd::leader::{leader_among, wait_for_leader};
 use super::etcd::{server, EtcdSaboteur};
 use crate::harness::docker::{etcd_flags, Container, Kind, Network, Spec};
-use crate::harness::free_port;
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
 /// Members in the cluster: the smallest that survives losing one.
 pub const MEMBERS: usize = 3;
-
-/// The suite's TTL on this cluster, as on the process-based one.
-const TTL: Duration = Duration::from_secs(2);
 
 /// A 3-member cluster. Members drop (are removed) before the networks.
 #[derive(Debug)]
@@ -180,6 +177,11 @@ impl DockerEtcdCluster {
             .ok_or_else(|| format!("no member {i}").into())
     }
 
+    /// Every member, by index and client port.
+    fn member_ports(&self) -> Vec<(usize, u16)> {
+        self.ports.iter().copied().enumerate().collect()
+    }
+
     /// The member that leads: the one that reports itself as leader with the
     /// highest raft term among those that answer within 1 s (a cut-off old
     /// leader may still believe it leads until its check-quorum timeout).
@@ -188,20 +190,7 @@ impl DockerEtcdCluster {
     ///
     /// Cancel safe: it only reads.
     pub async fn leader(&self) -> Result<usize, BoxError> {
-        let mut best: Option<(u64, usize)> = None;
-        for (i, port) in self.ports.iter().enumerate() {
-            let Ok(Ok(status)) =
-                tokio::time::timeout(Duration::from_secs(1), status_of(*port)).await
-            else {
-                continue;
-            };
-            let me = status.header().map(|h| h.member_id());
-            if me == Some(status.leader()) && best.is_none_or(|(t, _)| status.raft_term() > t) {
-                best = Some((status.raft_term(), i));
-            }
-        }
-        best.map(|(_, i)| i)
-            .ok_or_else(|| "no member reports itself as leader".into())
+        leader_among(self.member_ports()).await
     }
 
     /// Waits up to `within` for a leader other than `not`, and returns it.
@@ -214,25 +203,8 @@ impl DockerEtcdCluster {
         not: Option<usize>,
         within: Duration,
     ) -> Result<usize, BoxError> {
-        let until = Instant::now() + within;
-        loop {
-            match self.leader().await {
-                Ok(i) if Some(i) != not => return Ok(i),
-                _ if Instant::now() >= until => {
-                    return Err(format!("no new leader within {within:?}").into())
-                }
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
+        wait_for_leader(|| self.member_ports(), not, within).await
     }
-}
-
-async fn status_of(port: u16) -> Result<etcd_client::StatusResponse, BoxError> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_millis(500))
-        .with_timeout(Duration::from_millis(800));
-    let mut client = Client::connect([format!("http://127.0.0.1:{port}")], Some(options)).await?;
-    Ok(client.status().await?)
 }
 
 /// `docker_etcd_cluster`: replicas connected to all three members of a
@@ -275,12 +247,7 @@ impl BackendFactory for DockerEtcdClusterFactory {
     }
 
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: TTL,
-            // As the process-based cluster's.
-            tolerance: Duration::from_millis(900),
-            paused_clock: false,
-        }
+        CLUSTER_TIMING
     }
 
     async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
@@ -303,8 +270,6 @@ impl BackendFactory for DockerEtcdClusterFactory {
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
-        let port = free_port().ok()?;
-        let backend = server::builder(port).build().ok()?;
-        Some(Arc::new(backend))
+        server::unreachable()
     }
 }

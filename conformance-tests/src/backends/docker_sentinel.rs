@@ -21,41 +21,24 @@ use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend};
 use lock_redis::RedisBackend;
 
-use super::redis::sentinel::MASTER_NAME;
-use super::redis::{config_for, RedisSaboteur};
+use super::redis::sentinel::{
+    DATA_ARGS, DOWN_AFTER_MS, FAILOVER_TIMEOUT_MS, MASTER_NAME, QUORUM, READY_WITHIN,
+    TILT_PERIOD_MS,
+};
+use super::redis::{capabilities_of, config_for, RedisSaboteur, TIMING};
 use crate::harness::docker::{Container, Kind, Network, Spec};
+use crate::harness::poll_until;
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
 /// Data servers: the primary and two replicas.
 pub const SERVERS: usize = 3;
-/// Sentinels, and the majority that must agree the primary is down.
+/// Sentinels; the quorum, the sentinels' timers, the data servers' settings
+/// and the readiness bound are the process-based deployment's.
 const SENTINELS: usize = 3;
-const QUORUM: usize = 2;
 /// The port sentinels listen on in their containers.
 const SENTINEL_PORT: u16 = 26_379;
-/// As the process-based deployment: a primary silent for 1 s is down, a
-/// failover may take 4 s before another sentinel retries it, and a sentinel
-/// whose timer ran late distrusts what it saw for 5 s (TILT), not 30 s.
-const DOWN_AFTER_MS: u64 = 1_000;
-const FAILOVER_TIMEOUT_MS: u64 = 4_000;
-const TILT_PERIOD_MS: u64 = 5_000;
-/// As the process-based deployment: a primary refuses writes once no
-/// replica has acknowledged its stream for 5 s (so a primary cut off from
-/// its replicas stops granting locks), and a new replica is synced at once.
-const DATA_ARGS: &[&str] = &[
-    "--min-replicas-to-write",
-    "1",
-    "--min-replicas-max-lag",
-    "5",
-    "--repl-diskless-sync-delay",
-    "0",
-];
-/// `min-replicas-max-lag` above, for the cases.
+/// `min-replicas-max-lag` of the data servers, for the cases.
 pub const MAX_LAG: Duration = Duration::from_secs(5);
-/// Bound of every readiness wait.
-const READY_WITHIN: Duration = Duration::from_secs(40);
-/// The suite's TTL on this deployment, as on the process-based one.
-const TTL: Duration = Duration::from_secs(1);
 
 /// The deployment. Containers drop (are removed) before the network.
 #[derive(Debug)]
@@ -314,23 +297,13 @@ impl DockerSentinelSet {
     ///
     /// If that does not happen `within`.
     pub fn wait_settled(&self, primary: usize, within: Duration) -> Result<(), BoxError> {
-        let until = Instant::now() + within;
-        let mut last = String::new();
-        loop {
-            match self.settled(primary) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => last = e.to_string(),
-            }
-            if Instant::now() >= until {
-                return Err(format!(
-                    "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
-                    self.sentinel_logs()
-                )
-                .into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_until(within, Duration::from_millis(100), || self.settled(primary)).map_err(|last| {
+            format!(
+                "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
+                self.sentinel_logs()
+            )
+            .into()
+        })
     }
 
     fn settled(&self, primary: usize) -> Result<bool, BoxError> {
@@ -489,19 +462,11 @@ impl BackendFactory for DockerSentinelFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        lock_redis::RedisBuilder::new().build().map_or_else(
-            |_| Capabilities::new(lock_core::backend::Expiry::Ttl),
-            |b| b.capabilities(),
-        )
+        capabilities_of(lock_redis::RedisBuilder::new().build())
     }
 
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: TTL,
-            // As the process-based deployment.
-            tolerance: Duration::from_millis(350),
-            paused_clock: false,
-        }
+        TIMING
     }
 
     async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {

@@ -5,18 +5,20 @@ use lock_core::{
     Error, LeaseHandle, LossReason, OwnerToken, RenewalOutcome, RunOutcome,
 };
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
 use super::{assert_between, theft_seen_as};
 use crate::{Ctx, Replica};
 
 /// Starts a `with_lock` job that runs until it is aborted, and returns its
-/// lease handle and the task that yields the run's outcome.
-async fn hold_in_job(
+/// lease handle and the task that yields the run's outcome; an error when
+/// the job never started (its lock was not acquired).
+pub(crate) async fn hold_in_job(
     replica: &Replica,
     ctx: &Ctx,
     name: &lock_core::LockName,
-) -> (LeaseHandle, tokio::task::JoinHandle<RunOutcome<()>>) {
+) -> Result<(LeaseHandle, JoinHandle<RunOutcome<()>>), &'static str> {
     let (tx, rx) = oneshot::channel();
     let locker = replica.locker.clone();
     let (name, opts) = (name.clone(), ctx.opts());
@@ -29,7 +31,10 @@ async fn hold_in_job(
             .await
             .expect("valid input")
     });
-    (rx.await.expect("job started"), run)
+    let handle = rx
+        .await
+        .map_err(|_| "the job did not start: the lock was not acquired")?;
+    Ok((handle, run))
 }
 
 /// Another owner takes the lock: detected within one renewal interval, the
@@ -42,7 +47,7 @@ pub(super) async fn theft_is_detected(ctx: Ctx) {
     let name = ctx.name("stolen");
     let timing = ctx.timing();
     let (seen_as, renewal) = theft_seen_as(&ctx);
-    let (lease, run) = hold_in_job(&a, &ctx, &name).await;
+    let (lease, run) = hold_in_job(&a, &ctx, &name).await.expect("job started");
     sleep(timing.ttl / 2).await;
     let stolen_at = Instant::now();
     saboteur.steal(&name, timing.ttl * 20).await.expect("steal");
@@ -83,7 +88,7 @@ pub(super) async fn expiry_is_detected(ctx: Ctx) {
     let saboteur = ctx.saboteur().await;
     let name = ctx.name("expired");
     let timing = ctx.timing();
-    let (lease, run) = hold_in_job(&a, &ctx, &name).await;
+    let (lease, run) = hold_in_job(&a, &ctx, &name).await.expect("job started");
     sleep(timing.ttl / 2).await;
     let expired_at = Instant::now();
     saboteur.expire(&name).await.expect("expire");

@@ -19,6 +19,8 @@ mod scheduler;
 mod ticks;
 mod watchdog;
 
+pub(crate) use loss::hold_in_job;
+
 use std::time::Duration;
 
 use lock_core::{backend::Expiry, LossReason, RenewalOutcome};

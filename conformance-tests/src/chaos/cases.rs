@@ -1,12 +1,11 @@
 //! X2 (server stall) and X3 (blackhole partition) against a private server.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{BackendErrorKind, Error, LockGuard, LockName, LockOptions, Locker};
 use tokio::time::{sleep, sleep_until, Instant};
 
-use super::figures::{self, Row};
+use super::figures::Row;
 use super::holder::{Holder, Resource};
 use crate::proxy::FaultProxy;
 use crate::{Ctx, Replica};
@@ -61,6 +60,23 @@ pub(super) fn refused_for_now(e: &Error) -> bool {
     }
 }
 
+/// A fault proxy in front of the backend's loopback server.
+pub(super) async fn proxy_to_server(ctx: &Ctx) -> FaultProxy {
+    let upstream = ctx.factory().server_addr().expect("a loopback server");
+    FaultProxy::start(upstream).await.expect("proxy starts")
+}
+
+/// A replica with a connection of its own through `proxy`.
+pub(super) async fn replica_through(ctx: &Ctx, proxy: &FaultProxy) -> Replica {
+    let via = ctx
+        .factory()
+        .replica_via(proxy.addr())
+        .await
+        .expect("connects through the proxy")
+        .expect("the backend can be proxied");
+    ctx.replica_over(via)
+}
+
 /// Where an iteration's lock went: the successor's locker and the name.
 pub(super) struct Handover<'a> {
     /// The successor's locker (it also probes for a leak at the end).
@@ -69,6 +85,13 @@ pub(super) struct Handover<'a> {
     pub name: &'a LockName,
     /// Options for the leak probe.
     pub opts: &'a LockOptions,
+}
+
+impl<'a> Handover<'a> {
+    /// The lock `name`, gone to the successor's `locker`.
+    pub(super) fn new(locker: &'a Locker, name: &'a LockName, opts: &'a LockOptions) -> Self {
+        Self { locker, name, opts }
+    }
 }
 
 /// Ends an iteration in which `succ` took over from a holder that made
@@ -127,17 +150,10 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
     let probe_rep = ctx.replica().await;
     let successor = ctx.replica().await;
     let server = ctx.factory().server_process().expect("a private server");
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: "chaos_server_stall".to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, "chaos_server_stall");
     for i in 0..target.iterations {
         let name = ctx.name(&format!("stall-{i}"));
-        let resource = Arc::new(Resource::default());
-        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
-        sleep(ttl / 2).await;
-        assert!(holder.handle.is_held(), "healthy before the fault");
+        let (mut holder, resource) = Holder::healthy(&holder_rep, &name, &opts, ttl).await;
         let fault_at = Instant::now();
         let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
         server.pause().expect("SIGSTOP the server");
@@ -166,20 +182,10 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
             lost_at < acquired_at,
             "the holder aborted before the successor acquired"
         );
-        let token = succ.handle().fencing_token().expect("fenced");
-        assert!(token > holder.token, "the successor's token is newer");
-        let (old, writes) = holder.writes(ttl).await;
+        let writes = holder.superseded_by(&succ, ttl).await;
         assert!(writes > 0, "the holder wrote before the fault");
-        assert!(
-            old.release().await.is_err(),
-            "the lost holder cannot release"
-        );
         let late = resource.log.after_deadline();
-        let h = Handover {
-            locker: &successor.locker,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&successor.locker, &name, &opts);
         wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
         assert!(
             blocked <= target.op_timeout + tol,
@@ -187,10 +193,7 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
         );
     }
     row.iterations = target.iterations;
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
+    row.finish();
 }
 
 /// X3: the holder's connection is blackholed for 2 × TTL while the successor
@@ -200,29 +203,15 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let opts = ctx.opts();
-    let upstream = ctx.factory().server_addr().expect("a loopback server");
-    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let proxy = proxy_to_server(&ctx).await;
     let successor = ctx.replica().await;
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: "chaos_partition".to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, "chaos_partition");
     for i in 0..target.iterations {
         // A fresh connection each time, so iterations do not share a
         // stream that a partition held back.
-        let via = ctx
-            .factory()
-            .replica_via(proxy.addr())
-            .await
-            .expect("connects through the proxy")
-            .expect("the backend can be proxied");
-        let holder_rep = ctx.replica_over(via);
+        let holder_rep = replica_through(&ctx, &proxy).await;
         let name = ctx.name(&format!("partition-{i}"));
-        let resource = Arc::new(Resource::default());
-        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
-        sleep(ttl / 2).await;
-        assert!(holder.handle.is_held(), "healthy before the fault");
+        let (mut holder, resource) = Holder::healthy(&holder_rep, &name, &opts, ttl).await;
         let fault_at = Instant::now();
         let deadline = fault_at + holder.handle.remaining_validity().expect("a deadline");
         proxy.blackhole(true);
@@ -245,24 +234,12 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
             holder.handle.assert_held().is_err(),
             "the old lease stays lost after healing"
         );
-        let (old, writes) = holder.writes(ttl).await;
-        let release_at = Instant::now();
-        assert!(
-            old.release().await.is_err(),
-            "the lost holder cannot release"
-        );
-        row.max_blocked = row.max_blocked.max(Some(release_at.elapsed()));
+        let (writes, release_took) = holder.writes_after_loss(ttl).await;
+        row.max_blocked = row.max_blocked.max(Some(release_took));
         let late = resource.log.after_deadline();
-        let h = Handover {
-            locker: &successor.locker,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&successor.locker, &name, &opts);
         wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
     }
     row.iterations = target.iterations;
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
+    row.finish();
 }

@@ -330,11 +330,7 @@ async fn one_failover(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Tria
 /// X6 against private primary/replica pairs (one per iteration); the
 /// replicas use key `prefix`.
 pub(super) async fn failover(ctx: Ctx, target: Target, prefix: String) {
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: "chaos_failover".to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, "chaos_failover");
     let (mut overlaps, mut reasons, mut stale_redis, mut backwards) =
         (Vec::new(), Vec::new(), 0, 0);
     for i in 0..target.iterations {

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::Ctx;
+
 /// What one case measured over its iterations.
 #[derive(Debug, Clone, Default)]
 pub struct Row {
@@ -48,6 +50,27 @@ pub struct Row {
     /// a holder's first successful acquire on the promoted server, per
     /// holder and failover, where the case fails a server over.
     pub reconnect: Vec<Duration>,
+}
+
+impl Row {
+    /// An empty row for `case` on the backend `ctx` runs against.
+    pub(crate) fn of(ctx: &Ctx, case: &str) -> Self {
+        Self {
+            backend: ctx.factory().name().to_owned(),
+            case: case.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// Records the finished row, then fails the case if it counted a stale
+    /// write accepted (I2), a guarded write after a deadline (I5) or a lock
+    /// left behind: recorded first, so the table shows the failing row too.
+    pub(crate) fn finish(self) {
+        let ok = self.stale_accepts == 0 && self.after_deadline == 0 && self.leaked == 0;
+        let summary = format!("{self:?}");
+        record(self);
+        assert!(ok, "unsafe writes or leaks: {summary}");
+    }
 }
 
 static ROWS: Mutex<Vec<Row>> = Mutex::new(Vec::new());

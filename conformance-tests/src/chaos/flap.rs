@@ -9,11 +9,11 @@ use lock_core::{backend::Expiry, Error, LeaseHandle, LockName, LockOptions, Loss
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, sleep_until, Instant};
 
+use super::cases::{proxy_to_server, replica_through};
 use super::figures::{self, Row};
 use super::holder::{stops_saying_held, Resource, PUSH_LAG};
 use super::Target;
 use crate::observe::OverlapObserver;
-use crate::proxy::FaultProxy;
 use crate::{Ctx, Replica};
 
 /// How often the proxy resets every connection.
@@ -205,18 +205,11 @@ pub(super) async fn flap(ctx: Ctx, target: Target) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let opts = ctx.opts();
-    let upstream = ctx.factory().server_addr().expect("a loopback server");
-    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let proxy = proxy_to_server(&ctx).await;
     let direct = ctx.replica().await;
     let mut replicas = Vec::new();
     for _ in 0..REPLICAS {
-        let via = ctx
-            .factory()
-            .replica_via(proxy.addr())
-            .await
-            .expect("connects through the proxy")
-            .expect("the backend can be proxied");
-        replicas.push(ctx.replica_over(via));
+        replicas.push(replica_through(&ctx, &proxy).await);
     }
     let names: Arc<Vec<(LockName, Arc<Shared>)>> = Arc::new(
         (0..NAMES)

@@ -145,6 +145,21 @@ impl Holder {
         }
     }
 
+    /// A holder of `name` writing to a fresh resource, half a TTL on and
+    /// still held: the state each fault is injected into.
+    pub(super) async fn healthy(
+        replica: &Replica,
+        name: &LockName,
+        opts: &LockOptions,
+        ttl: Duration,
+    ) -> (Self, Arc<Resource>) {
+        let resource = Arc::new(Resource::default());
+        let holder = Self::start(replica, name, opts, Arc::clone(&resource)).await;
+        sleep(ttl / 2).await;
+        assert!(holder.handle.is_held(), "healthy before the fault");
+        (holder, resource)
+    }
+
     /// Waits at most until `by` for the loss; its time and reason if it came.
     pub(super) async fn lost_by(&mut self, by: Instant) -> Option<(Instant, LossReason)> {
         match tokio::time::timeout_at(by, &mut self.lost).await {
@@ -181,6 +196,29 @@ impl Holder {
             .expect("writer task");
         self.lost.abort();
         (self.guard, n)
+    }
+
+    /// The writes of a holder whose lock went to `succ` (its writer stopped
+    /// within `within`): the successor's token is newer, and the lost
+    /// holder cannot release.
+    pub(super) async fn superseded_by(self, succ: &LockGuard, within: Duration) -> usize {
+        let token = succ.handle().fencing_token().expect("fenced");
+        assert!(token > self.token, "the successor's token is newer");
+        self.writes_after_loss(within).await.0
+    }
+
+    /// Waits for the writer of a holder that lost the lock to stop (as
+    /// [`Holder::writes`]), then checks that its guard cannot release: the
+    /// lock is gone, or someone else's. The writes made, and how long the
+    /// refused release took.
+    pub(super) async fn writes_after_loss(self, within: Duration) -> (usize, Duration) {
+        let (old, writes) = self.writes(within).await;
+        let release_at = Instant::now();
+        assert!(
+            old.release().await.is_err(),
+            "the lost holder cannot release"
+        );
+        (writes, release_at.elapsed())
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use lock_core::{Error, LockBackend, LockName, LossReason};
 use tokio::time::{sleep, Instant};
 
+use super::cases::replica_through;
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
 use super::Target;
@@ -151,13 +152,7 @@ pub(super) async fn latency(ctx: Ctx, target: Target, probe: Probe) {
     let opts = ctx.opts();
     let server = ctx.factory().server_addr().expect("a loopback server");
     let proxy = FaultProxy::start(server).await.expect("proxy starts");
-    let via = ctx
-        .factory()
-        .replica_via(proxy.addr())
-        .await
-        .expect("connects through the proxy")
-        .expect("the backend can be proxied");
-    let holder_rep = ctx.replica_over(via);
+    let holder_rep = replica_through(&ctx, &proxy).await;
     let patient = ctx.replica_over(patient_replica(&probe, proxy.addr(), ttl * 4).await);
     let direct = ctx.replica().await;
     let delay = ttl * 3 / 10;

@@ -14,7 +14,7 @@ use tokio::process::{ChildStdout, Command};
 use tokio::time::Instant;
 
 use super::cases::{wind_down, Handover};
-use super::figures::{self, Row};
+use super::figures::Row;
 use super::holder::Resource;
 use super::procs::{process_url, signal};
 use super::Target;
@@ -77,11 +77,7 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
         .locker(&Registry::new())
         .expect("locker");
     let opts = LockOptions::new(ttl);
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: "chaos_holder_pause".to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, "chaos_holder_pause");
     for i in 0..target.iterations {
         let name = ctx.name(&format!("pause-{i}"));
         let resource = Arc::new(Resource::default());
@@ -162,16 +158,9 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
             .expect("the holder exits after its loss")
             .expect("wait");
         assert!(status.success(), "the holder exited with {status}");
-        let h = Handover {
-            locker: &successor,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&successor, &name, &opts);
         wind_down(&mut row, h, guard, &resource, acquired_at, (writes, late)).await;
     }
     row.iterations = target.iterations;
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
+    row.finish();
 }

@@ -281,14 +281,6 @@ pub(super) async fn replica_at(
     (backend, replica)
 }
 
-fn new_row(ctx: &Ctx, case: &str) -> Row {
-    Row {
-        backend: ctx.factory().name().to_owned(),
-        case: case.to_owned(),
-        ..Row::default()
-    }
-}
-
 /// The successor, waiting in the background for `name` (up to `wait`) and
 /// writing once under its token when it gets it.
 fn successor_waits(
@@ -317,13 +309,6 @@ fn spread(samples: &[Duration]) -> String {
     }
 }
 
-fn finish(row: Row) {
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
-}
-
 /// X1: the holder process is stopped for 1.5 × TTL. Its session stays open
 /// (the kernel keeps its socket), so the server keeps the lock: the
 /// successor is refused for the whole pause. After the thaw the holder's
@@ -346,7 +331,7 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
         .locker(&Registry::new())
         .expect("locker");
     let opts = LockOptions::new(ttl);
-    let mut row = new_row(&ctx, "chaos_holder_pause");
+    let mut row = Row::of(&ctx, "chaos_holder_pause");
     let mut handed_over = Vec::new();
     for i in 0..iterations {
         let name = ctx.name(&format!("pause-{i}"));
@@ -465,11 +450,7 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
                 "the holder wrote after its loss"
             );
         }
-        let h = Handover {
-            locker: &successor,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&successor, &name, &opts);
         wind_down(&mut row, h, guard, &resource, acquired_at, (writes, late)).await;
     }
     row.iterations = iterations;
@@ -477,7 +458,7 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
         "postgres::chaos_holder_pause: successor acquired {} after the thaw",
         spread(&handed_over)
     );
-    finish(row);
+    row.finish();
 }
 
 /// X2: the holder's server process is stopped (SIGSTOP) for 1.5 × TTL. Calls
@@ -496,16 +477,13 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let setup = Setup::new(&f).await;
     let op_timeout = setup.config.statement_timeout();
     let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
-    let mut row = new_row(&ctx, "chaos_server_stall");
+    let mut row = Row::of(&ctx, "chaos_server_stall");
     let mut after_thaw = Vec::new();
     for i in 0..iterations {
         let (backend, holder_rep) = replica_at(&f, &ctx, &setup.url).await;
         let name = ctx.name(&format!("stall-{i}"));
         let key = setup.config.key_for(&name);
-        let resource = Arc::new(Resource::default());
-        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
-        sleep(ttl / 2).await;
-        assert!(holder.handle.is_held(), "healthy before the fault");
+        let (mut holder, resource) = Holder::healthy(&holder_rep, &name, &opts, ttl).await;
         let pid = setup
             .holder_of(key)
             .await
@@ -574,20 +552,10 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             "the successor acquired {:?} after the thaw",
             acquired_at - thaw_sent
         );
-        let token = succ.handle().fencing_token().expect("fenced");
-        assert!(token > holder.token, "the successor's token is newer");
-        let (old, writes) = holder.writes(ttl).await;
+        let writes = holder.superseded_by(&succ, ttl).await;
         assert!(writes > 0, "the holder wrote before the fault");
-        assert!(
-            old.release().await.is_err(),
-            "the lost holder cannot release"
-        );
         let late = resource.log.after_deadline();
-        let h = Handover {
-            locker: &successor.locker,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&successor.locker, &name, &opts);
         wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
         row.leaked += usize::from(setup.holder_of(key).await.is_some());
         assert!(
@@ -600,7 +568,7 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         "postgres::chaos_server_stall: successor acquired {} after the thaw",
         spread(&after_thaw)
     );
-    finish(row);
+    row.finish();
 }
 
 /// X3: the holder reaches the server through the fault proxy, which
@@ -621,7 +589,7 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
     let via = format!("postgres://postgres@{}/postgres", proxy.addr());
     let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
-    let mut row = new_row(&ctx, "chaos_partition");
+    let mut row = Row::of(&ctx, "chaos_partition");
     let mut freed = Vec::new();
     // What the library sets on its session (see lock-postgres): the server
     // gives up on a silent peer this long after it last heard from it.
@@ -631,10 +599,7 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         let (backend, holder_rep) = replica_at(&f, &ctx, &via).await;
         let name = ctx.name(&format!("partition-{i}"));
         let key = setup.config.key_for(&name);
-        let resource = Arc::new(Resource::default());
-        let mut holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
-        sleep(ttl / 2).await;
-        assert!(holder.handle.is_held(), "healthy before the fault");
+        let (mut holder, resource) = Holder::healthy(&holder_rep, &name, &opts, ttl).await;
         let pid = backend
             .lock_session_pid(&name)
             .await
@@ -688,19 +653,10 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             renewed,
             "the old holder renewed after its loss"
         );
-        let (old, writes) = holder.writes(ttl).await;
-        let release_at = Instant::now();
-        assert!(
-            old.release().await.is_err(),
-            "the lost holder cannot release"
-        );
-        row.max_blocked = row.max_blocked.max(Some(release_at.elapsed()));
+        let (writes, release_took) = holder.writes_after_loss(ttl).await;
+        row.max_blocked = row.max_blocked.max(Some(release_took));
         let late = resource.log.after_deadline();
-        let h = Handover {
-            locker: &successor.locker,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&successor.locker, &name, &opts);
         wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
         row.leaked += usize::from(setup.holder_of(key).await.is_some());
     }
@@ -709,7 +665,7 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         "postgres::chaos_partition: server freed the partitioned holder's lock {} after the cut",
         spread(&freed)
     );
-    finish(row);
+    row.finish();
 }
 
 /// Bytes waiting in the receive queue of server process `pid`'s socket.
@@ -747,7 +703,7 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
     let setup = Setup::new(&f).await;
     let bound = opts.renew_interval() + setup.config.statement_timeout();
     let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
-    let mut row = new_row(&ctx, "chaos_session_kill");
+    let mut row = Row::of(&ctx, "chaos_session_kill");
     let mut detection: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     for i in 0..iterations {
         for in_renewal in [false, true] {
@@ -853,19 +809,9 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
                 acquired_at - killed_at,
                 lost_at - killed_at
             );
-            let token = succ.handle().fencing_token().expect("fenced");
-            assert!(token > holder.token, "the successor's token is newer");
-            let (old, writes) = holder.writes(ttl).await;
-            assert!(
-                old.release().await.is_err(),
-                "the killed holder cannot release"
-            );
+            let writes = holder.superseded_by(&succ, ttl).await;
             let late = resource.log.after_deadline();
-            let h = Handover {
-                locker: &successor.locker,
-                name: &name,
-                opts: &opts,
-            };
+            let h = Handover::new(&successor.locker, &name, &opts);
             wind_down(&mut row, h, succ, &resource, fenced_from, (writes, late)).await;
             row.leaked += usize::from(setup.holder_of(key).await.is_some());
         }
@@ -876,5 +822,5 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         spread(&detection[0]),
         spread(&detection[1])
     );
-    finish(row);
+    row.finish();
 }

@@ -38,52 +38,35 @@ async fn run(ctx: &Ctx, factory: Arc<ClusterFactory>) -> Result<(), BoxError> {
         other => return Err(format!("the first acquire got {other:?}").into()),
     };
     let slot = cluster_key_slot(holder.key_for(&name).as_bytes());
-    let (mut denied, mut renewed) = (0usize, 0usize);
+    let mut probe = Probe {
+        holder: &holder,
+        contender: &contender,
+        name: &name,
+        owner: &owner,
+        denied: 0,
+        renewed: 0,
+    };
     let started = Instant::now();
 
     // Phase 1: the slot is marked importing on the target and migrating on
     // the source; the keys are still on the source.
     let s = Arc::clone(&set);
     let (src, dst) = tokio::task::spawn_blocking(move || begin_migration(&s, slot)).await??;
-    check(
-        &holder,
-        &contender,
-        &name,
-        &owner,
-        &mut denied,
-        &mut renewed,
-        "marked migrating",
-    )
-    .await?;
+    probe.check("marked migrating").await?;
 
     // Phase 2: every key of the slot (lock and counter) moved; the source
     // answers ASK for them, the target accepts them after ASKING.
     let moved = tokio::task::spawn_blocking(move || move_keys(slot, src, dst)).await??;
-    check(
-        &holder,
-        &contender,
-        &name,
-        &owner,
-        &mut denied,
-        &mut renewed,
-        "keys migrated (ASK)",
-    )
-    .await?;
+    probe.check("keys migrated (ASK)").await?;
 
     // Phase 3: the slot assigned to the target everywhere (MOVED).
     let s = Arc::clone(&set);
     tokio::task::spawn_blocking(move || finish_migration(&s, slot, dst)).await??;
-    check(
-        &holder,
-        &contender,
-        &name,
-        &owner,
-        &mut denied,
-        &mut renewed,
-        "slot moved (MOVED)",
-    )
-    .await?;
+    probe.check("slot moved (MOVED)").await?;
     let migrated_in = started.elapsed();
+    let Probe {
+        denied, renewed, ..
+    } = probe;
 
     match holder.release(&name, &owner).await? {
         ReleaseOutcome::Released => {}
@@ -112,31 +95,35 @@ async fn run(ctx: &Ctx, factory: Arc<ClusterFactory>) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Several contender attempts and one holder renewal: none granted, held.
-#[allow(clippy::too_many_arguments)]
-async fn check(
-    holder: &RedisBackend,
-    contender: &RedisBackend,
-    name: &LockName,
-    owner: &OwnerToken,
-    denied: &mut usize,
-    renewed: &mut usize,
-    phase: &str,
-) -> Result<(), BoxError> {
-    for _ in 0..5 {
-        let other = OwnerToken::generate()?;
-        match contender.try_acquire(name, &other, TTL).await? {
-            AcquireAttempt::HeldElsewhere => *denied += 1,
-            got => return Err(format!("{phase}: the contender got {got:?}").into()),
+/// What is asked of the cluster at each phase of the migration, and how
+/// often the contender was denied and the holder renewed so far.
+struct Probe<'a> {
+    holder: &'a RedisBackend,
+    contender: &'a RedisBackend,
+    name: &'a LockName,
+    owner: &'a OwnerToken,
+    denied: usize,
+    renewed: usize,
+}
+
+impl Probe<'_> {
+    /// Several contender attempts and one holder renewal: none granted, held.
+    async fn check(&mut self, phase: &str) -> Result<(), BoxError> {
+        for _ in 0..5 {
+            let other = OwnerToken::generate()?;
+            match self.contender.try_acquire(self.name, &other, TTL).await? {
+                AcquireAttempt::HeldElsewhere => self.denied += 1,
+                got => return Err(format!("{phase}: the contender got {got:?}").into()),
+            }
         }
-    }
-    match holder.renew(name, owner, TTL).await? {
-        LeaseStatus::Held => *renewed += 1,
-        got => return Err(format!("{phase}: the holder's renewal found {got:?}").into()),
-    }
-    match holder.check(name, owner).await? {
-        LeaseStatus::Held => Ok(()),
-        got => Err(format!("{phase}: the holder's check found {got:?}").into()),
+        match self.holder.renew(self.name, self.owner, TTL).await? {
+            LeaseStatus::Held => self.renewed += 1,
+            got => return Err(format!("{phase}: the holder's renewal found {got:?}").into()),
+        }
+        match self.holder.check(self.name, self.owner).await? {
+            LeaseStatus::Held => Ok(()),
+            got => Err(format!("{phase}: the holder's check found {got:?}").into()),
+        }
     }
 }
 

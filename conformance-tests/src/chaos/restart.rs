@@ -63,11 +63,7 @@ pub(super) async fn restart(ctx: Ctx, target: Target, prefix: String) {
     let server = ctx.factory().server_process().expect("a private server");
     let holder_rep = ctx.replica().await;
     let successor = ctx.replica().await;
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: "chaos_restart".to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, "chaos_restart");
     let mut fence_backwards = 0;
     for i in 0..target.iterations {
         let name = ctx.name(&format!("restart-{i}"));

@@ -292,11 +292,7 @@ pub(super) async fn sentinel_failover(ctx: Ctx, target: Target, factory: Arc<Sen
     } else {
         "chaos_sentinel_failover"
     };
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: case.to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, case);
     let (mut kept, mut lost, mut backwards, mut switches) = (0, Vec::new(), 0, Vec::new());
     let mut switch_took = Vec::new();
     for i in 0..target.iterations {

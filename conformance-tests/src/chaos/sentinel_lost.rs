@@ -375,11 +375,7 @@ pub(super) async fn sentinel_primary_lost(
     } else {
         "chaos_sentinel_primary_lost"
     };
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: case.to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, case);
     let mut trials = Vec::new();
     for i in 0..target.iterations {
         let t = one_kill(&ctx, target, &prefix, ack, i).await;

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::backends::etcd::server::RAFT_TUNING;
 use crate::BoxError;
 
 /// The label every container and network of the suite carries; its value
@@ -491,25 +492,14 @@ impl Kind {
 }
 
 /// etcd's flags in the suite's containers: the private servers' raft timings
-/// (1 s leases allowed), compaction, and the info level the readiness line
-/// is logged at.
+/// (1 s leases allowed) and compaction, and the info level the readiness
+/// line is logged at.
 pub fn etcd_flags() -> Vec<String> {
-    [
-        "--heartbeat-interval",
-        "100",
-        "--election-timeout",
-        "500",
-        "--auto-compaction-mode",
-        "revision",
-        "--auto-compaction-retention",
-        "1000",
-        "--logger",
-        "zap",
-        "--log-level",
-        "info",
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    RAFT_TUNING
+        .iter()
+        .chain(&["--logger", "zap", "--log-level", "info"])
+        .map(|s| (*s).to_owned())
+        .collect()
 }
 
 /// A single server in a container, published on the host's loopback.

@@ -16,6 +16,9 @@ mod process;
 pub use process::{free_port, wait_for_port, ServerProcess, ServerSpec};
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::BoxError;
 
 /// Whether this run is in CI (`CI=true`), where every backend must be tested.
 pub fn in_ci() -> bool {
@@ -37,4 +40,27 @@ pub enum Availability<T> {
     Ready(T),
     /// It could not be had, for this reason.
     Missing(String),
+}
+
+/// Asks `check` every `every` until it says yes, for up to `within`
+/// (blocking the thread between asks). On time out, the error it last gave,
+/// or an empty string if it only ever said no.
+pub fn poll_until(
+    within: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> Result<bool, BoxError>,
+) -> Result<(), String> {
+    let until = Instant::now() + within;
+    let mut last = String::new();
+    loop {
+        match check() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() >= until {
+            return Err(last);
+        }
+        std::thread::sleep(every);
+    }
 }

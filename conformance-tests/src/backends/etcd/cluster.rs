@@ -4,12 +4,12 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
 use lock_etcd::EtcdBuilder;
 
-use super::server::TUNING;
+use super::leader::{leader_among, wait_for_leader};
+use super::server::{QUIET_LOGS, RAFT_TUNING};
 use crate::harness::nft::OutputTable;
 use crate::harness::{free_port, which, ServerProcess, ServerSpec};
 use crate::BoxError;
@@ -95,7 +95,8 @@ impl EtcdCluster {
                 "--pre-vote",
             ]
             .iter()
-            .chain(TUNING)
+            .chain(RAFT_TUNING)
+            .chain(QUIET_LOGS)
             .map(|s| (*s).to_owned())
             .collect();
             let spec = ServerSpec {
@@ -211,23 +212,7 @@ impl EtcdCluster {
     ///
     /// Cancel safe: it only reads.
     pub async fn leader(&self) -> Result<usize, BoxError> {
-        let mut best: Option<(u64, usize)> = None;
-        for (i, m) in self.members.iter().enumerate() {
-            if !m.running() {
-                continue;
-            }
-            let Ok(Ok(status)) =
-                tokio::time::timeout(Duration::from_secs(1), status_of(m.port())).await
-            else {
-                continue;
-            };
-            let me = status.header().map(|h| h.member_id());
-            if me == Some(status.leader()) && best.is_none_or(|(t, _)| status.raft_term() > t) {
-                best = Some((status.raft_term(), i));
-            }
-        }
-        best.map(|(_, i)| i)
-            .ok_or_else(|| "no member reports itself as leader".into())
+        leader_among(self.running()).await
     }
 
     /// Waits up to `within` for a leader among the members other than
@@ -241,16 +226,13 @@ impl EtcdCluster {
         not: Option<usize>,
         within: Duration,
     ) -> Result<usize, BoxError> {
-        let until = Instant::now() + within;
-        loop {
-            match self.leader().await {
-                Ok(i) if Some(i) != not => return Ok(i),
-                _ if Instant::now() >= until => {
-                    return Err(format!("no new leader within {within:?}").into())
-                }
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
+        wait_for_leader(|| self.running(), not, within).await
+    }
+
+    /// The running members, by index and client port.
+    fn running(&self) -> Vec<(usize, u16)> {
+        let running = self.members.iter().enumerate().filter(|(_, m)| m.running());
+        running.map(|(i, m)| (i, m.port())).collect()
     }
 
     /// Cuts member `i` off from the other members' peer traffic both ways,
@@ -289,12 +271,4 @@ impl EtcdCluster {
 fn with_timeouts(b: EtcdBuilder) -> EtcdBuilder {
     b.with_connect_timeout(Duration::from_secs(2))
         .with_request_timeout(Duration::from_secs(1))
-}
-
-async fn status_of(port: u16) -> Result<etcd_client::StatusResponse, BoxError> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_millis(500))
-        .with_timeout(Duration::from_millis(800));
-    let mut client = Client::connect([format!("http://127.0.0.1:{port}")], Some(options)).await?;
-    Ok(client.status().await?)
 }

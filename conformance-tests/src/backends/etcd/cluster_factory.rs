@@ -10,8 +10,17 @@ use lock_etcd::EtcdBackend;
 
 use super::cluster::EtcdCluster;
 use super::{server, EtcdSaboteur, TTL};
-use crate::harness::{free_port, which, Availability};
+use crate::harness::{which, Availability};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
+
+/// The timing of a 3-member cluster, processes or containers: the single
+/// member's TTL, and its slack plus a raft round trip to two followers on
+/// the same loaded 2-core machine.
+pub(crate) const CLUSTER_TIMING: Timing = Timing {
+    ttl: TTL,
+    tolerance: Duration::from_millis(900),
+    paused_clock: false,
+};
 
 /// Replicas are separate `EtcdBackend` connections to one private cluster,
 /// started on first use so that filtered runs that skip it do not pay for it.
@@ -72,13 +81,7 @@ impl BackendFactory for EtcdClusterFactory {
     }
 
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: TTL,
-            // As the single member, plus a raft round trip to two followers
-            // on the same loaded 2-core machine.
-            tolerance: Duration::from_millis(900),
-            paused_clock: false,
-        }
+        CLUSTER_TIMING
     }
 
     async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
@@ -97,8 +100,6 @@ impl BackendFactory for EtcdClusterFactory {
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
-        let port = free_port().ok()?;
-        let backend = server::builder(port).build().ok()?;
-        Some(Arc::new(backend))
+        server::unreachable()
     }
 }

@@ -2,8 +2,9 @@
 //! etcd started from `PATH`; plus the etcd-specific trials.
 
 pub mod cluster;
-mod cluster_factory;
+pub(crate) mod cluster_factory;
 mod cluster_frozen;
+pub(crate) mod leader;
 mod saboteur;
 pub mod server;
 mod specific;
@@ -16,7 +17,7 @@ use async_trait::async_trait;
 use lock_core::{backend::Expiry, Capabilities, LockBackend, TickStore};
 use lock_etcd::{EtcdBackend, EtcdBuilder};
 
-use crate::harness::{free_port, which, Availability, ServerProcess};
+use crate::harness::{which, Availability, ServerProcess};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
 pub use cluster_factory::{cluster_factory, EtcdClusterFactory};
@@ -259,9 +260,7 @@ impl BackendFactory for EtcdFactory {
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
-        let port = free_port().ok()?;
-        let backend = server::builder(port).build().ok()?;
-        Some(Arc::new(backend))
+        server::unreachable()
     }
 }
 

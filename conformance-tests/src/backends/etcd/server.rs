@@ -1,11 +1,13 @@
 //! Private etcd servers for the tests: own data dir, own client and peer ports.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_core::LockBackend;
 use lock_etcd::{EtcdBackend, EtcdBuilder};
 
-use crate::harness::{which, ServerProcess, ServerSpec};
+use crate::harness::{free_port, which, ServerProcess, ServerSpec};
 use crate::BoxError;
 
 /// Heartbeat and election timeout of private servers. etcd's minimum lease
@@ -15,11 +17,11 @@ use crate::BoxError;
 const HEARTBEAT_MS: &str = "100";
 const ELECTION_MS: &str = "500";
 
-/// Arguments every private member gets, alone or in a cluster: the short
-/// raft timings the suite's TTLs are sized for, compaction (etcd keeps every
-/// revision until compacted; thousands of acquisitions would otherwise slow
-/// it down) and quiet logs.
-pub(super) const TUNING: &[&str] = &[
+/// The raft timings and compaction of every private member, a process
+/// alone or in a cluster or a container: the short raft timings the
+/// suite's TTLs are sized for, and compaction (etcd keeps every revision
+/// until compacted; thousands of acquisitions would otherwise slow it down).
+pub(crate) const RAFT_TUNING: &[&str] = &[
     "--heartbeat-interval",
     HEARTBEAT_MS,
     "--election-timeout",
@@ -28,11 +30,10 @@ pub(super) const TUNING: &[&str] = &[
     "revision",
     "--auto-compaction-retention",
     "1000",
-    "--logger",
-    "zap",
-    "--log-level",
-    "warn",
 ];
+
+/// The logs of a member process: warnings only.
+pub(super) const QUIET_LOGS: &[&str] = &["--logger", "zap", "--log-level", "warn"];
 
 /// How a private server listens.
 #[derive(Debug, Clone, Copy, Default)]
@@ -93,7 +94,8 @@ fn member_args(scheme: &str, election_ms: &str) -> Vec<String> {
         &format!("lock-test={peer}"),
     ]
     .iter()
-    .chain(TUNING)
+    .chain(RAFT_TUNING)
+    .chain(QUIET_LOGS)
     .map(|s| (*s).to_owned())
     .collect();
     if let Some(at) = args.iter().position(|a| a == "--election-timeout") {
@@ -111,6 +113,14 @@ fn spec(args: Vec<String>) -> Result<ServerSpec, BoxError> {
         run_as: None,
         ready_timeout: Duration::from_secs(20),
     })
+}
+
+/// A replica of a member that is not there (a free port nobody listens
+/// on), as the factories hand out for the cases about unreachable servers.
+pub fn unreachable() -> Option<Arc<dyn LockBackend>> {
+    let port = free_port().ok()?;
+    let backend = builder(port).build().ok()?;
+    Some(Arc::new(backend))
 }
 
 /// A builder for the private server on `port`, with the suite's timeouts.

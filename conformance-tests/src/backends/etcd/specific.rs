@@ -16,12 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
-use lock_core::{LeaseHandle, LockName, RunOutcome};
-use tokio::sync::oneshot;
 
 use super::EtcdFactory;
+pub(super) use crate::cases::hold_in_job;
 use crate::harness::{in_ci, which};
-use crate::{BackendFactory, Ctx, Replica, Suite};
+use crate::{BackendFactory, Ctx, Suite};
 
 /// Longest an etcd-specific trial may run.
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(170);
@@ -137,31 +136,6 @@ fn run(body: BoxedCase, limit: Duration) -> Result<(), Failed> {
     });
     rt.shutdown_timeout(Duration::from_secs(5));
     outcome
-}
-
-/// Starts a `with_lock` job that runs until aborted; returns its lease
-/// handle and the task yielding the run's outcome.
-async fn hold_in_job(
-    replica: &Replica,
-    ctx: &Ctx,
-    name: &LockName,
-) -> Result<(LeaseHandle, tokio::task::JoinHandle<RunOutcome<()>>), Failed> {
-    let (tx, rx) = oneshot::channel();
-    let locker = replica.locker.clone();
-    let (name, opts) = (name.clone(), ctx.opts());
-    let run = tokio::spawn(async move {
-        locker
-            .with_lock(&name, &opts, |lease| async move {
-                let _ = tx.send(lease);
-                std::future::pending::<()>().await
-            })
-            .await
-            .expect("valid input")
-    });
-    let handle = rx
-        .await
-        .map_err(|_| "the job did not start: the lock was not acquired")?;
-    Ok((handle, run))
 }
 
 /// Turns a boolean check into a trial failure that says what went wrong.

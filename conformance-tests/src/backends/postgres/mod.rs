@@ -24,8 +24,9 @@ use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_postgres::{PostgresBackend, PostgresBuilder, PostgresConfig};
 
+pub(crate) use crate::harness::nft::installed as nft_installed;
 pub(crate) use faults::Frozen;
-pub(crate) use partition::{client_port, nft_installed, Blackhole};
+pub(crate) use partition::{client_port, Blackhole};
 pub use saboteur::{holder_pid, plain_session, terminate, PgSaboteur};
 pub use server::PrivatePostgres;
 

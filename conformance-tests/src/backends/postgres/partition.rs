@@ -11,13 +11,8 @@ use tokio::time::{sleep, timeout, Instant};
 
 use super::specific::{backend_as, hold, locker, name};
 use super::{PostgresFactory, TTL};
-use crate::harness::which;
+use crate::harness::nft::nft;
 use crate::BoxError;
-
-/// Whether `nft` is installed.
-pub(crate) fn nft_installed() -> bool {
-    which("nft").is_some() || std::path::Path::new("/usr/sbin/nft").is_file()
-}
 
 /// An nftables table that drops one TCP connection's packets both ways;
 /// deleted when dropped. Matching both ports keeps it from touching any
@@ -54,21 +49,6 @@ impl Blackhole {
 impl Drop for Blackhole {
     fn drop(&mut self) {
         let _ = nft(&["delete", "table", "inet", &self.table]);
-    }
-}
-
-fn nft(args: &[&str]) -> Result<(), BoxError> {
-    let program = which("nft").unwrap_or_else(|| "/usr/sbin/nft".into());
-    let out = Command::new(program).args(args).output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "nft {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into())
     }
 }
 

@@ -112,7 +112,7 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "frozen_session_fails_closed", |f| {
         Box::pin(faults::frozen_session_fails_closed(f))
     });
-    if partition::nft_installed() {
+    if super::nft_installed() {
         add(suite, f, "partitioned_holder_aborts_first", |f| {
             Box::pin(partition::partitioned_holder_aborts_first(f))
         });

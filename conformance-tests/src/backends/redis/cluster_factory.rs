@@ -3,15 +3,14 @@
 //! seed nodes.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_redis::{RedisBackend, RedisBuilder};
 
 use super::cluster::ClusterSet;
-use super::{config_for, RedisSaboteur, TTL};
-use crate::harness::{free_port, which, Availability};
+use super::{capabilities_of, config_for, unreachable, RedisSaboteur, TIMING};
+use crate::harness::{which, Availability};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
 /// Replicas are separate `RedisBackend`s on one private cluster, started on
@@ -94,22 +93,13 @@ impl BackendFactory for ClusterFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        RedisBuilder::from_url("redis+cluster://127.0.0.1:1")
-            .and_then(RedisBuilder::build)
-            .map_or_else(
-                |_| Capabilities::new(lock_core::backend::Expiry::Ttl),
-                |b| b.capabilities(),
-            )
+        capabilities_of(
+            RedisBuilder::from_url("redis+cluster://127.0.0.1:1").and_then(RedisBuilder::build),
+        )
     }
 
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: TTL,
-            // As the single server: no failover happens in these cases, and
-            // writes do not wait for the replicas.
-            tolerance: Duration::from_millis(350),
-            paused_clock: false,
-        }
+        TIMING
     }
 
     async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
@@ -125,11 +115,6 @@ impl BackendFactory for ClusterFactory {
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
-        let port = free_port().ok()?;
-        let backend = config_for(&format!("redis+cluster://127.0.0.1:{port}"))
-            .ok()?
-            .build()
-            .ok()?;
-        Some(Arc::new(backend))
+        unreachable(|port| format!("redis+cluster://127.0.0.1:{port}"))
     }
 }

@@ -7,6 +7,7 @@ use lock_core::{
     backend::{AcquireAttempt, LeaseStatus, ReleaseOutcome, RenewRequest},
     BackendErrorKind, LockBackend, LockName, LossReason, OwnerToken, RenewalOutcome,
 };
+use lock_redis::RedisBackend;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::specific::{ensure, locker_over, lost_within, opts, plain, tracing_line, TOLERANCE};
@@ -77,10 +78,7 @@ pub(super) async fn renewal_survives_script_flush(f: Arc<RedisFactory>) -> Resul
 pub(super) async fn paused_server_gives_timeouts(f: Arc<RedisFactory>) -> Result<(), BoxError> {
     let srv = server::start_plain()?;
     let url = format!("redis://127.0.0.1:{}", srv.port());
-    let backend = config_for(&url)?
-        .with_key_prefix(f.prefix())
-        .connect()
-        .await?;
+    let backend = connect_at(&f, &url).await?;
     let (locker, metrics) = locker_over(Arc::new(backend.clone()))?;
     let name = LockName::new("specific/paused")?;
     let before = Instant::now();
@@ -120,10 +118,7 @@ pub(super) async fn paused_server_gives_timeouts(f: Arc<RedisFactory>) -> Result
         "no renewal failed",
     )?;
     // The server forgot the lease during the pause; another replica gets it.
-    let other = config_for(&url)?
-        .with_key_prefix(f.prefix())
-        .connect()
-        .await?;
+    let other = connect_at(&f, &url).await?;
     let (b, _) = locker_over(Arc::new(other))?;
     let g = b.lock(&name, &opts().with_acquire_timeout(TTL * 2)).await?;
     g.release().await?;
@@ -136,10 +131,7 @@ pub(super) async fn paused_server_gives_timeouts(f: Arc<RedisFactory>) -> Result
 pub(super) async fn restart_reports_expired(f: Arc<RedisFactory>) -> Result<(), BoxError> {
     let srv = server::start_plain()?;
     let url = format!("redis://127.0.0.1:{}", srv.port());
-    let backend = config_for(&url)?
-        .with_key_prefix(f.prefix())
-        .connect()
-        .await?;
+    let backend = connect_at(&f, &url).await?;
     let (locker, _) = locker_over(Arc::new(backend.clone()))?;
     let name = LockName::new("specific/restart")?;
     let guard = locker.try_lock(&name, &opts()).await?;
@@ -171,4 +163,12 @@ pub(super) async fn restart_reports_expired(f: Arc<RedisFactory>) -> Result<(), 
     ));
     g.release().await?;
     Ok(())
+}
+
+/// A backend of the test profile on `url`, its keys under `f`'s prefix.
+async fn connect_at(f: &RedisFactory, url: &str) -> Result<RedisBackend, BoxError> {
+    Ok(config_for(url)?
+        .with_key_prefix(f.prefix())
+        .connect()
+        .await?)
 }

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::backend::Expiry;
 use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_redis::{RedisBackend, RedisBuilder};
 
@@ -44,6 +45,14 @@ use crate::{BackendFactory, BoxError, Saboteur, Suite, Timing};
 
 /// TTL of the Redis timing profile.
 const TTL: Duration = Duration::from_secs(1);
+/// The Redis timing profile, of every Redis row: the Sentinel and cluster
+/// rows' conformance cases see no failover, and their writes do not wait
+/// for the replicas, so they need no more slack than a single server.
+pub(crate) const TIMING: Timing = Timing {
+    ttl: TTL,
+    tolerance: Duration::from_millis(350),
+    paused_clock: false,
+};
 /// Operation timeout: above the slowest answer seen on a loaded 2-core
 /// machine, and short enough that a stalled renewal is retried before the
 /// local deadline (ttl - drift).
@@ -136,6 +145,20 @@ pub fn config_for(url: &str) -> Result<RedisBuilder, BoxError> {
         .with_connect_timeout(CONNECT_TIMEOUT))
 }
 
+/// What a backend built as `built` reports (its settings decide it, not a
+/// server), or TTL expiry alone should it not build.
+pub(crate) fn capabilities_of<E>(built: Result<RedisBackend, E>) -> Capabilities {
+    built.map_or_else(|_| Capabilities::new(Expiry::Ttl), |b| b.capabilities())
+}
+
+/// A replica of the test profile that reaches nothing: `url` of a free port
+/// nobody listens on.
+pub(crate) fn unreachable(url: impl FnOnce(u16) -> String) -> Option<Arc<dyn LockBackend>> {
+    let port = free_port().ok()?;
+    let backend = config_for(&url(port)).ok()?.build().ok()?;
+    Some(Arc::new(backend))
+}
+
 #[async_trait]
 impl BackendFactory for RedisFactory {
     fn connect_url(&self) -> Option<String> {
@@ -147,19 +170,15 @@ impl BackendFactory for RedisFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let config = RedisBuilder::new().with_fencing_tokens(self.fencing);
-        config.build().map_or_else(
-            |_| Capabilities::new(lock_core::backend::Expiry::Ttl),
-            |b| b.capabilities(),
+        capabilities_of(
+            RedisBuilder::new()
+                .with_fencing_tokens(self.fencing)
+                .build(),
         )
     }
 
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: TTL,
-            tolerance: Duration::from_millis(350),
-            paused_clock: false,
-        }
+        TIMING
     }
 
     async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
@@ -203,12 +222,7 @@ impl BackendFactory for RedisFactory {
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
-        let port = free_port().ok()?;
-        let backend = config_for(&format!("redis://127.0.0.1:{port}"))
-            .ok()?
-            .build()
-            .ok()?;
-        Some(Arc::new(backend))
+        unreachable(|port| format!("redis://127.0.0.1:{port}"))
     }
 }
 

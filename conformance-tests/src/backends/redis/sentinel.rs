@@ -10,20 +10,20 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::server;
-use crate::harness::{which, ServerProcess, ServerSpec};
+use crate::harness::{poll_until, which, ServerProcess, ServerSpec};
 use crate::BoxError;
 
 /// The name the sentinels know the primary by.
 pub const MASTER_NAME: &str = "lockprimary";
 /// Sentinels that must agree the primary is down before a failover: a
 /// majority of the three.
-const QUORUM: usize = 2;
+pub(crate) const QUORUM: usize = 2;
 /// How long a primary must be silent before a sentinel deems it down. Short
 /// so a killed primary is replaced in about 2 s; above the stalls a loaded
 /// 2-core machine gives a healthy server.
-const DOWN_AFTER_MS: u64 = 1_000;
+pub(crate) const DOWN_AFTER_MS: u64 = 1_000;
 /// How long a failover may take before another sentinel may retry it.
-const FAILOVER_TIMEOUT_MS: u64 = 4_000;
+pub(crate) const FAILOVER_TIMEOUT_MS: u64 = 4_000;
 /// How long a sentinel stays in TILT mode, in ms (Redis: 30 s).
 ///
 /// A sentinel whose timer runs 2 s late (the process starved of CPU, or
@@ -38,7 +38,7 @@ const FAILOVER_TIMEOUT_MS: u64 = 4_000;
 /// a requested failover is never retried by the sentinels). Stalls on that
 /// machine are a fact of the environment, not the fault under test; TILT
 /// stays on, so a stalled sentinel still distrusts what it saw, but for 5 s.
-const TILT_PERIOD_MS: u64 = 5_000;
+pub(crate) const TILT_PERIOD_MS: u64 = 5_000;
 /// `SENTINEL FAILOVER` requests [`SentinelSet::failover`] makes in all when
 /// the sentinels abort the earlier ones.
 const FAILOVER_REQUESTS: usize = 3;
@@ -48,7 +48,7 @@ const FAILOVER_REQUESTS: usize = 3;
 /// sentinels demote it seconds later. A replica that needs a full sync gets
 /// it at once, not after the default 5 s wait for more replicas, since the
 /// new primary refuses writes until one is linked.
-const DATA_ARGS: &[&str] = &[
+pub(crate) const DATA_ARGS: &[&str] = &[
     "--min-replicas-to-write",
     "1",
     "--min-replicas-max-lag",
@@ -57,7 +57,7 @@ const DATA_ARGS: &[&str] = &[
     "0",
 ];
 /// Bound of every readiness wait.
-const READY_WITHIN: Duration = Duration::from_secs(40);
+pub(crate) const READY_WITHIN: Duration = Duration::from_secs(40);
 
 /// Three data servers (index 0 starts as primary) and three sentinels.
 /// Fields drop in order: processes before the dir holding their configs.
@@ -227,29 +227,22 @@ impl SentinelSet {
     /// Waits until every running data server other than `primary` is its
     /// linked replica and every sentinel knows them and its two peers.
     pub fn wait_settled(&self, primary: u16, within: Duration) -> Result<(), BoxError> {
-        let until = Instant::now() + within;
         let replicas: Vec<u16> = self
             .servers
             .iter()
             .filter(|s| s.running() && s.port() != primary)
             .map(ServerProcess::port)
             .collect();
-        let mut last = String::new();
-        loop {
-            match self.settled(primary, &replicas) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => last = e.to_string(),
-            }
-            if Instant::now() >= until {
-                return Err(format!(
-                    "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
-                    self.sentinel_logs()
-                )
-                .into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_until(within, Duration::from_millis(100), || {
+            self.settled(primary, &replicas)
+        })
+        .map_err(|last| {
+            format!(
+                "the Sentinel deployment did not settle within {within:?} ({last}); sentinel logs:\n{}",
+                self.sentinel_logs()
+            )
+            .into()
+        })
     }
 
     /// The latest TILT and failover-abort lines of the sentinels' logs.

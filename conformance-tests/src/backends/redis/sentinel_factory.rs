@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_redis::RedisBackend;
 
-use super::sentinel::SentinelSet;
-use super::{config_for, RedisSaboteur, TTL};
-use crate::harness::{free_port, which, Availability};
+use super::sentinel::{SentinelSet, MASTER_NAME};
+use super::{capabilities_of, config_for, unreachable, RedisSaboteur, TIMING};
+use crate::harness::{which, Availability};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
 /// Replicas are separate `RedisBackend`s through the sentinels of one
@@ -106,20 +106,11 @@ impl BackendFactory for SentinelFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        lock_redis::RedisBuilder::new().build().map_or_else(
-            |_| Capabilities::new(lock_core::backend::Expiry::Ttl),
-            |b| b.capabilities(),
-        )
+        capabilities_of(lock_redis::RedisBuilder::new().build())
     }
 
     fn timing(&self) -> Timing {
-        Timing {
-            ttl: TTL,
-            // As the single server: no failover happens in these cases, and
-            // writes do not wait for the replicas.
-            tolerance: Duration::from_millis(350),
-            paused_clock: false,
-        }
+        TIMING
     }
 
     async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
@@ -139,12 +130,6 @@ impl BackendFactory for SentinelFactory {
     }
 
     async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
-        let port = free_port().ok()?;
-        let url = format!(
-            "redis+sentinel://127.0.0.1:{port}/{}",
-            super::sentinel::MASTER_NAME
-        );
-        let backend = config_for(&url).ok()?.build().ok()?;
-        Some(Arc::new(backend))
+        unreachable(|port| format!("redis+sentinel://127.0.0.1:{port}/{MASTER_NAME}"))
     }
 }

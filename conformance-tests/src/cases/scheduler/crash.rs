@@ -30,13 +30,11 @@ use std::time::Duration;
 
 use chrono::Utc;
 use lock_core::TickStore;
-use scheduler::{Delivery, RunReport, Scheduler, TokioClock, WallClock};
+use scheduler::{Delivery, Scheduler, TokioClock, WallClock};
 use tokio::sync::{oneshot, Semaphore};
 
-use super::fleet::{tolerance, Fleet};
-use super::pause::{
-    matrix, reported, Action, Cell, Expect, OneTick, ReplicaPlan, Step, REPORT_SLACK, TTL,
-};
+use super::fleet::Fleet;
+use super::pause::{matrix, Action, Cell, Expect, ReplicaPlan, Step, REPORT_SLACK, TTL};
 use crate::faulty::{Fault, FaultyBackend};
 use crate::Ctx;
 
@@ -80,7 +78,7 @@ fn death(
 /// crash.
 async fn doomed(
     ctx: Ctx,
-    plan: ReplicaPlan<'_>,
+    plan: ReplicaPlan,
     ticks: Arc<dyn TickStore>,
     clock: Arc<dyn WallClock>,
     step: Step,
@@ -109,16 +107,7 @@ async fn doomed(
 async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
     // The survivor, behind by more than the dead replica's lock lasts.
     let fleet = Fleet::new(&ctx, &[SURVIVOR_BEHIND_MS]).await;
-    let tick = OneTick::new(&ctx, &format!("crash-{index}"));
-    let calls: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let reports: Arc<Mutex<Vec<RunReport>>> = Arc::default();
-    let plan = ReplicaPlan {
-        tick: &tick,
-        delivery,
-        calls: &calls,
-        reports: &reports,
-        tolerance: tolerance(&ctx),
-    };
+    let plan = ReplicaPlan::new(&ctx, &format!("crash-{index}"), delivery);
     let survivor = plan
         .scheduler(
             fleet.replicas[0].locker.clone(),
@@ -133,17 +122,19 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
     let ticks = Arc::clone(&fleet.ticks);
     let grave = Arc::new(Semaphore::new(0));
     if ctx.timing().paused_clock {
-        doomed(ctx.clone(), plan, ticks, clock, step, Arc::clone(&grave)).await;
+        doomed(
+            ctx.clone(),
+            plan.clone(),
+            ticks,
+            clock,
+            step,
+            Arc::clone(&grave),
+        )
+        .await;
     } else {
         // A runtime of its own, on a thread of its own: shutting it down
         // drops every task and connection of the replica at once.
-        let (ctx2, tick2, calls2, reports2) = (
-            ctx.clone(),
-            tick.clone(),
-            Arc::clone(&calls),
-            Arc::clone(&reports),
-        );
-        let tolerance = tolerance(&ctx);
+        let (ctx2, plan2) = (ctx.clone(), plan.clone());
         let grave = Arc::clone(&grave);
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -151,14 +142,7 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
                 .enable_all()
                 .build()
                 .expect("the replica's runtime builds");
-            let plan = ReplicaPlan {
-                tick: &tick2,
-                delivery,
-                calls: &calls2,
-                reports: &reports2,
-                tolerance,
-            };
-            rt.block_on(doomed(ctx2, plan, ticks, clock, step, grave));
+            rt.block_on(doomed(ctx2, plan2, ticks, clock, step, grave));
             rt.shutdown_timeout(Duration::from_secs(1));
         });
         tokio::task::spawn_blocking(move || thread.join())
@@ -170,10 +154,10 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
     // counting when it died): past the tick on the replica behind, after the
     // dead one's lock ran out, with slack for a loaded machine.
     let behind = Duration::from_millis(SURVIVOR_BEHIND_MS.unsigned_abs());
-    let bound = tick.until() + behind + TTL + ctx.timing().tolerance + TTL;
-    reported(&reports, &tick, 1, bound + REPORT_SLACK).await;
+    let bound = plan.tick.until() + behind + TTL + ctx.timing().tolerance + TTL;
+    plan.reported(1, bound + REPORT_SLACK).await;
     let _ = survivor.shutdown(Duration::from_secs(5)).await;
-    let cell = Cell::read(&*fleet.ticks, &tick, &calls, &reports).await;
+    let cell = plan.read(&*fleet.ticks).await;
     grave.close();
     cell
 }

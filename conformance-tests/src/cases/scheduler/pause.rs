@@ -100,18 +100,66 @@ impl OneTick {
     }
 }
 
-/// One replica of a cell: the job (logging each handler call's token in
-/// `calls`, and doing `mid` inside the handler if given) and its scheduler,
-/// with `at_step` run at `step` if that is a protocol point. Not started.
-pub(super) struct ReplicaPlan<'a> {
-    pub(super) tick: &'a OneTick,
-    pub(super) delivery: Delivery,
-    pub(super) calls: &'a Arc<Mutex<Vec<u64>>>,
-    pub(super) reports: &'a Arc<Mutex<Vec<RunReport>>>,
-    pub(super) tolerance: Duration,
+/// The replicas of a cell: the one tick, and what each replica's job
+/// (logging each handler call's token in `calls`, and doing `mid` inside
+/// the handler if given) and scheduler (logging its reports) write to.
+/// Clones share the logs.
+#[derive(Clone)]
+pub(super) struct ReplicaPlan {
+    pub(super) tick: OneTick,
+    delivery: Delivery,
+    calls: Arc<Mutex<Vec<u64>>>,
+    reports: Arc<Mutex<Vec<RunReport>>>,
+    tolerance: Duration,
 }
 
-impl ReplicaPlan<'_> {
+impl ReplicaPlan {
+    /// A cell of one tick named after `job`, its replicas delivering it in
+    /// `delivery`.
+    pub(super) fn new(ctx: &Ctx, job: &str, delivery: Delivery) -> Self {
+        Self {
+            tick: OneTick::new(ctx, job),
+            delivery,
+            calls: Arc::default(),
+            reports: Arc::default(),
+            tolerance: tolerance(ctx),
+        }
+    }
+
+    /// Waits until `replicas` reports of the tick have come in (each
+    /// replica that fires it reports once, whatever the outcome, after its
+    /// record was written), or `bound` passed; says whether they came.
+    /// Polled: the reports come from the schedulers' outcome hook.
+    pub(super) async fn reported(&self, replicas: usize, bound: Duration) -> bool {
+        let tick = &self.tick;
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let seen = self
+                .reports
+                .lock()
+                .expect("log")
+                .iter()
+                .filter(|r| r.scheduled == tick.at)
+                .count();
+            if seen >= replicas {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                println!(
+                    "{}: {seen} of {replicas} reports within {bound:?}",
+                    tick.name
+                );
+                return false;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What the cell saw, once its replicas are done.
+    pub(super) async fn read(&self, ticks: &dyn TickStore) -> Cell {
+        Cell::read(ticks, &self.tick, &self.calls, &self.reports).await
+    }
+
     /// The replica's scheduler over `locker` and `ticks`; `under_test` is
     /// the step and what to do there, for the replica under test. Reports
     /// are logged while `alive` says so.
@@ -123,7 +171,7 @@ impl ReplicaPlan<'_> {
         under_test: Option<(Step, Action)>,
         alive: Arc<AtomicBool>,
     ) -> Scheduler {
-        let log = Arc::clone(self.calls);
+        let log = Arc::clone(&self.calls);
         let mid = match &under_test {
             Some((Step::MidHandler, action)) => Some(Arc::clone(action)),
             _ => None,
@@ -146,7 +194,7 @@ impl ReplicaPlan<'_> {
         )
         .with_ttl(TTL)
         .with_delivery(self.delivery);
-        let seen = Arc::clone(self.reports);
+        let seen = Arc::clone(&self.reports);
         let mut builder = Scheduler::builder(locker, ticks)
             .with_mode(Mode::PerTick)
             .with_clock(clock)
@@ -198,38 +246,6 @@ impl Cell {
             record,
             reports: reports.lock().expect("log").clone(),
         }
-    }
-}
-
-/// Waits until `replicas` reports of the tick have come in (each replica
-/// that fires it reports once, whatever the outcome, after its record was
-/// written), or `bound` passed; says whether they came. Polled: the reports
-/// come from the schedulers' outcome hook.
-pub(super) async fn reported(
-    reports: &Mutex<Vec<RunReport>>,
-    tick: &OneTick,
-    replicas: usize,
-    bound: Duration,
-) -> bool {
-    let deadline = tokio::time::Instant::now() + bound;
-    loop {
-        let seen = reports
-            .lock()
-            .expect("log")
-            .iter()
-            .filter(|r| r.scheduled == tick.at)
-            .count();
-        if seen >= replicas {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            println!(
-                "{}: {seen} of {replicas} reports within {bound:?}",
-                tick.name
-            );
-            return false;
-        }
-        sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -352,16 +368,7 @@ fn freezer(fault: FaultyBackend) -> Action {
 
 async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
     let fleet = Fleet::new(&ctx, &[0, BEHIND_MS]).await;
-    let tick = OneTick::new(&ctx, &format!("pause-{index}"));
-    let calls: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let reports: Arc<Mutex<Vec<RunReport>>> = Arc::default();
-    let plan = ReplicaPlan {
-        tick: &tick,
-        delivery,
-        calls: &calls,
-        reports: &reports,
-        tolerance: tolerance(&ctx),
-    };
+    let plan = ReplicaPlan::new(&ctx, &format!("pause-{index}"), delivery);
     let mut schedulers = Vec::new();
     for replica in 0..2 {
         let under_test = (replica == 0).then(|| (step, freezer(fleet.faults[0].clone())));
@@ -376,12 +383,12 @@ async fn cell(ctx: Ctx, index: usize, step: Step, delivery: Delivery) -> Cell {
     }
     // Both replicas' reports of the tick: past the tick, the replica behind
     // and the freeze, with slack for a loaded machine.
-    let bound = tick.until() + Duration::from_secs(3) + TTL * 3 + ctx.timing().tolerance + TTL;
-    reported(&reports, &tick, 2, bound + REPORT_SLACK).await;
+    let bound = plan.tick.until() + Duration::from_secs(3) + TTL * 3 + ctx.timing().tolerance + TTL;
+    plan.reported(2, bound + REPORT_SLACK).await;
     for s in schedulers {
         let _ = s.shutdown(Duration::from_secs(5)).await;
     }
-    Cell::read(&*fleet.ticks, &tick, &calls, &reports).await
+    plan.read(&*fleet.ticks).await
 }
 
 /// Every cell of the matrix on this row, asserted and printed.

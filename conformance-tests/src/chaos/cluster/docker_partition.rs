@@ -17,16 +17,13 @@ use std::time::Duration;
 use libtest_mimic::{Failed, Trial};
 use tokio::time::{sleep, sleep_until, Instant};
 
-use super::leader::Pair;
+use super::leader::{settle_all, start_pairs, HOLDERS};
 use crate::backends::docker_cluster::{DockerEtcdCluster, DockerEtcdClusterFactory};
 use crate::backends::etcd::server;
 use crate::chaos::cases::Target;
 use crate::chaos::figures::{self, Row};
 use crate::harness::docker;
 use crate::Ctx;
-
-/// Locks held across each fault, each with a waiter queued behind it.
-const HOLDERS: usize = 2;
 
 /// How long the majority may take to elect a new leader.
 const ELECTION_WITHIN: Duration = Duration::from_secs(10);
@@ -74,18 +71,10 @@ async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Tar
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let opts = ctx.opts();
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: CASE.to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, CASE);
     let (mut kept, mut lost, mut elections) = (0, 0, Vec::new());
     for i in 0..target.iterations {
-        let mut pairs = Vec::new();
-        for h in 0..HOLDERS {
-            let name = ctx.name(&format!("leader-partition-{i}-{h}"));
-            pairs.push(Pair::start(&ctx, name, &opts, ttl).await);
-        }
+        let pairs = start_pairs(&ctx, &format!("leader-partition-{i}"), &opts, ttl).await;
         let leader = cluster
             .wait_leader(None, ELECTION_WITHIN)
             .await
@@ -122,13 +111,8 @@ async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Tar
         // Past a whole TTL after the fault: a holder whose renewals have not
         // come through by now has lost its lease.
         sleep_until(fault_at + ttl * 2).await;
-        for p in pairs {
-            if p.settle(&mut row, fault_at, &opts, ttl).await {
-                kept += 1;
-            } else {
-                lost += 1;
-            }
-        }
+        let held = settle_all(pairs, &mut row, fault_at, &opts, ttl).await;
+        (kept, lost) = (kept + held, lost + HOLDERS - held);
         tokio::task::block_in_place(|| cluster.heal(leader)).expect("docker reconnects the member");
         println!(
             "docker_etcd_cluster: leader m{leader} cut off, m{next} elected after {:?}",
@@ -146,8 +130,5 @@ async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Tar
         "docker_etcd_cluster: leader partition: {kept} holders kept their lease, {lost} lost it; elections {elections:?}; max abort allowed {:?}",
         ttl + tol
     );
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
+    row.finish();
 }

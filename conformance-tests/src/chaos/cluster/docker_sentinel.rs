@@ -117,11 +117,7 @@ struct Seen {
 
 /// Cuts the primary off once per iteration, each on a fresh deployment.
 async fn primary_partition(ctx: Ctx, factory: Arc<DockerSentinelFactory>, target: Target) {
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: CASE.to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, CASE);
     let mut seen = Vec::new();
     for i in 0..target.iterations {
         let f = Arc::clone(&factory);
@@ -345,11 +341,7 @@ async fn one_cut(
             row.overlaps += 1;
         }
         let late = resource.log.after_deadline();
-        let h = Handover {
-            locker: &waiter_rep.locker,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&waiter_rep.locker, &name, &opts);
         wind_down(row, h, succ, &resource, acquired_at, (writes, late)).await;
     }
     // Alone past min-replicas-max-lag, the old primary counts no replica.

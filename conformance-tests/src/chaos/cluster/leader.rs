@@ -16,12 +16,12 @@ use tokio::time::{sleep, sleep_until, Instant};
 use super::watch::RenewWatch;
 use crate::backends::etcd::cluster::EtcdCluster;
 use crate::chaos::cases::{wind_down, Handover, Target};
-use crate::chaos::figures::{self, Row};
+use crate::chaos::figures::Row;
 use crate::chaos::holder::{Holder, Resource};
 use crate::{Ctx, Replica};
 
 /// Locks held across each fault, each with a waiter queued behind it.
-const HOLDERS: usize = 2;
+pub(super) const HOLDERS: usize = 2;
 
 /// How long a killed leader's successor may take to be elected.
 const ELECTION_WITHIN: Duration = Duration::from_secs(10);
@@ -140,14 +140,41 @@ impl Pair {
             let_go_at - acquired_at
         );
         let late = resource.log.after_deadline();
-        let h = Handover {
-            locker: &waiter_rep.locker,
-            name: &name,
-            opts,
-        };
+        let h = Handover::new(&waiter_rep.locker, &name, opts);
         wind_down(row, h, succ, &resource, acquired_at, (writes, late)).await;
         kept
     }
+}
+
+/// [`HOLDERS`] holders, each with its waiter, on names `{prefix}-{h}`.
+pub(super) async fn start_pairs(
+    ctx: &Ctx,
+    prefix: &str,
+    opts: &LockOptions,
+    ttl: Duration,
+) -> Vec<Pair> {
+    let mut pairs = Vec::with_capacity(HOLDERS);
+    for h in 0..HOLDERS {
+        let name = ctx.name(&format!("{prefix}-{h}"));
+        pairs.push(Pair::start(ctx, name, opts, ttl).await);
+    }
+    pairs
+}
+
+/// Settles every pair once the fault at `fault_at` is over (see
+/// [`Pair::settle`]); how many holders kept their lease.
+pub(super) async fn settle_all(
+    pairs: Vec<Pair>,
+    row: &mut Row,
+    fault_at: Instant,
+    opts: &LockOptions,
+    ttl: Duration,
+) -> usize {
+    let mut kept = 0;
+    for p in pairs {
+        kept += usize::from(p.settle(row, fault_at, opts, ttl).await);
+    }
+    kept
 }
 
 /// Kills the leader once per iteration with [`HOLDERS`] holders and their
@@ -156,18 +183,10 @@ pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Tar
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let opts = ctx.opts();
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: "chaos_leader_kill".to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, "chaos_leader_kill");
     let (mut kept, mut lost, mut elections) = (0, 0, Vec::new());
     for i in 0..target.iterations {
-        let mut pairs = Vec::new();
-        for h in 0..HOLDERS {
-            let name = ctx.name(&format!("leader-kill-{i}-{h}"));
-            pairs.push(Pair::start(&ctx, name, &opts, ttl).await);
-        }
+        let pairs = start_pairs(&ctx, &format!("leader-kill-{i}"), &opts, ttl).await;
         sleep(ttl).await;
         let leader = cluster
             .wait_leader(None, Duration::from_secs(10))
@@ -184,13 +203,8 @@ pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Tar
         // Past a whole TTL after the fault: a holder whose renewals have not
         // come through by now has lost its lease.
         sleep_until(fault_at + ttl * 2).await;
-        for p in pairs {
-            if p.settle(&mut row, fault_at, &opts, ttl).await {
-                kept += 1;
-            } else {
-                lost += 1;
-            }
-        }
+        let held = settle_all(pairs, &mut row, fault_at, &opts, ttl).await;
+        (kept, lost) = (kept + held, lost + HOLDERS - held);
         let restarted = tokio::task::block_in_place(|| cluster.restart(leader));
         restarted.expect("the killed member restarts");
         println!(
@@ -209,8 +223,5 @@ pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Tar
         "etcd_cluster: leader kill: {kept} holders kept their lease, {lost} lost it; elections {elections:?}; max abort allowed {:?}",
         ttl + tol
     );
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
+    row.finish();
 }

@@ -20,7 +20,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use super::watch::RenewWatch;
 use crate::backends::etcd::cluster::{EtcdCluster, MEMBERS};
 use crate::chaos::cases::{leak_probe, Target};
-use crate::chaos::figures::{self, Row};
+use crate::chaos::figures::Row;
 use crate::chaos::holder::{Holder, Resource};
 use crate::Ctx;
 
@@ -46,11 +46,7 @@ pub(super) async fn member_fault(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Ta
     } else {
         "chaos_member_kill"
     };
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: case.to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, case);
     let (mut failovers, mut failed_calls, mut lost) = (Vec::new(), 0, 0);
     for i in 0..target.iterations {
         let leader = cluster
@@ -166,10 +162,7 @@ pub(super) async fn member_fault(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Ta
          {failed_calls} calls failed closed; {lost} of {} holders lost their lease",
         HOLDERS * target.iterations
     );
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
+    row.finish();
     // Two healthy members of three keep quorum, and a renewal that finds its
     // member frozen or dead goes on at another within its request timeout,
     // well inside the TTL: no holder may lose its lease.

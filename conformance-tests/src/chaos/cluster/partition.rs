@@ -19,7 +19,7 @@ use super::watch::RenewWatch;
 use crate::backends::etcd::cluster::{EtcdCluster, MEMBERS};
 use crate::backends::etcd::server;
 use crate::chaos::cases::{successor_takes, wind_down, Handover, Target};
-use crate::chaos::figures::{self, Row};
+use crate::chaos::figures::Row;
 use crate::chaos::holder::{Holder, Resource};
 use crate::Ctx;
 
@@ -32,11 +32,7 @@ pub(super) async fn minority(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let opts = ctx.opts();
-    let mut row = Row {
-        backend: ctx.factory().name().to_owned(),
-        case: "chaos_minority_partition".to_owned(),
-        ..Row::default()
-    };
+    let mut row = Row::of(&ctx, "chaos_minority_partition");
     let (mut mixed_ok, mut mixed_refused) = (0, 0);
     for i in 0..target.iterations {
         let leader = cluster
@@ -131,17 +127,9 @@ pub(super) async fn minority(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target
             holder.handle.assert_held().is_err(),
             "the old lease stays lost after healing"
         );
-        let (old, writes) = holder.writes(ttl).await;
-        assert!(
-            old.release().await.is_err(),
-            "the lost holder cannot release"
-        );
+        let (writes, _) = holder.writes_after_loss(ttl).await;
         let late = resource.log.after_deadline();
-        let h = Handover {
-            locker: &successor.locker,
-            name: &name,
-            opts: &opts,
-        };
+        let h = Handover::new(&successor.locker, &name, &opts);
         wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
         // The healed member catches up before the next cut.
         cluster
@@ -154,10 +142,7 @@ pub(super) async fn minority(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target
     println!(
         "etcd_cluster: minority partition: the all-member client got {mixed_ok} grants through the majority and {mixed_refused} calls refused"
     );
-    let ok = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
-    let summary = format!("{row:?}");
-    figures::record(row);
-    assert!(ok, "unsafe writes or leaks: {summary}");
+    row.finish();
 }
 
 async fn connect(ctx: &Ctx, cluster: &EtcdCluster, members: &[usize]) -> crate::Replica {
