@@ -235,6 +235,28 @@ async fn a_frozen_replica_never_breaks_its_mode() {
                 if row.ticks.len() < TICKS - 1 {
                     failures.push(format!("too few ticks ran: {where_}"));
                 }
+                // Frozen while holding a started tick, the replica must lose
+                // its lock (its renewals stall too), and the late replica
+                // must find the run's record: abandoned, or run again.
+                // Without this a freeze that let the heartbeat go on would
+                // pass every check above and below.
+                let loses_a_started_tick = matches!(
+                    step,
+                    Step::At(ProtocolPoint::Started | ProtocolPoint::HandlerReturned)
+                        | Step::MidHandler
+                );
+                // (At least once, a tick frozen before its handler was
+                // called is run once, by the other replica: nothing to count.)
+                let seen = match delivery {
+                    Delivery::AtMostOnce => Some(row.abandoned),
+                    _ if step == Step::At(ProtocolPoint::Started) => None,
+                    _ => Some(row.started_twice),
+                };
+                if loses_a_started_tick && seen == Some(0) {
+                    failures.push(format!(
+                        "the freeze cost the frozen replica no started tick: {where_}"
+                    ));
+                }
                 match delivery {
                     Delivery::AtMostOnce => {
                         if row.started_twice != 0 {
