@@ -198,6 +198,38 @@ async fn memory_stays_bounded_with_a_million_keys() -> TestResult {
     .await?
 }
 
+/// The same bound on the in-process path, where a limiter on the store
+/// decides by subject id in the lock-free map.
+#[tokio::test(start_paused = true)]
+async fn in_process_buckets_stay_bounded_with_a_million_keys() -> TestResult {
+    timeout(CASE, async {
+        let store = Arc::new(MemoryStore::with_max_keys(10_000));
+        let limiter = Limiter::builder("million")
+            .with_store(Arc::clone(&store) as Arc<dyn Store>)
+            .with_limit(limit("m", 10, Duration::from_secs(60)))
+            .with_metrics(metrics())
+            .build()?;
+        let mut max_len = 0;
+        for i in 0..1_000_000u32 {
+            assert!(limiter.check(&format!("k{i}")).await?.allowed);
+            if i % 1000 == 0 {
+                max_len = max_len.max(store.len());
+            }
+        }
+        max_len = max_len.max(store.len());
+        assert!(max_len <= 10_000, "held {max_len} keys");
+        // Every bucket refilled: the next sweep drops them all, so the
+        // subjects seen before start again from a full bucket.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        for i in 0..10_000u32 {
+            assert_eq!(limiter.check(&format!("k{i}")).await?.remaining, 9);
+        }
+        assert!(store.len() <= 10_000, "held {} keys", store.len());
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await?
+}
+
 fn switched(
     name: &str,
     policy: OnStoreError,
