@@ -1,8 +1,11 @@
 //! Decisions per second on one key, at concurrency 1 and 16, each against a
 //! floor measured in the same run:
 //!
-//! - memory: the limiter on a `MemoryStore` against `governor`'s direct
-//!   limiter on the same quota (goal: at least 0.5 × governor);
+//! - memory: the limiter on a `MemoryStore` against `governor`'s keyed
+//!   limiter (its default, `DashMap`-backed store) on the same quota and key
+//!   (goal: at least 0.5 × governor). The limiter is keyed, so that is its
+//!   peer; `governor`'s direct limiter (one bucket, no map) is a second row,
+//!   for information;
 //! - redis: the limiter against its store called alone, one `EVALSHA` of the
 //!   script per decision (goal: at least 0.9 × the floor);
 //! - postgres: the limiter against its store called alone, one prepared
@@ -57,6 +60,21 @@ impl Op for Governor {
     fn call(&self) -> impl Future<Output = Result<(), BoxError>> + Send {
         // Admitted or refused, it is one decision.
         let _ = self.0.check();
+        std::future::ready(Ok(()))
+    }
+}
+
+/// `governor`'s keyed limiter, deciding for [`KEY`] as the limiter does.
+#[derive(Clone)]
+struct GovernorKeyed {
+    limiter: Arc<governor::DefaultKeyedRateLimiter<String>>,
+    key: Arc<String>,
+}
+
+impl Op for GovernorKeyed {
+    fn call(&self) -> impl Future<Output = Result<(), BoxError>> + Send {
+        // Admitted or refused, it is one decision.
+        let _ = self.limiter.check_key(&self.key);
         std::future::ready(Ok(()))
     }
 }
@@ -163,18 +181,23 @@ fn limiter(store: Option<Arc<dyn Store>>) -> Result<Limiter, BoxError> {
         .build()?)
 }
 
-/// Prints the rows of one backend: both concurrencies against its floor.
+/// Prints the rows of one backend: both concurrencies against its floor,
+/// and whether `goal` is met (`None`: a row for information only).
 async fn rows<L: Op, F: Op>(
     backend: &str,
-    goal: f64,
+    goal: Option<f64>,
     limiter: L,
     floor: F,
 ) -> Result<(), BoxError> {
     for tasks in [1, 16] {
         let (l, f) = compare(tasks, &limiter, &floor).await?;
         let ratio = l / f;
-        let met = if ratio >= goal { "yes" } else { "no" };
-        println!("| {backend} | {tasks} | {l:.0} | {f:.0} | {ratio:.2} | ≥ {goal} | {met} |");
+        let (goal, met) = match goal {
+            Some(goal) if ratio >= goal => (format!("≥ {goal}"), "yes"),
+            Some(goal) => (format!("≥ {goal}"), "no"),
+            None => ("none".to_owned(), "-"),
+        };
+        println!("| {backend} | {tasks} | {l:.0} | {f:.0} | {ratio:.2} | {goal} | {met} |");
     }
     Ok(())
 }
@@ -188,14 +211,25 @@ async fn main() -> Result<(), BoxError> {
 
     let quota =
         governor::Quota::per_second(NonZeroU32::new(u32::try_from(PER_SECOND)?).ok_or("quota")?);
-    let gov = Governor(Arc::new(governor::RateLimiter::direct(quota)));
+    let keyed = GovernorKeyed {
+        limiter: Arc::new(governor::RateLimiter::keyed(quota)),
+        key: Arc::new(KEY.to_owned()),
+    };
+    let direct = Governor(Arc::new(governor::RateLimiter::direct(quota)));
     let memory = Through(limiter(None)?);
-    rows("memory (governor)", 0.5, memory, gov).await?;
+    rows("memory (governor keyed)", Some(0.5), memory.clone(), keyed).await?;
+    rows("memory (governor direct)", None, memory, direct).await?;
 
     if let Ok(url) = std::env::var("REDIS_URL") {
         let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url)?);
         let through = Through(limiter(Some(Arc::clone(&store)))?);
-        rows("redis (EVALSHA alone)", 0.9, through, Bare::new(store)?).await?;
+        rows(
+            "redis (EVALSHA alone)",
+            Some(0.9),
+            through,
+            Bare::new(store)?,
+        )
+        .await?;
     }
     if let Ok(url) = std::env::var("DATABASE_URL") {
         let pg = PostgresStore::connect(&url, "rl_bench_limits")?;
@@ -204,7 +238,7 @@ async fn main() -> Result<(), BoxError> {
         let through = Through(limiter(Some(Arc::clone(&store)))?);
         rows(
             "postgres (function call alone)",
-            0.9,
+            Some(0.9),
             through,
             Bare::new(store)?,
         )

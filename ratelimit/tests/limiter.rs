@@ -198,6 +198,38 @@ async fn memory_stays_bounded_with_a_million_keys() -> TestResult {
     .await?
 }
 
+/// The same bound on the in-process path, where a limiter on the store
+/// decides by subject id in the lock-free map.
+#[tokio::test(start_paused = true)]
+async fn in_process_buckets_stay_bounded_with_a_million_keys() -> TestResult {
+    timeout(CASE, async {
+        let store = Arc::new(MemoryStore::with_max_keys(10_000));
+        let limiter = Limiter::builder("million")
+            .with_store(Arc::clone(&store) as Arc<dyn Store>)
+            .with_limit(limit("m", 10, Duration::from_secs(60)))
+            .with_metrics(metrics())
+            .build()?;
+        let mut max_len = 0;
+        for i in 0..1_000_000u32 {
+            assert!(limiter.check(&format!("k{i}")).await?.allowed);
+            if i % 1000 == 0 {
+                max_len = max_len.max(store.len());
+            }
+        }
+        max_len = max_len.max(store.len());
+        assert!(max_len <= 10_000, "held {max_len} keys");
+        // Every bucket refilled: the next sweep drops them all, so the
+        // subjects seen before start again from a full bucket.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        for i in 0..10_000u32 {
+            assert_eq!(limiter.check(&format!("k{i}")).await?.remaining, 9);
+        }
+        assert!(store.len() <= 10_000, "held {} keys", store.len());
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await?
+}
+
 fn switched(
     name: &str,
     policy: OnStoreError,
@@ -316,6 +348,74 @@ async fn allow_admits_unchecked_and_counts_fallbacks() -> TestResult {
     assert_eq!(m.fallbacks("allow"), 50);
     assert_eq!(m.decisions("allow", "allowed", Source::None), 50);
     Ok(())
+}
+
+/// The scraped `rate_limit_decisions_total` of `limiter` with this outcome
+/// label, over every source.
+fn scraped_decisions(registry: &Registry, limiter: &str, outcome: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "rate_limit_decisions_total")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| {
+            let has = |name: &str, value: &str| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == name && l.value() == value)
+            };
+            has("limiter", limiter) && has("outcome", outcome)
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+/// Decisions made on several threads at once are counted on each thread
+/// and summed when read: a scrape and `decisions` both see every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decisions_made_on_several_threads_are_all_counted() -> TestResult {
+    timeout(CASE, async {
+        let registry = Registry::new();
+        let m = RateLimitMetrics::register(&registry)?;
+        // A unit refills every 86 s: the burst is all this case admits.
+        let limiter = Limiter::builder("threads")
+            .with_limit(limit("s", 1_000, Duration::from_secs(86_400)))
+            .with_metrics(m.clone())
+            .build()?;
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let mut allowed = 0u64;
+                    for _ in 0..500 {
+                        if limiter.check("k").await?.allowed {
+                            allowed += 1;
+                        }
+                    }
+                    Ok::<_, Error>(allowed)
+                })
+            })
+            .collect();
+        let mut allowed = 0;
+        for t in tasks {
+            allowed += t.await??;
+        }
+        assert_eq!(allowed, 1_000);
+        assert_eq!(m.decisions("threads", "allowed", Source::Store), 1_000);
+        assert_eq!(m.decisions("threads", "limited", Source::Store), 3_000);
+        assert_eq!(scraped_decisions(&registry, "threads", "allowed"), 1_000.0);
+        assert_eq!(scraped_decisions(&registry, "threads", "limited"), 3_000.0);
+        // A second limiter of the name (on a store of its own) counts into
+        // the same series.
+        let again = Limiter::builder("threads")
+            .with_limit(limit("s", 1_000, Duration::from_secs(86_400)))
+            .with_metrics(m.clone())
+            .build()?;
+        assert!(again.check("k").await?.allowed);
+        assert_eq!(scraped_decisions(&registry, "threads", "allowed"), 1_001.0);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await?
 }
 
 /// The samples of `rate_limit_store_duration_seconds` for `limiter`.

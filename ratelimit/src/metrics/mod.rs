@@ -1,7 +1,9 @@
 //! The limiter's Prometheus metrics.
 
+mod decisions;
+
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use lock_core::shared_metrics::{register_shared, MetricSet, SharedRegistrationError};
 use prometheus::core::Collector;
@@ -11,11 +13,12 @@ use prometheus::{
 };
 
 use crate::error::{Error, Result, StoreErrorKind};
+use decisions::{Counts, Decisions};
 
 /// One limiter's series, resolved at build.
 #[derive(Clone)]
 pub(crate) struct LimiterSeries {
-    decisions: [[IntCounter; 3]; 3],
+    decisions: Arc<Counts>,
     fallbacks: IntCounter,
     errors: [IntCounter; 4],
     duration: Histogram,
@@ -24,7 +27,7 @@ pub(crate) struct LimiterSeries {
 
 impl LimiterSeries {
     pub(crate) fn decision(&self, outcome: Outcome, source: Source) {
-        self.decisions[outcome as usize][source as usize].inc();
+        self.decisions.add(outcome, source);
         if source == Source::Fallback || (source == Source::None && outcome == Outcome::Allowed) {
             self.fallbacks.inc();
         }
@@ -61,6 +64,9 @@ pub enum Source {
 }
 
 impl Source {
+    /// Every source, in the order of their discriminants.
+    const ALL: [Self; 3] = [Self::Store, Self::Fallback, Self::None];
+
     /// The label value.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -110,7 +116,7 @@ impl Outcome {
 /// other's.
 #[derive(Clone)]
 pub struct RateLimitMetrics {
-    decisions: IntCounterVec,
+    decisions: Decisions,
     fallbacks: IntCounterVec,
     errors: IntCounterVec,
     duration: HistogramVec,
@@ -171,13 +177,13 @@ impl RateLimitMetrics {
 
     fn unregistered() -> prometheus::Result<Self> {
         Ok(Self {
-            decisions: IntCounterVec::new(
+            decisions: Decisions::new(IntCounterVec::new(
                 Opts::new(
                     "rate_limit_decisions_total",
                     "Rate-limit decisions by outcome and by where they were made.",
                 ),
                 &["limiter", "outcome", "source"],
-            )?,
+            )?),
             fallbacks: IntCounterVec::new(
                 Opts::new(
                     "rate_limit_store_fallbacks_total",
@@ -215,14 +221,8 @@ impl RateLimitMetrics {
     /// Creates every series of `limiter` at 0 and resolves them once, so a
     /// decision costs no label lookup.
     pub(crate) fn series(&self, limiter: &str) -> LimiterSeries {
-        let sources = [Source::Store, Source::Fallback, Source::None];
         LimiterSeries {
-            decisions: Outcome::ALL.map(|(_, outcome)| {
-                sources.map(|source| {
-                    self.decisions
-                        .with_label_values(&[limiter, outcome, source.as_str()])
-                })
-            }),
+            decisions: self.decisions.counts(limiter),
             fallbacks: self.fallbacks.with_label_values(&[limiter]),
             errors: StoreErrorKind::ALL
                 .map(|kind| self.errors.with_label_values(&[limiter, kind.as_str()])),
@@ -235,12 +235,11 @@ impl RateLimitMetrics {
         }
     }
 
-    /// The decisions counted for `limiter` with this outcome label and source.
+    /// The decisions counted for `limiter` with this outcome label and
+    /// source, every decision made before the call included.
     #[must_use]
     pub fn decisions(&self, limiter: &str, outcome: &str, source: Source) -> u64 {
-        self.decisions
-            .with_label_values(&[limiter, outcome, source.as_str()])
-            .get()
+        self.decisions.get(limiter, outcome, source)
     }
 
     /// The fallbacks counted for `limiter`.

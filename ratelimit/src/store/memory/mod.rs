@@ -1,10 +1,19 @@
 //! The in-process store: one process's buckets, bounded in memory.
+//!
+//! - [`id`]: the ids of in-process buckets and their hashers;
+//! - [`shard`]: one shard's maps, the decisions made on them under its
+//!   write lock, and its sweep.
+
+mod id;
+mod shard;
+#[cfg(test)]
+mod tests;
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::Ordering;
 use std::sync::{PoisonError, RwLock, RwLockWriteGuard};
 
 use async_trait::async_trait;
@@ -14,6 +23,9 @@ use tokio::time::Instant;
 use super::{Store, StoreDecision, StoreRequest};
 use crate::error::StoreError;
 use crate::gcra::{self, Cell};
+use id::BucketId;
+pub(crate) use id::SubjectHasher;
+use shard::{decide_many, decide_one, Shard, Tat, INLINE_LIMITS};
 
 /// The number of keys a [`MemoryStore`] keeps at most, by default.
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -45,70 +57,6 @@ pub struct MemoryStore {
     hasher: RandomState,
     max_per_shard: usize,
     start: Instant,
-}
-
-/// One shard: the buckets of the store's string keys (decided under the
-/// write lock), and those of limiters deciding in process, by bucket id
-/// (see [`MemoryStore::decide_subject`]): each an atomic TAT that a
-/// single-limit decision updates by compare-and-swap under the read lock.
-/// The write lock is taken to add a bucket, to sweep, and to decide over
-/// several limits at once. The maximum applies to each map.
-#[derive(Debug)]
-struct Shard {
-    tats: HashMap<Box<str>, u64>,
-    by_id: HashMap<BucketId, AtomicU64, BuildHasherDefault<IdHasher>>,
-    sweep_at: usize,
-}
-
-/// A bucket of a limiter deciding in process: its subject's 128-bit keyed
-/// hash (keyed per limiter, see [`SubjectHasher`]) and a keyed hash of the
-/// limit's name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BucketId {
-    subject: [u64; 2],
-    limit: u64,
-}
-
-impl Hash for BucketId {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // The subject's words are already keyed SipHash outputs: uniform and
-        // unpredictable without this process's random key, so one of them
-        // (mixed with the limit) is the map hash, with no second hashing.
-        state.write_u64(self.subject[0] ^ self.limit.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    }
-}
-
-/// Turns one limiter's subjects into the 128-bit ids of its buckets: SipHash
-/// 1-3 with 128-bit output, in one pass, under a key derived from the
-/// store's random key and the limiter's key prefix and name. Without the
-/// store's key no one can make two subjects collide; it stands for the
-/// subject as the SHA-256 prefix does in a shared store's keys (neither
-/// keeps the caller's text).
-#[derive(Debug, Clone)]
-pub(crate) struct SubjectHasher {
-    sip: SipHasher13,
-    limits: Vec<u64>,
-}
-
-/// Passes a [`BucketId`]'s hash through. Other input (none is hashed with
-/// it) is folded in byte by byte, so it would still be a hash.
-#[derive(Debug, Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
 }
 
 impl Default for MemoryStore {
@@ -357,166 +305,6 @@ fn shard_of(hash: u64) -> usize {
     usize::try_from(hash % SHARDS as u64).unwrap_or(0)
 }
 
-/// A stored TAT: a plain number where a write lock guards it, an atomic
-/// where single-limit decisions swap it under a read lock.
-trait Tat {
-    fn new(tat: u64) -> Self;
-    fn get(&mut self) -> u64;
-    fn set(&mut self, tat: u64);
-}
-
-impl Tat for u64 {
-    fn new(tat: u64) -> Self {
-        tat
-    }
-    fn get(&mut self) -> u64 {
-        *self
-    }
-    fn set(&mut self, tat: u64) {
-        *self = tat;
-    }
-}
-
-impl Tat for AtomicU64 {
-    fn new(tat: u64) -> Self {
-        AtomicU64::new(tat)
-    }
-    fn get(&mut self) -> u64 {
-        *self.get_mut()
-    }
-    fn set(&mut self, tat: u64) {
-        *self.get_mut() = tat;
-    }
-}
-
-impl AsRef<BucketId> for BucketId {
-    fn as_ref(&self) -> &BucketId {
-        self
-    }
-}
-
-impl From<&BucketId> for BucketId {
-    fn from(id: &BucketId) -> Self {
-        *id
-    }
-}
-
-/// Requests with up to this many limits are decided with buffers on the
-/// stack: a decision then allocates nothing unless it adds a key.
-const INLINE_LIMITS: usize = 4;
-
-/// One limit, the common case: one map lookup serves both the read and the
-/// write.
-fn decide_one<K, Q, S, V>(
-    tats: &mut HashMap<K, V, S>,
-    key: &Q,
-    now: u64,
-    cells: &[Cell],
-    cost: u64,
-) -> StoreDecision
-where
-    K: Borrow<Q> + for<'q> From<&'q Q> + Hash + Eq,
-    Q: Hash + Eq + ?Sized,
-    S: BuildHasher,
-    V: Tat,
-{
-    let mut new_tat = [0];
-    let mut slot = tats.get_mut(key);
-    let stored = [slot.as_deref_mut().map(Tat::get)];
-    let summary = gcra::decide_into(now, &stored, cells, cost, &mut new_tat);
-    let [tat] = new_tat;
-    if summary.allowed && tat > now {
-        // Update in place: a new key costs an allocation, a known one none.
-        match slot {
-            Some(slot) => slot.set(tat),
-            None => {
-                tats.insert(K::from(key), V::new(tat));
-            }
-        }
-    }
-    summary.at(now)
-}
-
-/// Several limits, all read before any is written, so a refusal by one
-/// charges none. `stored` and `new_tats` hold at least one entry per key and
-/// per cell (entries past those are left alone).
-fn decide_many<K, Q, R, S, V>(
-    tats: &mut HashMap<K, V, S>,
-    now: u64,
-    keys: &[R],
-    cells: &[Cell],
-    cost: u64,
-    stored: &mut [Option<u64>],
-    new_tats: &mut [u64],
-) -> StoreDecision
-where
-    K: Borrow<Q> + for<'q> From<&'q Q> + Hash + Eq,
-    Q: Hash + Eq + ?Sized,
-    R: AsRef<Q>,
-    S: BuildHasher,
-    V: Tat,
-{
-    for (slot, key) in stored.iter_mut().zip(keys) {
-        *slot = tats.get_mut(key.as_ref()).map(Tat::get);
-    }
-    let summary = gcra::decide_into(now, stored, cells, cost, new_tats);
-    if summary.allowed {
-        for (key, &tat) in keys.iter().zip(new_tats.iter()) {
-            if tat > now {
-                match tats.get_mut(key.as_ref()) {
-                    Some(slot) => slot.set(tat),
-                    None => {
-                        tats.insert(K::from(key.as_ref()), V::new(tat));
-                    }
-                }
-            }
-        }
-    }
-    summary.at(now)
-}
-
-impl Shard {
-    fn len(&self) -> usize {
-        self.tats.len() + self.by_id.len()
-    }
-
-    /// Sweeps once the shard holds as many keys as the last sweep allowed.
-    fn sweep_if_due(&mut self, now: u64, max: usize) {
-        if self.len() >= self.sweep_at {
-            self.sweep(now, max);
-        }
-    }
-
-    /// Drops full buckets, then, past the maximum, the keys closest to full
-    /// down to half the maximum; schedules the next sweep at twice what is
-    /// left, so sweeping costs O(1) per insert amortised.
-    fn sweep(&mut self, now: u64, max: usize) {
-        sweep_map(&mut self.tats, now, max);
-        sweep_map(&mut self.by_id, now, max);
-        self.sweep_at = (self.len() * 2).clamp(MIN_SWEEP.min(max), max);
-    }
-}
-
-/// [`Shard::sweep`] on one map.
-fn sweep_map<K, S, V: Tat>(tats: &mut HashMap<K, V, S>, now: u64, max: usize) {
-    tats.retain(|_, tat| tat.get() > now);
-    if tats.len() > max - max / 4 {
-        let keep = max / 2;
-        let mut values: Vec<u64> = tats.values_mut().map(Tat::get).collect();
-        let drop = values.len() - keep;
-        let (_, &mut cut, _) = values.select_nth_unstable(drop.saturating_sub(1));
-        let mut to_drop = drop;
-        tats.retain(|_, tat| {
-            if to_drop > 0 && tat.get() <= cut {
-                to_drop -= 1;
-                false
-            } else {
-                true
-            }
-        });
-    }
-}
-
 #[async_trait]
 impl Store for MemoryStore {
     async fn decide(&self, request: &StoreRequest<'_>) -> Result<StoreDecision, StoreError> {
@@ -529,71 +317,5 @@ impl Store for MemoryStore {
 
     fn in_process(&self) -> Option<&MemoryStore> {
         Some(self)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Quota;
-
-    fn hasher(store: &MemoryStore, limits: &[&str]) -> SubjectHasher {
-        store
-            .subject_hasher("t:limiter", limits.iter().copied())
-            .expect("distinct limit names")
-    }
-
-    #[test]
-    fn in_process_buckets_stay_bounded() {
-        let store = MemoryStore::with_max_keys(10_000);
-        let one = hasher(&store, &["s"]);
-        let two = hasher(&store, &["a", "b"]);
-        let cells = [Quota::per_minute(10).expect("quota").cell()];
-        let both = [cells[0], cells[0]];
-        for i in 0..200_000u32 {
-            let subject = format!("k{i}");
-            let id = MemoryStore::subject_id(&one, &subject);
-            assert!(store.decide_subject(&one, id, &cells, 1).allowed);
-            let id = MemoryStore::subject_id(&two, &subject);
-            assert!(store.decide_subject(&two, id, &both, 1).allowed);
-            if i % 1000 == 0 {
-                assert!(store.len() <= 10_000, "held {}", store.len());
-            }
-        }
-        assert!(store.len() <= 10_000, "held {}", store.len());
-    }
-
-    /// Threads racing on one bucket by compare-and-swap admit no more than
-    /// burst + rate × elapsed, on the times the store read.
-    #[test]
-    fn racing_single_limit_decisions_stay_within_the_bound() {
-        let store = MemoryStore::new();
-        let h = hasher(&store, &["s"]);
-        let cell = Quota::per_second(100_000).expect("quota").cell();
-        let id = MemoryStore::subject_id(&h, "one");
-        let times: Vec<u64> = std::thread::scope(|s| {
-            let runs: Vec<_> = (0..4)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut admitted = Vec::new();
-                        for _ in 0..100_000 {
-                            let d = store.decide_subject(&h, id, &[cell], 1);
-                            if d.allowed {
-                                admitted.push(d.now_us);
-                            }
-                        }
-                        admitted
-                    })
-                })
-                .collect();
-            runs.into_iter()
-                .flat_map(|r| r.join().expect("no panic"))
-                .collect()
-        });
-        let first = times.iter().min().copied().expect("admitted");
-        let last = times.iter().max().copied().expect("admitted");
-        let bound = cell.capacity / cell.interval + (last - first) / cell.interval;
-        let admitted = u64::try_from(times.len()).expect("fits");
-        assert!(admitted <= bound, "admitted {admitted} > {bound}");
     }
 }
