@@ -199,7 +199,7 @@ async fn memory_stays_bounded_with_a_million_keys() -> TestResult {
 }
 
 /// The same bound on the in-process path, where a limiter on the store
-/// decides by subject id in the lock-free map.
+/// decides by bucket id (the subject's keyed hash) in the shards' id maps.
 #[tokio::test(start_paused = true)]
 async fn in_process_buckets_stay_bounded_with_a_million_keys() -> TestResult {
     timeout(CASE, async {
