@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::{BackendError, LockName};
+use crate::inspect::{ForceOutcome, Holder, HolderPage, Identity};
+use crate::{BackendError, BackendErrorKind, LockName};
 
 pub use crate::local_ticks::LocalTicks;
 pub use crate::loss_feed::LossFeed;
@@ -163,6 +164,10 @@ pub enum LeaseStatus {
     Expired,
     /// The name is held by a different owner token.
     Stolen,
+    /// An operator's forced release freed this owner's lease (see
+    /// [`LockBackend::force_release`]); reported instead of `Expired` or
+    /// `Stolen` for as long as the backend keeps the mark of it.
+    Forced,
 }
 
 /// The answer to a release.
@@ -311,6 +316,74 @@ pub trait LockBackend: fmt::Debug + Send + Sync {
     fn loss_feed(&self) -> Option<LossFeed> {
         None
     }
+
+    /// Tries once to take `name` for `owner` as [`LockBackend::try_acquire`]
+    /// does, storing `holder` with the lease so that inspections can name
+    /// who holds it. The default ignores `holder`.
+    async fn try_acquire_as(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: &Identity,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let _ = holder;
+        self.try_acquire(name, owner, ttl).await
+    }
+
+    /// Who holds `name` now, or `None` when nobody does. Reads only: it
+    /// MUST NOT take, extend or free anything. A lock held by a program that
+    /// stores no holder data MUST be answered as held, by a
+    /// [`Holder::unknown`]. The default answers
+    /// [`BackendErrorKind::Unsupported`].
+    async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+        let _ = name;
+        Err(unsupported("describe"))
+    }
+
+    /// One page of the held locks whose names start with `prefix` (already
+    /// validated: name characters only), at most `limit` of them (at least
+    /// one, at most [`MAX_LIST_PAGE`](crate::inspect::MAX_LIST_PAGE)),
+    /// starting where the `cursor` of the previous page said. Reads only.
+    /// A lock held the whole time a listing runs MUST appear on one of its
+    /// pages; one taken or freed meanwhile may or may not. The default
+    /// answers [`BackendErrorKind::Unsupported`].
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HolderPage, BackendError> {
+        let _ = (prefix, cursor, limit);
+        Err(unsupported("list"))
+    }
+
+    /// Frees `name` if the lease holding it carries the fencing token
+    /// `expected_token`: an operator's act, for a holder that cannot be
+    /// stopped any other way.
+    ///
+    /// MUST compare on the token in the same server step that frees the lock
+    /// (never free a successor), and MUST leave a mark so that the freed
+    /// owner's next `renew` or `check` answers [`LeaseStatus::Forced`] for
+    /// at least the TTL it last asked for. The next holder's token is higher,
+    /// as for any acquire. The default answers
+    /// [`BackendErrorKind::Unsupported`].
+    async fn force_release(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+    ) -> Result<ForceOutcome, BackendError> {
+        let _ = (name, expected_token);
+        Err(unsupported("force_release"))
+    }
+}
+
+/// The error a backend answers for an operation it does not offer.
+fn unsupported(what: &str) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Unsupported,
+        format!("this backend does not offer {what}; inspect the server with its own tools"),
+    )
 }
 
 macro_rules! forward_backend {
@@ -365,6 +438,37 @@ macro_rules! forward_backend {
             }
             fn loss_feed(&self) -> Option<LossFeed> {
                 (**self).loss_feed()
+            }
+
+            async fn try_acquire_as(
+                &self,
+                name: &LockName,
+                owner: &OwnerToken,
+                ttl: Duration,
+                holder: &Identity,
+            ) -> Result<AcquireAttempt, BackendError> {
+                (**self).try_acquire_as(name, owner, ttl, holder).await
+            }
+
+            async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+                (**self).describe(name).await
+            }
+
+            async fn list(
+                &self,
+                prefix: &str,
+                cursor: Option<&str>,
+                limit: usize,
+            ) -> Result<HolderPage, BackendError> {
+                (**self).list(prefix, cursor, limit).await
+            }
+
+            async fn force_release(
+                &self,
+                name: &LockName,
+                expected_token: u64,
+            ) -> Result<ForceOutcome, BackendError> {
+                (**self).force_release(name, expected_token).await
             }
         }
     };

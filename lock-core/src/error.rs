@@ -26,6 +26,9 @@ pub enum LossReason {
     /// The lease was held for its configured maximum hold time; the watchdog
     /// cancelled the job and released the lock.
     MaxHoldExceeded,
+    /// An operator freed the lock with a forced release naming this lease's
+    /// fencing token ([`Locker::force_release`](crate::Locker::force_release)).
+    Forced,
     /// The holder released the lease, dropped its guard, or its retained hold
     /// ended. Not a loss: it is not counted in `distributed_lock_lost_total`,
     /// but handles stop reporting the lease held.
@@ -35,21 +38,23 @@ pub enum LossReason {
 impl LossReason {
     /// Every reason counted in `distributed_lock_lost_total` (all but
     /// [`LossReason::Released`]).
-    pub const LOSSES: [Self; 4] = [
+    pub const LOSSES: [Self; 5] = [
         Self::Stolen,
         Self::Expired,
         Self::BackendError,
         Self::MaxHoldExceeded,
+        Self::Forced,
     ];
 
-    /// The metric label value: `stolen`, `expired`, `backend_error` or
-    /// `max_hold_exceeded` (and `released`, which is never counted).
+    /// The metric label value: `stolen`, `expired`, `backend_error`,
+    /// `max_hold_exceeded` or `forced` (and `released`, which is never counted).
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Stolen => "stolen",
             Self::Expired => "expired",
             Self::BackendError => "backend_error",
             Self::MaxHoldExceeded => "max_hold_exceeded",
+            Self::Forced => "forced",
             Self::Released => "released",
         }
     }
@@ -165,6 +170,9 @@ pub enum BackendErrorKind {
     Config,
     /// The server answered something the backend did not expect.
     Protocol,
+    /// The backend does not offer this operation (an inspection or a forced
+    /// release on a backend that cannot describe its locks).
+    Unsupported,
     /// Anything else.
     Other,
 }
@@ -182,6 +190,7 @@ impl BackendErrorKind {
             Self::Auth => "not permitted",
             Self::Config => "misconfigured",
             Self::Protocol => "protocol error",
+            Self::Unsupported => "not supported",
             Self::Other => "error",
         }
     }

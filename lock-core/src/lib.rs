@@ -32,11 +32,13 @@
 //! See [`Locker`].
 #![forbid(unsafe_code)]
 
+mod admin;
 pub mod backend;
 mod background;
 pub mod detach;
 mod error;
 mod heartbeat;
+pub mod inspect;
 pub mod lane;
 mod lease;
 mod local;
@@ -58,6 +60,7 @@ pub(crate) use backend::{
 };
 pub use backend::{Capabilities, LockBackend};
 pub use error::{BackendError, BackendErrorKind, Error, LossReason, Result};
+pub use inspect::{ForceOutcome, Holder, HolderPage, Identity};
 pub use lease::{LeaseHandle, LockGuard};
 pub use locker::{Locker, LockerBuilder};
 pub use metrics::{AcquireOutcome, LockMetrics, RenewalOutcome};

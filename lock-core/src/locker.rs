@@ -17,8 +17,8 @@ use crate::loss_feed::LeaseRegistry;
 use crate::metrics::{AcquireOutcome, LabelMetrics};
 use crate::wait::Backoff;
 use crate::{
-    AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Error, LockBackend, LockGuard,
-    LockMetrics, LockName, LockOptions, OwnerToken, Result, RunOutcome, SkipReason,
+    AcquireAttempt, BackendError, BackendErrorKind, Capabilities, Error, Identity, LockBackend,
+    LockGuard, LockMetrics, LockName, LockOptions, OwnerToken, Result, RunOutcome, SkipReason,
 };
 
 /// Acquires and holds distributed locks through one backend.
@@ -56,6 +56,7 @@ struct Inner {
     backend: Option<Arc<dyn LockBackend>>,
     capabilities: Option<Capabilities>,
     lock_required: bool,
+    identity: Identity,
     metrics: LockMetrics,
     claims: Arc<LocalClaims>,
     /// The heartbeat task first started: every acquire reads it, so without
@@ -85,6 +86,7 @@ pub struct LockerBuilder {
     metrics: Option<LockMetrics>,
     registry: Option<Registry>,
     lock_required: bool,
+    identity: Option<Identity>,
 }
 
 impl fmt::Debug for LockerBuilder {
@@ -92,6 +94,7 @@ impl fmt::Debug for LockerBuilder {
         f.debug_struct("LockerBuilder")
             .field("backend", &self.backend)
             .field("lock_required", &self.lock_required)
+            .field("identity", &self.identity)
             .finish()
     }
 }
@@ -128,6 +131,14 @@ impl LockerBuilder {
         self
     }
 
+    /// Stores `identity` with every lock this `Locker` takes, so that
+    /// [`Locker::describe`] and [`Locker::list`] name who holds it. The
+    /// default is [`Identity::for_process`] (host, process id, instance).
+    pub fn with_identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
     /// Builds the `Locker`. Metrics default to the process's default registry.
     ///
     /// # Errors
@@ -154,6 +165,7 @@ impl LockerBuilder {
                 backend: self.backend,
                 capabilities,
                 lock_required: self.lock_required,
+                identity: self.identity.unwrap_or_else(Identity::for_process),
                 metrics,
                 claims: Arc::default(),
                 heartbeat: OnceLock::new(),
@@ -204,6 +216,11 @@ impl Locker {
     /// The backend, if one is configured.
     pub fn backend(&self) -> Option<&Arc<dyn LockBackend>> {
         self.inner.backend.as_ref()
+    }
+
+    /// The identity stored with every lock this `Locker` takes.
+    pub fn identity(&self) -> &Identity {
+        &self.inner.identity
     }
 
     /// The backend's capabilities, if one is configured.
@@ -533,7 +550,9 @@ impl Locker {
         // Called on the trait object itself (here and at every backend call):
         // method lookup on the `Arc` would pick the forwarding impl for
         // `Arc<T>`, which boxes a second future around the backend's own.
-        let attempt = (**backend).try_acquire(name, &owner, opts.ttl()).await;
+        let attempt = (**backend)
+            .try_acquire_as(name, &owner, opts.ttl(), &self.inner.identity)
+            .await;
         let lease = match attempt {
             Ok(AcquireAttempt::Acquired(lease)) => lease,
             Ok(_) => {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, Capabilities, LockBackend, LockName, OwnerToken, TickAnswer, TickRecord,
-    TickStore, TickWrite,
+    BackendError, Capabilities, ForceOutcome, Holder, HolderPage, Identity, LockBackend, LockName,
+    OwnerToken, TickAnswer, TickRecord, TickStore, TickWrite,
 };
 
 use crate::connection::{key_in, Connected};
@@ -220,6 +220,43 @@ impl LockBackend for EtcdBackend {
         name: &LockName,
     ) -> Result<Option<ReleaseSignal>, BackendError> {
         self.backend().await?.subscribe_release(name).await
+    }
+
+    async fn try_acquire_as(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: &Identity,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.backend()
+            .await?
+            .try_acquire_as(name, owner, ttl, holder)
+            .await
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+        self.backend().await?.describe(name).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HolderPage, BackendError> {
+        self.backend().await?.list(prefix, cursor, limit).await
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+    ) -> Result<ForceOutcome, BackendError> {
+        self.backend()
+            .await?
+            .force_release(name, expected_token)
+            .await
     }
 
     fn loss_feed(&self) -> Option<LossFeed> {

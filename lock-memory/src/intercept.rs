@@ -11,7 +11,10 @@ use std::time::Duration;
 use lock_core::backend::{
     AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
-use lock_core::{async_trait, BackendError, Capabilities, LockBackend, LockName, OwnerToken};
+use lock_core::{
+    async_trait, BackendError, Capabilities, ForceOutcome, Holder, HolderPage, Identity,
+    LockBackend, LockName, OwnerToken,
+};
 
 use crate::MemoryBackend;
 
@@ -205,5 +208,40 @@ impl<H: Intercept> LockBackend for Intercepted<H> {
 
     fn loss_feed(&self) -> Option<LossFeed> {
         self.hooks.loss_feed(&self.inner)
+    }
+    /// Goes through the hooks' `try_acquire`, so every interceptor sees
+    /// every acquire; the holder's identity is not stored.
+    async fn try_acquire_as(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        _holder: &Identity,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.try_acquire(name, owner, ttl).await
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+        self.hooks.before_call().await;
+        self.inner.describe(name).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HolderPage, BackendError> {
+        self.hooks.before_call().await;
+        self.inner.list(prefix, cursor, limit).await
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+    ) -> Result<ForceOutcome, BackendError> {
+        self.hooks.before_call().await;
+        self.inner.force_release(name, expected_token).await
     }
 }

@@ -646,6 +646,7 @@ impl Heartbeat {
             Ok(status) => {
                 let (outcome, reason) = match status {
                     LeaseStatus::Stolen => (RenewalOutcome::Stolen, LossReason::Stolen),
+                    LeaseStatus::Forced => (RenewalOutcome::Forced, LossReason::Forced),
                     _ => (RenewalOutcome::Expired, LossReason::Expired),
                 };
                 metrics.renewal(outcome);

@@ -183,6 +183,7 @@ impl LeaseHandle {
     pub(crate) fn lose_on(&self, status: LeaseStatus) -> Error {
         let reason = match status {
             LeaseStatus::Stolen => LossReason::Stolen,
+            LeaseStatus::Forced => LossReason::Forced,
             _ => LossReason::Expired,
         };
         self.state.mark_lost(reason);

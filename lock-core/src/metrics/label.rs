@@ -19,7 +19,7 @@ pub(crate) struct LabelMetrics {
     label: Arc<str>,
     acquisitions: [IntCounter; AcquireOutcome::ALL.len()],
     lost: [IntCounter; LossReason::LOSSES.len()],
-    renewals: [OnceLock<IntCounter>; 4],
+    renewals: [OnceLock<IntCounter>; 5],
     held: OnceLock<IntGauge>,
     held_seconds: OnceLock<Histogram>,
     lost_vec: IntCounterVec,
@@ -123,6 +123,7 @@ const fn renewal_index(outcome: RenewalOutcome) -> usize {
         RenewalOutcome::Stolen => 1,
         RenewalOutcome::Expired => 2,
         RenewalOutcome::Error => 3,
+        RenewalOutcome::Forced => 4,
     }
 }
 

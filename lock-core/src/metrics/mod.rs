@@ -75,6 +75,8 @@ pub enum RenewalOutcome {
     Expired,
     /// The backend failed; the renewal will be retried while the lease is valid.
     Error,
+    /// An operator's forced release freed the lock.
+    Forced,
 }
 
 impl RenewalOutcome {
@@ -85,6 +87,7 @@ impl RenewalOutcome {
             Self::Stolen => "stolen",
             Self::Expired => "expired",
             Self::Error => "error",
+            Self::Forced => "forced",
         }
     }
 }
@@ -348,6 +351,7 @@ mod tests {
             [
                 ("job".into(), "backend_error".into(), 0.0),
                 ("job".into(), "expired".into(), 0.0),
+                ("job".into(), "forced".into(), 0.0),
                 ("job".into(), "max_hold_exceeded".into(), 0.0),
                 ("job".into(), "stolen".into(), 0.0),
             ],
@@ -375,7 +379,7 @@ mod tests {
         assert_eq!(m.acquisitions("job", AcquireOutcome::Acquired), 2);
         assert_eq!(
             series(&registry, "distributed_lock_lost_total").len(),
-            4,
+            LossReason::LOSSES.len(),
             "one series per reason and label, however often counted"
         );
     }
