@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Capabilities, LockBackend, LockMetrics, LockName, LockOptions, Locker, TickStore};
+use lock_core::{
+    Capabilities, Identity, LockBackend, LockMetrics, LockName, LockOptions, Locker, TickStore,
+};
 use prometheus::Registry;
 
 /// Errors from test plumbing (connecting, sabotaging); cases turn them into failures.
@@ -201,14 +203,26 @@ impl Ctx {
         self.replica_over(backend)
     }
 
+    /// A new replica whose locks name `identity` as their holder.
+    pub async fn replica_as(&self, identity: &str) -> Replica {
+        let backend = self.factory.replica().await.expect("replica connects");
+        self.replica_with(backend, Some(identity))
+    }
+
     /// A replica whose `Locker` uses `backend` (for instance a fault wrapper).
     pub fn replica_over(&self, backend: Arc<dyn LockBackend>) -> Replica {
+        self.replica_with(backend, None)
+    }
+
+    fn replica_with(&self, backend: Arc<dyn LockBackend>, identity: Option<&str>) -> Replica {
         let metrics = LockMetrics::register(&Registry::new()).expect("fresh registry");
-        let locker = Locker::builder()
+        let mut builder = Locker::builder()
             .with_backend_arc(Arc::clone(&backend))
-            .with_metrics(metrics.clone())
-            .build()
-            .expect("locker builds");
+            .with_metrics(metrics.clone());
+        if let Some(id) = identity {
+            builder = builder.with_identity(Identity::new(id).expect("a valid identity"));
+        }
+        let locker = builder.build().expect("locker builds");
         Replica {
             backend,
             locker,

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "test-util")]
+mod inspect;
 mod intercept;
 mod ticks;
 mod waiters;
@@ -34,7 +35,8 @@ use lock_core::{
         AcquireAttempt, Expiry, Lease, LeaseStatus, LocalTicks, ReleaseOutcome, ReleaseSignal,
         RenewRequest,
     },
-    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken, MAX_TTL,
+    BackendError, BackendErrorKind, Capabilities, ForceOutcome, Holder, HolderPage, Identity,
+    LockBackend, LockName, OwnerToken, MAX_TTL,
 };
 use tokio::time::{sleep_until, Instant};
 
@@ -78,6 +80,13 @@ struct Shared {
 }
 
 impl Shared {
+    /// The next fencing token. One counter for all names: strictly
+    /// increasing per name as required, without keeping a counter per name
+    /// ever used.
+    fn next_fence(&self) -> u64 {
+        self.fence.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // Every critical section is a single map update, so a poisoned lock
         // cannot hold a half-applied change.
@@ -88,6 +97,9 @@ impl Shared {
 #[derive(Debug, Default)]
 struct State {
     locks: HashMap<LockName, Entry>,
+    /// Leases freed by a forced release, by name: the freed owner and until
+    /// when its renewals answer `Forced` (its lease's expiry).
+    forced: HashMap<LockName, (OwnerToken, Instant)>,
     waiters: Waiters,
     /// How many entries the last purge left behind.
     purged_to: usize,
@@ -96,10 +108,13 @@ struct State {
     purges: usize,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
     owner: OwnerToken,
     expires_at: Instant,
+    fence: u64,
+    /// Who took it and when, for inspections.
+    meta: inspect::Meta,
 }
 
 /// When a lease taken or renewed at `now` for `ttl` expires. A TTL past
@@ -120,18 +135,17 @@ fn expiry(now: Instant, ttl: Duration) -> Result<Instant, BackendError> {
 
 impl State {
     /// The live entry for `name`, dropping it if it has expired.
-    fn live(&mut self, name: &LockName, now: Instant) -> Option<Entry> {
-        match self.locks.get(name) {
-            Some(e) if e.expires_at > now => Some(*e),
-            Some(_) => {
-                self.locks.remove(name);
-                None
-            }
-            None => None,
+    fn live(&mut self, name: &LockName, now: Instant) -> Option<&mut Entry> {
+        if self.locks.get(name).is_some_and(|e| e.expires_at <= now) {
+            self.locks.remove(name);
         }
+        self.locks.get_mut(name)
     }
 
     fn status(&mut self, name: &LockName, owner: &OwnerToken, now: Instant) -> LeaseStatus {
+        if self.was_forced(name, owner, now) {
+            return LeaseStatus::Forced;
+        }
         match self.live(name, now) {
             Some(e) if e.owner == *owner => LeaseStatus::Held,
             Some(_) => LeaseStatus::Stolen,
@@ -150,6 +164,7 @@ impl State {
         if status == LeaseStatus::Held {
             if let Some(e) = self.locks.get_mut(name) {
                 e.expires_at = expires_at;
+                e.meta.renewed(std::time::SystemTime::now());
             }
         }
         status
@@ -171,6 +186,7 @@ impl State {
             return;
         }
         self.locks.retain(|_, e| e.expires_at > now);
+        self.forced.retain(|_, (_, until)| *until > now);
         self.purged_to = self.locks.len();
         #[cfg(test)]
         {
@@ -180,6 +196,34 @@ impl State {
 }
 
 impl MemoryBackend {
+    fn acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: Option<&Identity>,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let now = Instant::now();
+        let expires_at = expiry(now, ttl)?;
+        let mut st = self.state();
+        st.purge_if_grown(now);
+        if st.live(name, now).is_some() {
+            return Ok(AcquireAttempt::HeldElsewhere);
+        }
+        let fence = self.shared.next_fence();
+        let meta = inspect::Meta::new(holder.cloned());
+        st.locks.insert(
+            name.clone(),
+            Entry {
+                owner: *owner,
+                expires_at,
+                fence,
+                meta,
+            },
+        );
+        Ok(AcquireAttempt::Acquired(Lease::new(Some(fence))))
+    }
+
     /// An empty backend.
     pub fn new() -> Self {
         Self::default()
@@ -198,13 +242,13 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut st = self.state();
         st.live(name, now)?;
-        st.locks.insert(
-            name.clone(),
-            Entry {
-                owner: thief,
-                expires_at: expiry(now, ttl).ok()?,
-            },
-        );
+        let entry = Entry {
+            owner: thief,
+            expires_at: expiry(now, ttl).ok()?,
+            fence: self.shared.next_fence(),
+            meta: inspect::Meta::new(None),
+        };
+        st.locks.insert(name.clone(), entry);
         Some(thief)
     }
 
@@ -259,24 +303,7 @@ impl LockBackend for MemoryBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        let now = Instant::now();
-        let expires_at = expiry(now, ttl)?;
-        let mut st = self.state();
-        st.purge_if_grown(now);
-        if st.live(name, now).is_some() {
-            return Ok(AcquireAttempt::HeldElsewhere);
-        }
-        st.locks.insert(
-            name.clone(),
-            Entry {
-                owner: *owner,
-                expires_at,
-            },
-        );
-        // One counter for all names: strictly increasing per name as required,
-        // without keeping a counter per name ever used.
-        let fence = self.shared.fence.fetch_add(1, Ordering::SeqCst) + 1;
-        Ok(AcquireAttempt::Acquired(Lease::new(Some(fence))))
+        self.acquire(name, owner, ttl, None)
     }
 
     async fn renew(
@@ -330,6 +357,37 @@ impl LockBackend for MemoryBackend {
             .zip(expiries)
             .map(|(r, at)| st.renew(&r.name, &r.owner, at, now))
             .collect())
+    }
+
+    async fn try_acquire_as(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: &Identity,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.acquire(name, owner, ttl, Some(holder))
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+        Ok(self.state().describe(name, Instant::now()))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HolderPage, BackendError> {
+        Ok(self.state().list(prefix, cursor, limit, Instant::now()))
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+    ) -> Result<ForceOutcome, BackendError> {
+        Ok(self.state().force(name, expected_token, Instant::now()))
     }
 
     async fn subscribe_release(

@@ -8,6 +8,7 @@ mod extreme;
 mod facade;
 mod fencing;
 mod input;
+mod inspect;
 mod local;
 mod locker_shutdown;
 mod loss;
@@ -65,6 +66,18 @@ pub static ALL: &[Case] = &[
         Requires::Nothing
     ),
     case!(loss::theft_is_detected, Requires::Nothing),
+    case!(inspect::describe_names_the_holder, Requires::Nothing),
+    case!(inspect::list_pages_through_held_locks, Requires::Nothing),
+    case!(inspect::inspection_changes_nothing, Requires::Nothing),
+    case!(inspect::inspection_refuses_bad_prefixes, Requires::Nothing),
+    case!(
+        inspect::forced_release_ends_the_holders_run,
+        Requires::Fencing
+    ),
+    case!(
+        inspect::forced_release_with_a_stale_token_is_refused,
+        Requires::Fencing
+    ),
     case!(loss::expiry_is_detected, Requires::Nothing),
     case!(loss::stale_holder_cannot_touch_successor, Requires::Nothing),
     case!(loss::release_after_loss_reports_lost, Requires::Nothing),
