@@ -57,9 +57,10 @@ pub use lock_scheduler::{LockMode, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 
 pub use lock_core::CancellationToken;
 pub use lock_core::{
-    AcquireOutcome, BackendError, BackendErrorKind, Capabilities, Error, LeaseHandle, LockBackend,
-    LockGuard, LockMetrics, LockName, LockOptions, Locker, LockerBuilder, LossReason,
-    RenewalOutcome, Result, RunError, RunOutcome, SkipReason, TickStore, MAX_NAME_LEN,
+    AcquireOutcome, BackendError, BackendErrorKind, Capabilities, Error, ForceOutcome, Holder,
+    HolderPage, Identity, LeaseHandle, LockBackend, LockGuard, LockMetrics, LockName, LockOptions,
+    Locker, LockerBuilder, LossReason, RenewalOutcome, Result, RunError, RunOutcome, SkipReason,
+    TickStore, MAX_NAME_LEN,
 };
 
 /// What a backend implements (`LockBackend` and the types it speaks in),

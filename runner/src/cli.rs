@@ -27,6 +27,24 @@ pub(crate) enum Cmd {
     /// runner started with the same file and backend.
     #[command(after_long_help = CRON_HELP)]
     Cron(CronArgs),
+    /// Shows who holds a lock: identity, fencing token, when taken, renewed
+    /// and due to expire. Exits 0 when held, 1 when free.
+    #[command(after_long_help = crate::exit::ADMIN_TABLE)]
+    Status(StatusArgs),
+    /// Lists the held locks whose names start with PREFIX (every lock
+    /// without one). Exits 0, also when none is held.
+    #[command(after_long_help = crate::exit::ADMIN_TABLE)]
+    Ls(LsArgs),
+    /// Shows which runner leads an election (the leader-mode cron entries'
+    /// election lock by default). Exits 0 when there is a leader, 1 when none.
+    #[command(after_long_help = crate::exit::ADMIN_TABLE)]
+    Leader(LeaderArgs),
+    /// Frees a lock by force, only if its holder still has fencing token
+    /// --token (read it with `status`); the holder sees its lock lost
+    /// (forced) at its next renewal and kills its command. Exits 0 when
+    /// released, 1 when nobody held it, 75 when another lease holds it.
+    #[command(after_long_help = crate::exit::ADMIN_TABLE)]
+    Release(ReleaseArgs),
     /// The watchdog process each runner starts (internal).
     #[command(name = "__keeper", hide = true)]
     Keeper,
@@ -52,6 +70,58 @@ pub(crate) struct Common {
     /// SIGKILL lands before the lock's local deadline in any case.
     #[arg(long, value_name = "D", value_parser = duration::parse)]
     pub(crate) kill_grace: Option<Duration>,
+}
+
+/// Options of the inspection and release commands.
+#[derive(Debug, Args)]
+pub(crate) struct AdminCommon {
+    /// The backend URL, as for `exec`. Default: the LOCK_URL variable.
+    #[arg(long, value_name = "URL")]
+    pub(crate) backend: Option<String>,
+    /// Prints JSON on stdout instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) common: AdminCommon,
+    /// The lock's name.
+    pub(crate) name: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LsArgs {
+    #[command(flatten)]
+    pub(crate) common: AdminCommon,
+    /// Lists only names that start with this ([A-Za-z0-9._:/-], no wildcards).
+    #[arg(default_value = "")]
+    pub(crate) prefix: String,
+    /// Stops after this many locks (the listing says when it stopped early).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub(crate) max: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LeaderArgs {
+    #[command(flatten)]
+    pub(crate) common: AdminCommon,
+    /// The election's lock name (`lockrun cron --election-name`).
+    #[arg(default_value = "lockrun/leader")]
+    pub(crate) name: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReleaseArgs {
+    #[command(flatten)]
+    pub(crate) common: AdminCommon,
+    /// The lock's name.
+    pub(crate) name: String,
+    /// The fencing token of the lease to free, as `status` shows it; a
+    /// successor with another token is never freed.
+    #[arg(long, value_name = "T", required = true)]
+    pub(crate) token: u64,
 }
 
 #[derive(Debug, Args)]

@@ -34,6 +34,18 @@ Exit codes:
   126, 127     the command could not be executed / was not found
   0            cron: stopped gracefully by SIGINT or SIGTERM (its commands stopped first)";
 
+/// The exit-code table of `status`, `ls`, `leader` and `release`.
+pub(crate) const ADMIN_TABLE: &str = "\
+Exit codes:
+  0            status/leader: held; ls: listed; release: released
+  1            status: free; leader: no leader; release: nobody held it
+  64           bad arguments (a name or prefix no lock can have, a missing --token)
+  69           backend unavailable, or it does not offer inspection
+  75           release: another lease holds the lock (its token is not --token); nothing freed";
+
+/// `status`: the lock is free; `release`: nobody held it.
+pub(crate) const NOT_HELD: u8 = 1;
+
 /// Why the runner stops without a status of the command's own: carries the
 /// exit code and a message for the log.
 #[derive(Debug, thiserror::Error)]

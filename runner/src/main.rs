@@ -2,6 +2,7 @@
 //! whole process tree when the lock is lost. See README.md and `--help`.
 #![forbid(unsafe_code)]
 
+mod admin;
 mod backend;
 mod cli;
 mod cron;
@@ -46,7 +47,7 @@ fn main() -> ExitCode {
     let json = match &cli.command {
         Cmd::Exec(a) => a.common.log_json,
         Cmd::Cron(a) => a.common.log_json,
-        Cmd::Keeper => false,
+        Cmd::Status(_) | Cmd::Ls(_) | Cmd::Leader(_) | Cmd::Release(_) | Cmd::Keeper => false,
     };
     telemetry::init_logs(json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -64,6 +65,10 @@ fn main() -> ExitCode {
         match cli.command {
             Cmd::Exec(args) => with_watchdog(|r, k| exec::run(args, r, k)).await,
             Cmd::Cron(args) => with_watchdog(|r, k| cron::run(args, r, k)).await,
+            Cmd::Status(args) => admin::status(args).await,
+            Cmd::Ls(args) => admin::ls(args).await,
+            Cmd::Leader(args) => admin::leader(args).await,
+            Cmd::Release(args) => admin::release(args).await,
             Cmd::Keeper => keeper::run()
                 .await
                 .map(|()| 0)
