@@ -206,6 +206,7 @@ impl Job {
             delivery: self.delivery,
             handler: self.handler,
             runs: Mutex::default(),
+            last_run: Mutex::default(),
             metrics: metrics.job(&self.name),
         })
     }
@@ -221,6 +222,9 @@ pub(crate) struct JobSpec {
     pub(crate) handler: Handler,
     /// This job's runs in this process: one batch at a time, see `overlap`.
     pub(crate) runs: Mutex<crate::overlap::Runs>,
+    /// The last tick that ended on this replica, and how, for
+    /// [`Scheduler::status`](crate::Scheduler::status).
+    pub(crate) last_run: Mutex<Option<(chrono::DateTime<chrono::Utc>, crate::TickOutcome)>>,
     pub(crate) metrics: crate::metrics::JobMetrics,
 }
 

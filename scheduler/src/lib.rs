@@ -238,6 +238,7 @@ mod run;
 mod runtime;
 mod schedule;
 mod scheduler;
+mod status;
 #[cfg(feature = "test-util")]
 mod tokio_clock;
 
@@ -262,6 +263,7 @@ pub use policy::{connect_from_env, Policy, LOCK_URL, SCHEDULER_LOCK_REQUIRED};
 pub use runtime::RunReport;
 pub use schedule::Schedule;
 pub use scheduler::{Scheduler, SHUTDOWN_GRACE};
+pub use status::JobStatus;
 #[cfg(feature = "test-util")]
 pub use tokio_clock::TokioClock;
 

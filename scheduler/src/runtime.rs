@@ -102,6 +102,7 @@ impl Runtime {
     /// (the report is built only when there is one).
     pub(crate) fn report(&self, job: &JobSpec, tick: Tick, outcome: TickOutcome) {
         job.metrics.run(outcome);
+        *job.last_run.lock().unwrap_or_else(PoisonError::into_inner) = Some((tick.at, outcome));
         if let Some(hook) = &self.on_outcome {
             hook(&RunReport {
                 job: job.label().to_owned(),

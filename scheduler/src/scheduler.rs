@@ -50,9 +50,9 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 #[must_use = "dropping a Scheduler stops every job at once; keep it and end it with `shutdown`"]
 pub struct Scheduler {
-    rt: Arc<Runtime>,
-    jobs: Vec<Arc<JobSpec>>,
-    mode: Mode,
+    pub(crate) rt: Arc<Runtime>,
+    pub(crate) jobs: Vec<Arc<JobSpec>>,
+    pub(crate) mode: Mode,
     root: CancellationToken,
     started: Mutex<bool>,
     election: Mutex<Option<Arc<LeaderElection>>>,

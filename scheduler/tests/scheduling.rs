@@ -423,3 +423,65 @@ async fn a_tick_waiting_across_terms_runs_under_the_new_leadership() {
     .await
     .expect("the test finishes within its bound");
 }
+
+/// `status` per job: the last tick completed (any replica), the last that
+/// ended here and how, the next tick, and whether this replica fires; in
+/// leader mode only the leader fires.
+#[tokio::test(start_paused = true)]
+async fn status_reports_each_jobs_ticks_and_who_fires() {
+    let memory = MemoryBackend::new();
+    let base = DateTime::from_timestamp(1_800_000_000, 0).expect("valid");
+    let start = |clock: Arc<TokioClock>, mode: Mode| {
+        let locker = Locker::builder()
+            .with_backend(memory.clone())
+            .with_registry(&Registry::new())
+            .build()
+            .expect("locker");
+        Scheduler::builder(locker, Arc::new(memory.clone()))
+            .with_registry(&Registry::new())
+            .with_clock(clock)
+            .with_mode(mode)
+            .with_job(noop("every-second"))
+            .with_job(Job::new("yearly", "0 0 0 1 1 *", |_| async { Ok(()) }))
+            .start()
+            .expect("starts")
+    };
+    let clock = Arc::new(TokioClock::starting_at(base));
+    let s = start(clock.clone(), Mode::PerTick);
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let status = s.status().await.expect("status");
+    assert_eq!(status.len(), 2);
+    let every = &status[0];
+    assert_eq!(every.job, "every-second");
+    let last = base + chrono::Duration::seconds(3);
+    assert_eq!(every.last_completed, Some(last));
+    assert_eq!(
+        every.last_here,
+        Some((last, scheduler::TickOutcome::Success))
+    );
+    assert_eq!(every.next_tick, Some(base + chrono::Duration::seconds(4)));
+    assert!(every.fires_here);
+    let yearly = &status[1];
+    assert_eq!((yearly.last_completed, yearly.last_here), (None, None));
+    assert!(yearly.next_tick.is_some_and(|t| t > base));
+    s.shutdown(Duration::from_secs(1)).await.expect("clean");
+
+    // Two leader-mode replicas on the same store: one fires, and both see
+    // the ticks the per-tick run completed.
+    let election = || Mode::Leader(ElectionOptions::new().with_ttl(Duration::from_secs(3)));
+    let a = start(clock.clone(), election());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = start(clock.clone(), election());
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let (sa, sb) = (a.status().await.expect("a"), b.status().await.expect("b"));
+    assert_eq!(
+        [sa[0].fires_here, sb[0].fires_here],
+        [true, false],
+        "the first replica leads"
+    );
+    assert!(sa[0].last_completed > Some(last), "{sa:?}");
+    assert_eq!(sa[0].last_completed, sb[0].last_completed);
+    assert_eq!(sb[0].last_here, None, "the standby fired nothing");
+    a.shutdown(Duration::from_secs(1)).await.expect("clean");
+    b.shutdown(Duration::from_secs(1)).await.expect("clean");
+}
