@@ -11,9 +11,11 @@
 //! - postgres: the limiter against its store called alone, one prepared
 //!   function call per decision (goal: at least 0.9 × the floor).
 //!
-//! It prints one markdown table. Each figure is the median of three runs of
-//! one second, the limiter's and its floor's interleaved, so load that comes
-//! and goes on the machine hits both alike. A server backend is skipped when
+//! It prints one markdown table. Each figure is the median of seven runs of
+//! one second (`BENCH_ROUNDS` sets another odd count), the limiter's and its
+//! floor's interleaved, so load that comes and goes on the machine hits both
+//! alike. With three rounds one noisy second could decide a server row's
+//! ratio; with seven it takes four. A server backend is skipped when
 //! its variable is unset.
 //!
 //! ```text
@@ -35,8 +37,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long one measurement runs.
 const RUN: Duration = Duration::from_secs(1);
-/// Measurements per figure; the median is reported.
-const ROUNDS: usize = 3;
+/// Measurements per figure unless `BENCH_ROUNDS` says otherwise; the
+/// median is reported.
+const ROUNDS: usize = 7;
 /// Calls between two looks at the clock (and a yield, so that 16 tasks on
 /// two threads take turns even when no call ever waits). Reading the clock
 /// on every call would add its cost to every decision measured.
@@ -153,8 +156,13 @@ async fn compare<L: Op, F: Op>(
     limiter: &L,
     floor: &F,
 ) -> Result<(f64, f64), BoxError> {
+    let rounds = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse::<usize>().ok())
+        .filter(|r| *r > 0)
+        .unwrap_or(ROUNDS);
     let (mut ls, mut fs) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         fs.push(rate(tasks, floor).await?);
         ls.push(rate(tasks, limiter).await?);
     }
