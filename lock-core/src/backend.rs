@@ -236,7 +236,7 @@ impl fmt::Debug for ReleaseSignal {
 ///   its [`Lease::lasts_at_least`] says; the local deadline never outlasts it.
 /// - Every call MUST return within the backend's configured operation timeout
 ///   (a paused or partitioned server yields an error of kind
-///   [`BackendErrorKind::Timeout`](crate::BackendErrorKind::Timeout), never a hang).
+///   [`BackendErrorKind::Timeout`], never a hang).
 /// - Native client errors MUST be converted into [`BackendError`] with a kind
 ///   that says whether the server was unreachable.
 ///
