@@ -218,6 +218,7 @@ mod backend;
 mod config;
 mod error;
 mod fencing;
+mod holders;
 mod key;
 mod lifeline;
 mod notify;
