@@ -69,6 +69,7 @@ pub(crate) struct HolderSql {
     describe: String,
     list: String,
     force: String,
+    terminate: String,
 }
 
 /// The columns an upsert of a holder row sets.
@@ -201,6 +202,20 @@ impl HolderSql {
              SELECT (SELECT count(*) FROM g), (SELECT c.token FROM c LIMIT 1), \
                (SELECT count(*) FROM u)"
         );
+        // $1 classid; $2 objid; $3 namespace; $4 name; $5 token; $6, $7 key;
+        // $8 whether the session may hold other advisory locks.
+        let terminate = format!(
+            "WITH g AS (SELECT l.pid FROM pg_locks l WHERE {GRANTED} \
+               AND l.classid::int8 = $1 AND l.objid::int8 = $2), \
+             c AS (SELECT h.pid, h.token FROM {h} h WHERE h.namespace = $3 AND h.name = $4 \
+               AND h.key1 = $6 AND h.key2 = $7 AND h.pid IN (SELECT pid FROM g) LIMIT 1), \
+             o AS (SELECT count(*) AS n FROM pg_locks l, c WHERE l.locktype = 'advisory' \
+               AND l.granted AND l.pid = c.pid \
+               AND NOT (l.classid::int8 = $1 AND l.objid::int8 = $2 AND l.objsubid = 2)) \
+             SELECT (SELECT count(*) FROM g), c.token, o.n, \
+               CASE WHEN c.token = $5 AND (o.n = 0 OR $8) THEN pg_terminate_backend(c.pid) END \
+             FROM (SELECT 1) one LEFT JOIN c ON true LEFT JOIN o ON true"
+        );
         Self {
             state: AtomicU8::new(UNKNOWN),
             namespace: cfg.namespace.clone(),
@@ -220,6 +235,7 @@ impl HolderSql {
             describe,
             list,
             force,
+            terminate,
         }
     }
 
@@ -584,6 +600,104 @@ impl PostgresBackend {
                 held: held.and_then(|t| u64::try_from(t).ok()),
             }
         })
+    }
+}
+
+impl PostgresBackend {
+    /// Ends the server session holding `name` (`pg_terminate_backend`) if
+    /// the lease holding it carries `expected_token`: for a holder that
+    /// cannot renew (a stopped process), whose lock a
+    /// [`force_release`](lock_core::LockBackend::force_release) mark alone
+    /// does not free. Ending a session frees every advisory lock on it, so
+    /// it is refused while that session holds any other advisory lock,
+    /// unless `end_other_leases` says to end them all too. The holder sees
+    /// its session end, as `expired`, when it runs again.
+    ///
+    /// Needs `SELECT` on the holder table and the right to signal the
+    /// holder's server process (superuser, membership in its role, or
+    /// `pg_signal_backend`).
+    ///
+    /// # Errors
+    ///
+    /// `Config` for a token out of range or when the session holds other
+    /// advisory locks (naming how many) and `end_other_leases` is false;
+    /// `Auth` without the rights above; the backend's errors otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe in effect: dropped midway, the session may have been
+    /// ended; describe the lock to find out.
+    pub async fn terminate_holder(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+        end_other_leases: bool,
+    ) -> Result<ForceOutcome, BackendError> {
+        let token = i64::try_from(expected_token).map_err(|_| {
+            BackendError::new(
+                BackendErrorKind::Config,
+                format!("fencing token {expected_token} is out of range"),
+            )
+        })?;
+        let cfg = &self.inner.config;
+        let key = cfg.key_for(name);
+        let session = self.session().await?;
+        let ns = cfg.namespace.as_str();
+        let rows = session
+            .query(
+                "ending the holder's session",
+                &self.holder_sql().terminate,
+                &[
+                    (&key.classid(), Type::INT8),
+                    (&key.objid(), Type::INT8),
+                    (&ns, Type::TEXT),
+                    (&name.as_str(), Type::TEXT),
+                    (&token, Type::INT8),
+                    (&key.key1, Type::INT4),
+                    (&key.key2, Type::INT4),
+                    (&end_other_leases, Type::BOOL),
+                ],
+            )
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) if self.holder_sql().missing(&e) => {
+                return Ok(match self.granted_pid(&session, key).await? {
+                    Some(_) => ForceOutcome::TokenMismatch { held: None },
+                    None => ForceOutcome::NotHeld,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("ending the holder's session returned no row"))?;
+        let granted: i64 = col(row, 0)?.unwrap_or(0);
+        let held: Option<i64> = col(row, 1)?;
+        let others: i64 = col(row, 2)?.unwrap_or(0);
+        let ended: Option<bool> = col(row, 3)?;
+        if granted == 0 {
+            return Ok(ForceOutcome::NotHeld);
+        }
+        if held != Some(token) {
+            return Ok(ForceOutcome::TokenMismatch {
+                held: held.and_then(|t| u64::try_from(t).ok()),
+            });
+        }
+        match ended {
+            Some(true) => Ok(ForceOutcome::Released),
+            Some(false) => Err(BackendError::new(
+                BackendErrorKind::Other,
+                "pg_terminate_backend did not signal the holder's session (it ended meanwhile?); describe the lock",
+            )),
+            None => Err(BackendError::new(
+                BackendErrorKind::Config,
+                format!(
+                    "the holder's session holds {others} other advisory lock(s); ending it would \
+                     end them all. Pass end_other_leases to end them too"
+                ),
+            )),
+        }
     }
 }
 

@@ -223,10 +223,11 @@
 //!   waiter then gets it with a higher fencing token, as for any acquire.
 //!   A holder that does not renew (a stopped process, `SIGSTOP`) keeps the
 //!   lock until its session ends: its kernel still answers TCP, so the
-//!   server's keepalives do not end the session either. The operator can
-//!   then end the session with `SELECT pg_terminate_backend(pid)`, which
-//!   ends every lease on it; `pg_locks` shows which keys that session
-//!   holds.
+//!   server's keepalives do not end the session either. For that case,
+//!   [`PostgresBackend::terminate_holder`] ends the holder's session (same
+//!   token check) only if it holds no other advisory lock, or when told to
+//!   end them all; the holder then sees its session ended (`expired`) when
+//!   it runs again.
 //!
 //! Every answer is a snapshot that may be stale when it returns: show it,
 //! never decide to write on it.
@@ -238,8 +239,9 @@
 //! | acquire, renew, release (with holder data) | `INSERT`, `UPDATE`, `DELETE`, `SELECT` on both tables (or `CREATE` on the schema, once, to create them) |
 //! | `describe`, `list` | `SELECT` on both tables; `pg_locks` is readable by every role. Before the tables exist, `describe` answers from `pg_locks` alone |
 //! | `force_release` | `SELECT` and `UPDATE` on `lock_holders` |
+//! | [`PostgresBackend::terminate_holder`] | `SELECT` on `lock_holders`, and the right to signal the holder's server process (superuser, membership in the holder's role, or `pg_signal_backend`) |
 //!
-//! No superuser right is needed for any of them.
+//! No superuser right is needed for any of them but the last.
 //!
 //! # Release notification
 //!

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use lock_core::{
-    BackendErrorKind, Error, ForceOutcome, Identity, LockBackend, LockMetrics, LockName,
-    LockOptions, Locker, LossReason, RunOutcome,
+    backend::AcquireAttempt, BackendErrorKind, Error, ForceOutcome, Identity, LockBackend,
+    LockMetrics, LockName, LockOptions, Locker, LossReason, OwnerToken, RunOutcome,
 };
 use lock_postgres::PostgresBackend;
 use prometheus::Registry;
@@ -35,6 +35,12 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "inspect_with_select_only", |f| {
         Box::pin(inspect_with_select_only(f))
     });
+    add(
+        suite,
+        f,
+        "force_release_of_a_holder_that_does_not_renew",
+        |f| Box::pin(force_release_of_a_holder_that_does_not_renew(f)),
+    );
     add(suite, f, "force_release_frees_only_the_named_lease", |f| {
         Box::pin(force_release_frees_only_the_named_lease(f))
     });
@@ -488,5 +494,60 @@ async fn inspect_with_select_only(f: Arc<PostgresFactory>) -> Result<(), BoxErro
         .await?;
     outcome?;
     guard.release().await?;
+    Ok(())
+}
+
+/// A holder that does not renew (a stopped process; here leases taken
+/// straight through the trait, with no heartbeat) keeps its lock after a
+/// forced release's mark. `terminate_holder` then ends its session, but
+/// only once told to end the other leases on it too.
+async fn force_release_of_a_holder_that_does_not_renew(
+    f: Arc<PostgresFactory>,
+) -> Result<(), BoxError> {
+    let stopped = backend_as(&f, "postgres").await?;
+    let op_backend = backend_as(&f, "postgres").await?;
+    let op = locker_as(Arc::new(op_backend.clone()), "operator")?;
+    let (a, b) = (name(&f, "stopped-a"), name(&f, "stopped-b"));
+    let (owner_a, owner_b) = (OwnerToken::generate()?, OwnerToken::generate()?);
+    let who = Identity::new("stopped")?;
+    let mut tokens = Vec::new();
+    for (n, owner) in [(&a, &owner_a), (&b, &owner_b)] {
+        match stopped.try_acquire_as(n, owner, TTL, &who).await? {
+            AcquireAttempt::Acquired(lease) => tokens.push(lease.fencing_token.ok_or("no token")?),
+            other => return Err(format!("setup: {other:?}").into()),
+        }
+    }
+    let (token_a, token_b) = (tokens[0], tokens[1]);
+    if op.force_release(&a, token_a).await? != ForceOutcome::Released {
+        return Err("the mark was refused".into());
+    }
+    sleep(INTERVAL * 3).await;
+    if op.describe(&a).await?.is_none() {
+        return Err("a holder that never renewed lost its lock to a mark alone".into());
+    }
+    match op_backend.terminate_holder(&a, token_a + 1, true).await? {
+        ForceOutcome::TokenMismatch { held: Some(t) } if t == token_a => {}
+        other => return Err(format!("terminate with a wrong token: {other:?}").into()),
+    }
+    match op_backend.terminate_holder(&a, token_a, false).await {
+        Err(e) if e.kind() == BackendErrorKind::Config && e.message().contains("1 other") => {}
+        other => return Err(format!("terminate beside another lease: {other:?}").into()),
+    }
+    if op.describe(&b).await?.is_none() || op.describe(&a).await?.is_none() {
+        return Err("a refused terminate freed a lock".into());
+    }
+    if op_backend.terminate_holder(&a, token_a, true).await? != ForceOutcome::Released {
+        return Err("terminate with the right token did not end the session".into());
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while op.describe(&a).await?.is_some() || op.describe(&b).await?.is_some() {
+        if Instant::now() > deadline {
+            return Err("the terminated session's locks are still held after 5 s".into());
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    if op_backend.terminate_holder(&b, token_b, true).await? != ForceOutcome::NotHeld {
+        return Err("a freed lock was not NotHeld".into());
+    }
     Ok(())
 }
