@@ -39,6 +39,8 @@ use crate::{AdvisoryKey, PostgresBackend, PostgresConfig};
 const UNKNOWN: u8 = 0;
 const READY: u8 = 1;
 const UNAVAILABLE: u8 = 2;
+/// Turned off by configuration: never written here.
+const OFF: u8 = 3;
 
 /// How long after a failed attempt to create or write the holder table
 /// (no right to) acquires go without holder rows before trying again.
@@ -217,7 +219,7 @@ impl HolderSql {
              FROM (SELECT 1) one LEFT JOIN c ON true LEFT JOIN o ON true"
         );
         Self {
-            state: AtomicU8::new(UNKNOWN),
+            state: AtomicU8::new(if cfg.holder_records { UNKNOWN } else { OFF }),
             namespace: cfg.namespace.clone(),
             failed_at: Mutex::new(None),
             missing,
@@ -250,6 +252,7 @@ impl HolderSql {
     fn worth_trying(&self, again: bool) -> bool {
         match self.state.load(Ordering::Relaxed) {
             READY => again,
+            OFF => false,
             UNAVAILABLE => {
                 let mut at = self
                     .failed_at
@@ -274,7 +277,10 @@ impl HolderSql {
         let gone =
             e.message().contains("42P01") && self.missing.iter().any(|m| e.message().contains(m));
         if gone {
-            self.state.store(UNKNOWN, Ordering::Relaxed);
+            // Only a table once seen ready starts over; off stays off.
+            let _ =
+                self.state
+                    .compare_exchange(READY, UNKNOWN, Ordering::Relaxed, Ordering::Relaxed);
         }
         gone
     }
@@ -358,6 +364,7 @@ impl PostgresBackend {
         };
         match outcome {
             Ok(()) => {
+                // Not off: `worth_trying` let this write through.
                 if sql.state.swap(READY, Ordering::Relaxed) != READY {
                     // Rows of sessions that ended without releasing.
                     if let Err(e) = session.batch("pruning stale holder rows", &sql.prune).await {

@@ -190,6 +190,14 @@
 //! retried once a minute); its locks then show as held by an unknown
 //! holder.
 //!
+//! The rows cost a write in each acquire and each release statement: on a
+//! loaded two-core machine the bench's acquire+release at concurrency 1
+//! went from a median of about 0.25 ms to about 0.45 ms (debug build,
+//! private server), about 0.2 ms of it server time. A deployment that wants
+//! that time back turns the rows off
+//! ([`PostgresBuilder::with_holder_records`]); its locks are then still
+//! described as held, by an unknown holder.
+//!
 //! - [`describe`](lock_core::LockBackend::describe) reads `pg_locks` for
 //!   the name's key and joins the holder row *of the session holding it*:
 //!   a lock is held exactly when `pg_locks` shows it granted, whatever the

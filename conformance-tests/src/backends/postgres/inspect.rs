@@ -32,6 +32,9 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
     add(suite, f, "inspect_list_pages_through_1000_locks", |f| {
         Box::pin(list_pages_through_1000_locks(f))
     });
+    add(suite, f, "inspect_without_holder_records", |f| {
+        Box::pin(inspect_without_holder_records(f))
+    });
     add(suite, f, "inspect_with_select_only", |f| {
         Box::pin(inspect_with_select_only(f))
     });
@@ -548,6 +551,42 @@ async fn force_release_of_a_holder_that_does_not_renew(
     }
     if op_backend.terminate_holder(&b, token_b, true).await? != ForceOutcome::NotHeld {
         return Err("a freed lock was not NotHeld".into());
+    }
+    Ok(())
+}
+
+/// With holder records off, a backend writes no row: its locks are still
+/// described as held, by an unknown holder.
+async fn inspect_without_holder_records(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
+    let url = tokio::task::block_in_place(|| f.url())?;
+    let inspector = plain_session(&url, f.application_name()).await?;
+    let config = f.builder_for(&url)?.with_holder_records(false).config()?;
+    let quiet = locker_as(Arc::new(PostgresBackend::connect(config).await?), "quiet")?;
+    let op = operator(&f).await?;
+    let n = name(&f, "unrecorded");
+    let guard = quiet.try_lock(&n, &LockOptions::new(TTL)).await?;
+    sleep(INTERVAL * 2).await;
+    let seen = op
+        .describe(&n)
+        .await?
+        .ok_or("an unrecorded lock described free")?;
+    if seen.identity.is_some() || seen.fencing_token.is_some() {
+        return Err(format!("an unrecorded lock described as {seen:?}").into());
+    }
+    let rows: i64 = inspector
+        .query_one(
+            "SELECT count(*) FROM lock_holders WHERE name = $1",
+            &[&n.as_str()],
+        )
+        .await?
+        .get(0);
+    if rows != 0 {
+        return Err("holder records off, a row was written".into());
+    }
+    guard.assert_held()?;
+    guard.release().await?;
+    if op.describe(&n).await?.is_some() {
+        return Err("described after release".into());
     }
     Ok(())
 }
