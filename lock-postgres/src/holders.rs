@@ -165,8 +165,10 @@ impl HolderSql {
                WHERE pg_backend_pid() = $7 {UPSERT}"
         );
         let prune = format!(
-            "DELETE FROM {h} WHERE pid NOT IN (SELECT pid FROM pg_stat_activity); \
-             DELETE FROM {s} WHERE pid NOT IN (SELECT pid FROM pg_stat_activity)"
+            "DELETE FROM {h} h WHERE NOT EXISTS \
+               (SELECT 1 FROM pg_stat_activity a WHERE a.pid = h.pid); \
+             DELETE FROM {s} r WHERE NOT EXISTS \
+               (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.pid)"
         );
         // $1 classid; $2 objid; $3 namespace; $4 name; $5, $6 key.
         let describe = format!(
