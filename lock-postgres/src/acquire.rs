@@ -9,13 +9,14 @@ use std::time::Duration;
 use lock_core::{
     backend::{AcquireAttempt, Lease},
     lane::{self, Unsettled},
-    BackendError, BackendErrorKind, LockName, OwnerToken,
+    BackendError, BackendErrorKind, Identity, LockName, OwnerToken,
 };
 use tracing::warn;
 
 use crate::attempts::LockAnswer;
 use crate::backend::Holding;
 use crate::error::{config, protocol};
+use crate::holders::HolderInfo;
 use crate::release::wait_for;
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresBackend};
@@ -27,6 +28,7 @@ impl PostgresBackend {
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
+        who: Option<&Identity>,
     ) -> Result<AcquireAttempt, BackendError> {
         let cfg = &self.inner.config;
         if ttl > cfg.max_ttl {
@@ -37,6 +39,10 @@ impl PostgresBackend {
             )));
         }
         let key = cfg.key_for(name);
+        let info = HolderInfo {
+            name: name.as_str().to_owned(),
+            identity: who.map(|i| i.as_str().to_owned()),
+        };
         let session = self.session_for(key).await?;
         let (unsettled, settled) = lane::settle();
         {
@@ -64,7 +70,10 @@ impl PostgresBackend {
             );
         }
         if cfg.fencing && self.inner.fence_ready.load(Ordering::Relaxed) {
-            match self.try_lock_fenced(&session, key, owner, unsettled).await {
+            match self
+                .try_lock_fenced(&session, key, owner, unsettled, &info)
+                .await
+            {
                 Err(e) if e.message().contains("42P01") => {
                     // The sequence was dropped since: the lock may have been
                     // taken before nextval failed (session locks ignore the
@@ -82,11 +91,18 @@ impl PostgresBackend {
             }
             let unsettled = self.next_attempt(key, owner);
             return self
-                .try_lock_then_fence(&session, key, owner, unsettled)
+                .try_lock_then_fence(&session, key, owner, unsettled, &info)
                 .await;
         }
-        self.try_lock_then_fence(&session, key, owner, unsettled)
+        self.try_lock_then_fence(&session, key, owner, unsettled, &info)
             .await
+    }
+
+    /// The holder row for the lock statement to write: only once the
+    /// holder tables are known to exist (before, `record_holder` writes it
+    /// in a statement of its own and creates them).
+    fn attach(&self, info: &HolderInfo) -> Option<HolderInfo> {
+        self.holder_sql().ready().then(|| info.clone())
     }
 
     /// A new signal for a second attempt of `owner` on `key`, kept in its
@@ -107,18 +123,27 @@ impl PostgresBackend {
         key: AdvisoryKey,
         owner: &OwnerToken,
         unsettled: Unsettled,
+        info: &HolderInfo,
     ) -> Result<AcquireAttempt, BackendError> {
         let cfg = &self.inner.config;
-        let answer = session.try_lock(key, false, unsettled).await?;
+        let answer = session
+            .try_lock(key, false, unsettled, self.attach(info))
+            .await?;
         if !self.granted(session, answer, key, owner)? {
             return Ok(AcquireAttempt::HeldElsewhere);
         }
         if !cfg.fencing {
+            if !answer.recorded {
+                self.record_holder(session, key, info, None, false).await;
+            }
             return self.still_alive(session, Ok(AcquireAttempt::Acquired(Lease::new(None))));
         }
         match self.fencing_token(session).await {
             Ok(token) => {
                 self.inner.fence_ready.store(true, Ordering::Relaxed);
+                // The row the lock statement wrote (if any) has no token.
+                self.record_holder(session, key, info, Some(token), true)
+                    .await;
                 let lease = Lease::new(Some(token));
                 self.still_alive(session, Ok(AcquireAttempt::Acquired(lease)))
             }
@@ -187,8 +212,11 @@ impl PostgresBackend {
         key: AdvisoryKey,
         owner: &OwnerToken,
         unsettled: Unsettled,
+        info: &HolderInfo,
     ) -> Result<AcquireAttempt, BackendError> {
-        let answer = session.try_lock(key, true, unsettled).await?;
+        let answer = session
+            .try_lock(key, true, unsettled, self.attach(info))
+            .await?;
         if !self.granted(session, answer, key, owner)? {
             return Ok(AcquireAttempt::HeldElsewhere);
         }
@@ -197,7 +225,12 @@ impl PostgresBackend {
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| protocol(format!("the fencing sequence returned {token:?}")));
         match token {
-            Ok(t) => Ok(AcquireAttempt::Acquired(Lease::new(Some(t)))),
+            Ok(t) => {
+                if !answer.recorded {
+                    self.record_holder(session, key, info, Some(t), false).await;
+                }
+                Ok(AcquireAttempt::Acquired(Lease::new(Some(t))))
+            }
             Err(e) => {
                 self.give_back(key, owner).await;
                 Err(e)

@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use lock_core::lane::{self, Batch, Lane, Unsettled};
 use lock_core::BackendError;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::error::{protocol, timed_out};
+use crate::holders::{HolderInfo, HolderSql};
 use crate::renew::Alive;
 use crate::session::LockSession;
 use crate::unlocks::Unlocks;
@@ -56,6 +57,8 @@ pub(crate) struct LockAnswer {
     pub(crate) got: Option<bool>,
     /// The fencing token drawn for a taken lock, when asked for.
     pub(crate) token: Option<i64>,
+    /// Whether the statement wrote the lock's holder row (when taken).
+    pub(crate) recorded: bool,
 }
 
 /// The lanes of one session ([`lock_core::lane`]): plain attempts, attempts
@@ -72,23 +75,26 @@ pub(crate) struct Lanes {
     pub(crate) unlocks: Lane<Unlocks>,
     /// The fencing sequence, schema-qualified and quoted.
     sequence: String,
+    /// The holder table's statements, shared by the backend's sessions.
+    pub(crate) holders: Arc<HolderSql>,
 }
 
 impl Lanes {
-    pub(crate) fn new(sequence: String) -> Self {
+    pub(crate) fn new(sequence: String, holders: Arc<HolderSql>) -> Self {
         Self {
             plain: Lane::default(),
             fenced: Lane::default(),
             alive: Lane::default(),
             unlocks: Lane::default(),
             sequence,
+            holders,
         }
     }
 }
 
-/// One attempt: its key, and what settles it when dropped, once its
-/// statement answered or failed.
-type Attempt = (AdvisoryKey, Unsettled);
+/// One attempt: its key, what settles it when dropped, once its statement
+/// answered or failed, and the holder row to write if it takes the lock.
+type Attempt = (AdvisoryKey, Unsettled, Option<HolderInfo>);
 
 /// The most statements of one kind in flight on one session: a few keep a
 /// lightly loaded session pipelined, so a lone call waits for nothing.
@@ -172,21 +178,115 @@ impl LockSession {
         key: AdvisoryKey,
         fenced: bool,
         unsettled: Unsettled,
+        holder: Option<HolderInfo>,
     ) -> Result<LockAnswer, BackendError> {
         if fenced {
-            lane::call::<Fenced>(self, (key, unsettled)).await
+            lane::call::<Fenced>(self, (key, unsettled, holder)).await
         } else {
-            lane::call::<Plain>(self, (key, unsettled)).await
+            lane::call::<Plain>(self, (key, unsettled, holder)).await
         }
     }
 
     /// Runs one statement for `attempts`: one answer per key, in order.
+    ///
+    /// When the holder tables are known to exist and an attempt carries a
+    /// holder row, the statement writes the rows of the locks it takes; if
+    /// the tables vanished since, it runs again without (a missing table
+    /// fails the statement before any lock is taken).
     async fn try_lock_batch(
         &self,
         attempts: &[Attempt],
         fenced: bool,
     ) -> Result<Vec<LockAnswer>, BackendError> {
-        let keys: Vec<AdvisoryKey> = attempts.iter().map(|(key, _)| *key).collect();
+        let holders = self.lanes().holders.as_ref();
+        if holders.ready() && attempts.iter().any(|(_, _, h)| h.is_some()) {
+            match self.try_lock_recording(attempts, fenced).await {
+                Err(e) if holders.missing(&e) => {}
+                other => return other,
+            }
+        }
+        self.try_lock_statement(attempts, fenced).await
+    }
+
+    /// The lock statement that also writes the holder rows.
+    async fn try_lock_recording(
+        &self,
+        attempts: &[Attempt],
+        fenced: bool,
+    ) -> Result<Vec<LockAnswer>, BackendError> {
+        let sql = self.lanes().holders.as_ref();
+        let pid = self.pid();
+        let sequence = self.lanes().sequence.as_str();
+        let ns = sql.namespace.as_str();
+        let what = "pg_try_advisory_lock";
+        if let [(key, _, holder)] = attempts {
+            let name = holder.as_ref().map(|h| h.name.as_str());
+            let identity = holder.as_ref().and_then(|h| h.identity.as_deref());
+            let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+                (&key.key1, Type::INT4),
+                (&key.key2, Type::INT4),
+                (&pid, Type::INT4),
+                (&ns, Type::TEXT),
+                (&name, Type::TEXT),
+                (&identity, Type::TEXT),
+            ];
+            if fenced {
+                params.push((&sequence, Type::TEXT));
+            }
+            let text = if fenced {
+                &sql.try_lock_fenced
+            } else {
+                &sql.try_lock
+            };
+            let rows = self.query_prepared(what, text, &params).await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| protocol("pg_try_advisory_lock returned no row"))?;
+            return Ok(vec![LockAnswer {
+                pid: read::<i32>(row, 0)?.unwrap_or_default(),
+                got: read(row, 1)?,
+                token: read(row, 2)?,
+                recorded: holder.is_some(),
+            }]);
+        }
+        let (key1, key2): (Vec<i32>, Vec<i32>) =
+            attempts.iter().map(|(k, _, _)| (k.key1, k.key2)).unzip();
+        let names: Vec<Option<&str>> = attempts
+            .iter()
+            .map(|(_, _, h)| h.as_ref().map(|h| h.name.as_str()))
+            .collect();
+        let identities: Vec<Option<&str>> = attempts
+            .iter()
+            .map(|(_, _, h)| h.as_ref().and_then(|h| h.identity.as_deref()))
+            .collect();
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&key1, Type::INT4_ARRAY),
+            (&key2, Type::INT4_ARRAY),
+            (&pid, Type::INT4),
+            (&ns, Type::TEXT),
+            (&names, Type::TEXT_ARRAY),
+            (&identities, Type::TEXT_ARRAY),
+        ];
+        if fenced {
+            params.push((&sequence, Type::TEXT));
+        }
+        let text = if fenced {
+            &sql.try_lock_many_fenced
+        } else {
+            &sql.try_lock_many
+        };
+        let rows = self.query_prepared(what, text, &params).await?;
+        let recorded: Vec<bool> = names.iter().map(Option::is_some).collect();
+        answers_of(&rows, attempts.len(), true, &recorded)
+    }
+
+    /// The plain lock statement.
+    async fn try_lock_statement(
+        &self,
+        attempts: &[Attempt],
+        fenced: bool,
+    ) -> Result<Vec<LockAnswer>, BackendError> {
+        let keys: Vec<AdvisoryKey> = attempts.iter().map(|(key, _, _)| *key).collect();
         let pid = self.pid();
         let sequence = self.lanes().sequence.as_str();
         let what = "pg_try_advisory_lock";
@@ -223,6 +323,7 @@ impl LockSession {
                 pid: read::<i32>(row, 0)?.unwrap_or_default(),
                 got: read(row, 1)?,
                 token,
+                recorded: false,
             }]);
         }
         let (key1, key2): (Vec<i32>, Vec<i32>) = keys.iter().map(|k| (k.key1, k.key2)).unzip();
@@ -250,29 +351,43 @@ impl LockSession {
             )
             .await?
         };
-        let mut answers: Vec<Option<LockAnswer>> = vec![None; keys.len()];
-        for row in &rows {
-            let position: Option<i64> = read(row, 1)?;
-            let slot = position
-                .and_then(|i| usize::try_from(i).ok())
-                .and_then(|i| i.checked_sub(1))
-                .and_then(|i| answers.get_mut(i))
-                .ok_or_else(|| {
-                    protocol(format!(
-                        "pg_try_advisory_lock answered position {position:?}"
-                    ))
-                })?;
-            *slot = Some(LockAnswer {
-                pid: read::<i32>(row, 0)?.unwrap_or_default(),
-                got: read(row, 2)?,
-                token: if fenced { read(row, 3)? } else { None },
-            });
-        }
-        answers
-            .into_iter()
-            .map(|a| a.ok_or_else(|| protocol("pg_try_advisory_lock left a key unanswered")))
-            .collect()
+        answers_of(&rows, keys.len(), fenced, &vec![false; keys.len()])
     }
+}
+
+/// The answers of a statement over arrays of keys: rows of `pid, position,
+/// got, token`, one per key.
+fn answers_of(
+    rows: &[Row],
+    count: usize,
+    fenced: bool,
+    recorded: &[bool],
+) -> Result<Vec<LockAnswer>, BackendError> {
+    let mut answers: Vec<Option<LockAnswer>> = vec![None; count];
+    for row in rows {
+        let position: Option<i64> = read(row, 1)?;
+        let index = position
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| i.checked_sub(1));
+        let slot = index.and_then(|i| answers.get_mut(i)).ok_or_else(|| {
+            protocol(format!(
+                "pg_try_advisory_lock answered position {position:?}"
+            ))
+        })?;
+        *slot = Some(LockAnswer {
+            pid: read::<i32>(row, 0)?.unwrap_or_default(),
+            got: read(row, 2)?,
+            token: if fenced { read(row, 3)? } else { None },
+            recorded: index
+                .and_then(|i| recorded.get(i))
+                .copied()
+                .unwrap_or(false),
+        });
+    }
+    answers
+        .into_iter()
+        .map(|a| a.ok_or_else(|| protocol("pg_try_advisory_lock left a key unanswered")))
+        .collect()
 }
 
 /// Reads column `i` of `row`.

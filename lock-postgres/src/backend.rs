@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_core::{
     async_trait,
@@ -11,11 +11,13 @@ use lock_core::{
         AcquireAttempt, Expiry, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest,
     },
     lane::{Settled, Unsettled},
-    BackendError, Capabilities, LockBackend, LockName, LossReason, OwnerToken,
+    BackendError, Capabilities, ForceOutcome, Holder, HolderPage, Identity, LockBackend, LockName,
+    LossReason, OwnerToken,
 };
 use tracing::{debug, warn};
 
 use crate::error::protocol;
+use crate::holders::HolderSql;
 use crate::lifeline::{Lifeline, OnEnd};
 use crate::notify::ReleaseListener;
 use crate::session::LockSession;
@@ -49,6 +51,11 @@ pub(crate) struct Inner {
     pub(crate) fence_ready: AtomicBool,
     /// Where the end of a session is reported, for every lease on it.
     feed: LossFeed,
+    /// The holder table's statements (see `holders`).
+    pub(crate) holders: Arc<HolderSql>,
+    /// Owners whose leases an operator freed, and when this backend learnt
+    /// it: their renewals and checks answer `Forced` while kept.
+    forced: Mutex<HashMap<OwnerToken, Instant>>,
     /// Faults armed by the conformance suite.
     #[cfg(feature = "test-util")]
     pub(crate) faults: crate::test_util::Faults,
@@ -75,6 +82,10 @@ pub(crate) struct Holding {
 }
 
 impl Inner {
+    fn forced(&self) -> MutexGuard<'_, HashMap<OwnerToken, Instant>> {
+        self.forced.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn held(&self) -> MutexGuard<'_, HashMap<AdvisoryKey, Holding>> {
         // Every critical section is short and leaves the map whole; poison
         // carries no half-state.
@@ -123,11 +134,13 @@ impl PostgresBackend {
         Self {
             inner: Arc::new(Inner {
                 sessions: SessionSet::new(config.lock_sessions),
-                config,
                 held: Mutex::new(HashMap::new()),
                 listener: ReleaseListener::default(),
                 fence_ready: AtomicBool::new(false),
                 feed: LossFeed::new(),
+                holders: Arc::new(HolderSql::new(&config)),
+                forced: Mutex::new(HashMap::new()),
+                config,
                 #[cfg(feature = "test-util")]
                 faults: crate::test_util::Faults::default(),
             }),
@@ -223,7 +236,12 @@ impl PostgresBackend {
     async fn session_at(&self, i: usize) -> Result<Arc<LockSession>, BackendError> {
         self.inner
             .sessions
-            .get(i, &self.inner.config, || self.on_session_end())
+            .get(
+                i,
+                &self.inner.config,
+                || self.on_session_end(),
+                &self.inner.holders,
+            )
             .await
     }
 
@@ -234,6 +252,65 @@ impl PostgresBackend {
             Some(h) if h.owner == *owner => held.remove(&key),
             _ => None,
         }
+    }
+    /// An operator marked `keys` on `session` for a forced release (its
+    /// renewal read the marks): their leases are marked lost (`forced`) in
+    /// every `Locker` first, then unlocked on the session, in the
+    /// background, as a release would (which deletes their holder rows and
+    /// wakes waiters).
+    pub(crate) async fn forced_on(&self, session: &Arc<LockSession>, keys: &[AdvisoryKey]) {
+        let ended: Vec<(AdvisoryKey, OwnerToken)> = {
+            let held = self.held();
+            keys.iter()
+                .filter_map(|k| {
+                    held.get(k)
+                        .filter(|h| Arc::ptr_eq(&h.session, session) && !h.releasing)
+                        .map(|h| (*k, h.owner))
+                })
+                .collect()
+        };
+        if ended.is_empty() {
+            return;
+        }
+        {
+            let keep = self.forced_kept();
+            let mut forced = self.inner.forced();
+            forced.retain(|_, at| at.elapsed() < keep);
+            for (_, owner) in &ended {
+                forced.insert(*owner, Instant::now());
+            }
+        }
+        let owners: Vec<OwnerToken> = ended.iter().map(|(_, o)| *o).collect();
+        let told = self.inner.feed.leases_ended(&owners, LossReason::Forced);
+        warn!(
+            pid = session.pid(),
+            locks = ended.len(),
+            leases_ended = told,
+            "an operator released locks of this process by force; their leases are lost (forced) and the locks are given back"
+        );
+        let notify = self.inner.config.release_notify;
+        for (key, owner) in ended {
+            if let Ok(releasing) = self.begin_release(key, &owner) {
+                // Dropped at once: it runs to its end in a task of its own.
+                drop(self.start_unlock(releasing, key, owner, notify));
+            }
+        }
+    }
+
+    /// Whether an operator freed `owner`'s lease, recently enough that its
+    /// renewals still answer `Forced`.
+    pub(crate) fn was_forced(&self, owner: &OwnerToken) -> bool {
+        let keep = self.forced_kept();
+        self.inner
+            .forced()
+            .get(owner)
+            .is_some_and(|at| at.elapsed() < keep)
+    }
+
+    /// How long a forced release is remembered: well past the longest TTL
+    /// a renewal can ask for.
+    fn forced_kept(&self) -> Duration {
+        self.inner.config.max_ttl.saturating_mul(4)
     }
 }
 
@@ -255,7 +332,57 @@ impl LockBackend for PostgresBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        self.acquire(name, owner, ttl).await
+        self.acquire(name, owner, ttl, None).await
+    }
+
+    /// As `try_acquire`, and the lock statement writes the holder row (see
+    /// the crate docs, "Inspection and forced release").
+    async fn try_acquire_as(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: &Identity,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.acquire(name, owner, ttl, Some(holder)).await
+    }
+
+    /// Reads `pg_locks` for the name's key, joined with its holder row:
+    /// held by a session that wrote no row (another program, an older
+    /// version), it is an unknown holder. `expires_at` is `None`: the lock
+    /// lives as long as its session. Needs `SELECT` on the holder tables
+    /// (or none, before they exist); `pg_locks` is readable by every role.
+    async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+        self.describe_lock(name).await
+    }
+
+    /// Lists the holder rows under `prefix` whose session holds their key
+    /// per `pg_locks`, by name. Locks held by programs that write no holder
+    /// row cannot be listed (no name is known for a key); `describe` finds
+    /// them by name. Needs `SELECT` on the holder tables.
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HolderPage, BackendError> {
+        self.list_locks(prefix, cursor, limit).await
+    }
+
+    /// Marks the holder row for a forced release if its token is
+    /// `expected_token` and its session holds the key; the holder's next
+    /// renewal (at most a third of its TTL later) reads the mark, reports
+    /// the lease lost (`forced`) and unlocks the key on its own session,
+    /// which no other session can do. Other leases on that session are
+    /// untouched. A holder that does not renew (a stopped process) keeps
+    /// the lock until its session ends. Needs `SELECT` and `UPDATE` on the
+    /// holder table.
+    async fn force_release(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+    ) -> Result<ForceOutcome, BackendError> {
+        self.force_release_lock(name, expected_token).await
     }
 
     async fn renew(

@@ -159,9 +159,16 @@ impl PostgresBackend {
                 )
             })?;
             match answer {
-                Ok(()) => {
+                Ok(forced) => {
+                    if !forced.is_empty() {
+                        self.forced_on(&session, &forced).await;
+                    }
                     for i in idx {
-                        out[i] = LeaseStatus::Held;
+                        out[i] = if forced.contains(&keys[i]) {
+                            LeaseStatus::Forced
+                        } else {
+                            LeaseStatus::Held
+                        };
                     }
                 }
                 // A pooler error also ends the session, but must reach the caller.
@@ -175,6 +182,15 @@ impl PostgresBackend {
                 Err(e) => return Err(e),
             }
         }
+        // Leases freed by an operator answer so for as long as it is kept.
+        lost.retain(|i| {
+            if self.was_forced(&requests[*i].owner) {
+                out[*i] = LeaseStatus::Forced;
+                false
+            } else {
+                true
+            }
+        });
         let lost_keys: Vec<AdvisoryKey> = lost.iter().map(|i| keys[*i]).collect();
         let statuses = self.status_elsewhere(&lost_keys).await;
         for (i, status) in lost.into_iter().zip(statuses) {
@@ -186,14 +202,15 @@ impl PostgresBackend {
 
 /// Liveness proofs, as a [`Batch`]: renewals and checks on one session that
 /// queue in its lane ([`lock_core::lane`]) share the next proof, sent after they all
-/// began (so it is younger than each of them).
+/// began (so it is younger than each of them). Each gets the keys on the
+/// session that an operator marked for a forced release.
 #[derive(Debug)]
 pub(crate) struct Alive;
 
 impl Batch for Alive {
     type Host = LockSession;
     type Item = ();
-    type Answer = ();
+    type Answer = Arc<[AdvisoryKey]>;
     const IN_FLIGHT: usize = IN_FLIGHT;
     const MAX_BATCH: usize = MAX_BATCH;
 
@@ -202,22 +219,58 @@ impl Batch for Alive {
     }
 
     /// One proof for every call.
-    async fn run(session: &LockSession, items: Vec<()>) -> Vec<Result<(), BackendError>> {
+    async fn run(
+        session: &LockSession,
+        items: Vec<()>,
+    ) -> Vec<Result<Arc<[AdvisoryKey]>, BackendError>> {
         lane::each(
-            prove(session).await.map(|()| vec![(); items.len()]),
+            prove(session).await.map(|forced| vec![forced; items.len()]),
             items.len(),
         )
     }
 }
 
 /// One statement that proves `session` alive and still the same server
-/// process.
-async fn prove(session: &LockSession) -> Result<(), BackendError> {
+/// process. Once the holder tables are known to exist, the same statement
+/// records the proof's server time for the session's holder rows and reads
+/// which of its keys an operator marked for a forced release.
+async fn prove(session: &LockSession) -> Result<Arc<[AdvisoryKey]>, BackendError> {
+    let holders = session.lanes().holders.as_ref();
+    if holders.ready() {
+        let pid = session.pid();
+        let answer = session
+            .query_prepared(
+                "checking the lock session",
+                &holders.alive,
+                &[(&pid, Type::INT4)],
+            )
+            .await;
+        match answer {
+            Err(e) if holders.missing(&e) => {}
+            Err(e) => return Err(e),
+            Ok(rows) => {
+                let row = rows
+                    .first()
+                    .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
+                session.check_pid(row)?;
+                let key1: Option<Vec<i32>> = row.try_get(1).map_err(|e| protocol(e.to_string()))?;
+                let key2: Option<Vec<i32>> = row.try_get(2).map_err(|e| protocol(e.to_string()))?;
+                let forced: Vec<AdvisoryKey> = key1
+                    .unwrap_or_default()
+                    .into_iter()
+                    .zip(key2.unwrap_or_default())
+                    .map(|(a, b)| AdvisoryKey::new(a, b))
+                    .collect();
+                return Ok(forced.into());
+            }
+        }
+    }
     let rows = session
         .query_prepared("checking the lock session", ALIVE, &[])
         .await?;
     let row = rows
         .first()
         .ok_or_else(|| protocol("pg_backend_pid() returned no row"))?;
-    session.check_pid(row)
+    session.check_pid(row)?;
+    Ok(Arc::from([]))
 }

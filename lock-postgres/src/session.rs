@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 use crate::attempts::Lanes;
 use crate::config::{PostgresConfig, RootCert, SslMode};
 use crate::error::{config, convert, pooler, protocol, read_only_session, timed_out};
+use crate::holders::HolderSql;
 use crate::lifeline::{Lifeline, OnEnd, SessionId};
 use crate::notify::Waiters;
 
@@ -31,7 +32,7 @@ pub(crate) struct LockSession {
     driver: JoinHandle<()>,
     /// The hot statements (lock, unlock), prepared once per session: their
     /// executions then skip parsing and planning on the server.
-    prepared: Mutex<HashMap<&'static str, Statement>>,
+    prepared: Mutex<HashMap<Box<str>, Statement>>,
     /// Lock attempts waiting for the statement in flight to answer.
     lanes: Lanes,
 }
@@ -54,8 +55,17 @@ pub(crate) type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
 impl LockSession {
     /// Connects, sets the session up and learns its server pid, all within
     /// the connect timeout. `on_end` is told once when the session ends.
-    pub(crate) async fn connect(cfg: &PostgresConfig, on_end: OnEnd) -> Result<Self, BackendError> {
-        match timeout(cfg.connect_timeout, Self::open(cfg, Lifeline::new(on_end))).await {
+    pub(crate) async fn connect(
+        cfg: &PostgresConfig,
+        on_end: OnEnd,
+        holders: Arc<HolderSql>,
+    ) -> Result<Self, BackendError> {
+        match timeout(
+            cfg.connect_timeout,
+            Self::open(cfg, Lifeline::new(on_end), holders),
+        )
+        .await
+        {
             Ok(result) => result,
             Err(_) => Err(timed_out(
                 "connecting the Postgres lock session",
@@ -64,7 +74,11 @@ impl LockSession {
         }
     }
 
-    async fn open(cfg: &PostgresConfig, lifeline: Arc<Lifeline>) -> Result<Self, BackendError> {
+    async fn open(
+        cfg: &PostgresConfig,
+        lifeline: Arc<Lifeline>,
+        holders: Arc<HolderSql>,
+    ) -> Result<Self, BackendError> {
         let watch = Watch::Session(Arc::clone(&lifeline));
         let (client, driver) =
             open_client(cfg, "connecting the Postgres lock session", watch).await?;
@@ -92,7 +106,7 @@ impl LockSession {
             lifeline,
             driver,
             prepared: Mutex::new(HashMap::new()),
-            lanes: Lanes::new(cfg.qualified(&cfg.fence_sequence)),
+            lanes: Lanes::new(cfg.qualified(&cfg.fence_sequence), holders),
         };
         session.batch("setting up the lock session", &setup).await?;
         // Advisory locks are session state of the server the session is on,
@@ -191,7 +205,7 @@ impl LockSession {
     pub(crate) async fn query_prepared(
         &self,
         what: &str,
-        sql: &'static str,
+        sql: &str,
         params: &Params<'_>,
     ) -> Result<Vec<Row>, BackendError> {
         self.query_prepared_within(what, sql, params, self.statement_timeout)
@@ -202,7 +216,7 @@ impl LockSession {
     pub(crate) async fn query_prepared_within(
         &self,
         what: &str,
-        sql: &'static str,
+        sql: &str,
         params: &Params<'_>,
         limit: Duration,
     ) -> Result<Vec<Row>, BackendError> {
@@ -222,7 +236,7 @@ impl LockSession {
                     self.prepared
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .insert(sql, s.clone());
+                        .insert(Box::from(sql), s.clone());
                     s
                 }
             };

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use lock_core::BackendError;
 
 use crate::error::config;
+use crate::holders::HolderSql;
 use crate::lifeline::OnEnd;
 use crate::session::LockSession;
 use crate::{AdvisoryKey, PostgresConfig};
@@ -108,6 +109,7 @@ impl SessionSet {
         i: usize,
         cfg: &PostgresConfig,
         on_end: impl FnOnce() -> OnEnd,
+        holders: &Arc<HolderSql>,
     ) -> Result<Arc<LockSession>, BackendError> {
         let Some(slot) = self.slots.get(i).or_else(|| self.slots.last()) else {
             return Err(config("a backend without lock sessions"));
@@ -119,7 +121,7 @@ impl SessionSet {
             }
         }
         *slot = None;
-        let fresh = Arc::new(LockSession::connect(cfg, on_end()).await?);
+        let fresh = Arc::new(LockSession::connect(cfg, on_end(), Arc::clone(holders)).await?);
         *slot = Some(Arc::clone(&fresh));
         Ok(fresh)
     }

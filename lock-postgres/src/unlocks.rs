@@ -17,7 +17,7 @@ use crate::notify::{payload, wait_marker, CHANNEL};
 use crate::session::LockSession;
 use crate::AdvisoryKey;
 
-const UNLOCK: &str = "SELECT pg_backend_pid(), \
+pub(crate) const UNLOCK: &str = "SELECT pg_backend_pid(), \
      CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END";
 
 /// The unlock and, only when it freed the lock and someone waits for it (a
@@ -25,14 +25,14 @@ const UNLOCK: &str = "SELECT pg_backend_pid(), \
 /// exclusively), the release announcement, in one round trip (the
 /// notification leaves when the statement commits, and the marker taken
 /// when nobody waits is let go then too).
-const UNLOCK_NOTIFY: &str = "SELECT s.pid, s.freed, \
+pub(crate) const UNLOCK_NOTIFY: &str = "SELECT s.pid, s.freed, \
      CASE WHEN s.freed AND NOT pg_try_advisory_xact_lock($6) THEN pg_notify($4, $5)::text END \
      FROM (SELECT pg_backend_pid() AS pid, \
        CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END AS freed) s";
 
 /// [`UNLOCK_NOTIFY`] over arrays of keys, each announced only if asked
 /// (`n`), one row per key with its position.
-const UNLOCK_MANY: &str = "SELECT s.pid, s.i, s.freed, \
+pub(crate) const UNLOCK_MANY: &str = "SELECT s.pid, s.i, s.freed, \
      CASE WHEN s.freed AND s.n AND NOT pg_try_advisory_xact_lock(s.m) THEN pg_notify($4, s.p)::text END \
      FROM (SELECT pg_backend_pid() AS pid, k.i, k.n, k.m, k.p, \
        CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock(k.a, k.b) END AS freed \
@@ -86,7 +86,29 @@ impl LockSession {
     /// Runs one statement for `unlocks`: whether each key was freed, in
     /// order. Waits at most twice the statement timeout, the longest any
     /// caller waits for an unlock.
+    ///
+    /// Once the holder tables are known to exist, the same statement deletes
+    /// the holder rows of the keys; if they vanished since, it runs again
+    /// without (the missing table fails the statement before it runs).
     async fn unlock_batch(&self, unlocks: &[Unlock]) -> Result<Vec<bool>, BackendError> {
+        let holders = self.lanes().holders.as_ref();
+        if holders.ready() {
+            match self.unlock_statement(unlocks, true).await {
+                Err(e) if holders.missing(&e) => {}
+                other => return other,
+            }
+        }
+        self.unlock_statement(unlocks, false).await
+    }
+
+    /// [`LockSession::unlock_batch`]'s statement, with or without the
+    /// holder rows' deletion.
+    async fn unlock_statement(
+        &self,
+        unlocks: &[Unlock],
+        delete_rows: bool,
+    ) -> Result<Vec<bool>, BackendError> {
+        let sql = self.lanes().holders.as_ref();
         let pid = self.pid();
         let what = "releasing an advisory lock";
         let limit = self.statement_timeout().saturating_mul(2);
@@ -96,7 +118,11 @@ impl LockSession {
             let rows = if *announce {
                 self.query_prepared_within(
                     what,
-                    UNLOCK_NOTIFY,
+                    if delete_rows {
+                        &sql.unlock_notify
+                    } else {
+                        UNLOCK_NOTIFY
+                    },
                     &[
                         (&key.key1, Type::INT4),
                         (&key.key2, Type::INT4),
@@ -111,7 +137,7 @@ impl LockSession {
             } else {
                 self.query_prepared_within(
                     what,
-                    UNLOCK,
+                    if delete_rows { &sql.unlock } else { UNLOCK },
                     &[
                         (&key.key1, Type::INT4),
                         (&key.key2, Type::INT4),
@@ -138,7 +164,11 @@ impl LockSession {
         let rows = self
             .query_prepared_within(
                 what,
-                UNLOCK_MANY,
+                if delete_rows {
+                    &sql.unlock_many
+                } else {
+                    UNLOCK_MANY
+                },
                 &[
                     (&key1, Type::INT4_ARRAY),
                     (&key2, Type::INT4_ARRAY),

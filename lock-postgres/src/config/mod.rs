@@ -71,6 +71,8 @@ pub struct PostgresConfig {
     pub(crate) schema: String,
     pub(crate) fence_sequence: String,
     pub(crate) tick_table: String,
+    pub(crate) holder_table: String,
+    pub(crate) holder_records: bool,
     pub(crate) keys: HashMap<LockName, AdvisoryKey>,
 }
 
@@ -98,6 +100,8 @@ impl fmt::Debug for PostgresConfig {
             .field("release_notify", &self.release_notify)
             .field("lock_sessions", &self.lock_sessions)
             .field("fence_sequence", &self.qualified(&self.fence_sequence))
+            .field("holder_table", &self.qualified(&self.holder_table))
+            .field("holder_records", &self.holder_records)
             .field("explicit_keys", &self.keys.len())
             .finish()
     }
@@ -205,6 +209,9 @@ impl Default for PostgresBuilder {
 
 const IDENT_MAX: usize = 63;
 
+/// The suffix of the holder table's companion (each session's last renewal).
+pub(crate) const HOLDER_SUFFIX: &str = "_sessions";
+
 fn valid_ident(what: &str, ident: &str) -> Result<(), BackendError> {
     let ok = !ident.is_empty()
         && ident.len() <= IDENT_MAX
@@ -250,6 +257,8 @@ impl PostgresBuilder {
                 schema: "public".to_owned(),
                 fence_sequence: "lock_fencing".to_owned(),
                 tick_table: "lock_ticks".to_owned(),
+                holder_table: "lock_holders".to_owned(),
+                holder_records: true,
                 keys: HashMap::new(),
             },
         }
@@ -340,6 +349,24 @@ impl PostgresBuilder {
         self
     }
 
+    /// The holder table's name (default `lock_holders`; its companion
+    /// `<name>_sessions` holds each lock session's last renewal). See the
+    /// crate docs, "Inspection and forced release".
+    pub fn with_holder_table(mut self, name: impl Into<String>) -> Self {
+        self.inner.holder_table = name.into();
+        self
+    }
+
+    /// Whether acquires write holder rows (default on): off, no acquire,
+    /// renewal or release touches the holder tables, saving their writes
+    /// (about 0.2 ms of server time per acquire and release, measured on a
+    /// loaded two-core machine), and inspections show this backend's locks
+    /// as held by an unknown holder, which a forced release cannot name.
+    pub fn with_holder_records(mut self, on: bool) -> Self {
+        self.inner.holder_records = on;
+        self
+    }
+
     /// The `application_name` lock sessions show in `pg_stat_activity`.
     pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
         self.inner.pg.application_name(name.into());
@@ -423,6 +450,13 @@ impl PostgresBuilder {
         valid_ident("schema", &c.schema)?;
         valid_ident("fence sequence", &c.fence_sequence)?;
         valid_ident("tick table", &c.tick_table)?;
+        valid_ident("holder table", &c.holder_table)?;
+        if c.holder_table.len() > IDENT_MAX - HOLDER_SUFFIX.len() {
+            return Err(config(format!(
+                "the holder table's name is at most {} bytes (its companion table adds {HOLDER_SUFFIX:?})",
+                IDENT_MAX - HOLDER_SUFFIX.len()
+            )));
+        }
         if c.root_cert.is_some() && c.ssl_mode == SslMode::Disable {
             return Err(config(
                 "a root certificate was given but sslmode is disable; use verify-full",

@@ -4,6 +4,7 @@
 
 mod faults;
 mod input;
+mod inspect;
 mod interop;
 mod partition;
 mod saboteur;

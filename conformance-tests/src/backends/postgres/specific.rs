@@ -71,6 +71,7 @@ pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
         Box::pin(release_wakes_a_subscriber(f))
     });
     session_end::register(suite, f);
+    super::inspect::register(suite, f);
     super::tick_tables::register(suite, f);
     add(suite, f, "one_session_end_loses_only_its_leases", |f| {
         Box::pin(super::sessions::one_session_end_loses_only_its_leases(f))
