@@ -205,6 +205,8 @@ mod connection;
 mod deferred;
 mod error;
 mod handle;
+mod holder;
+mod inspect;
 mod lease;
 mod members;
 mod orphan;
