@@ -12,17 +12,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, Permission};
 use libtest_mimic::{Failed, Trial};
 use lock_core::backend::{AcquireAttempt, LeaseStatus, RenewRequest};
 use lock_core::{
-    Error, ForceOutcome, Identity, LockBackend, LockMetrics, LockName, Locker, LossReason,
-    OwnerToken, RunOutcome,
+    BackendErrorKind, Error, ForceOutcome, Identity, LockBackend, LockMetrics, LockName, Locker,
+    LossReason, OwnerToken, RunOutcome,
 };
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{EtcdClusterFactory, EtcdFactory, EtcdSaboteur};
+use super::{server, EtcdClusterFactory, EtcdFactory, EtcdSaboteur};
 use crate::harness::which;
 use crate::{BackendFactory, Ctx, Suite};
 
@@ -77,6 +77,15 @@ pub(super) fn add_single(suite: &mut Suite, factory: &Arc<EtcdFactory>) {
             run(body(ctx, endpoints))
         }));
     }
+    let ctx = Ctx::new(
+        Arc::clone(factory) as Arc<dyn BackendFactory>,
+        &run_id,
+        "inspect_rbac",
+    );
+    suite.push(Trial::test(
+        "etcd::inspect_read_only_role_inspects_but_cannot_force",
+        move || run(Box::pin(read_only_role_inspects_but_cannot_force(ctx))),
+    ));
 }
 
 /// Adds the cases on the 3-member cluster row, over one private cluster
@@ -384,7 +393,11 @@ async fn list_pages_through_many_locks(ctx: Ctx, endpoints: Vec<String>) -> Resu
         let (name, guard) = done?;
         guards.insert(name, guard?);
     }
-    eprintln!("etcd: took {MANY} locks in {:?}", taken_at.elapsed());
+    eprintln!(
+        "{}: took {MANY} locks in {:?}",
+        ctx.factory().name(),
+        taken_at.elapsed()
+    );
     // Near misses: released, and outside the prefix.
     let released = LockName::new(format!("{prefix}released"))?;
     holder.try_lock(&released, &opts).await?.release().await?;
@@ -457,7 +470,8 @@ async fn list_pages_through_many_locks(ctx: Ctx, endpoints: Vec<String>) -> Resu
             .into());
         }
         eprintln!(
-            "etcd: listed {MANY} locks in {pages} pages of {limit} in {:?}",
+            "{}: listed {MANY} locks in {pages} pages of {limit} in {:?}",
+            ctx.factory().name(),
             started.elapsed()
         );
     }
@@ -775,5 +789,69 @@ async fn forced_in_check_renew_and_batch(ctx: Ctx, _endpoints: Vec<String>) -> R
     for r in [&requests[0], &requests[2]] {
         let _ = raw.release(&r.name, &r.owner).await?;
     }
+    Ok(())
+}
+
+/// With RBAC on, a role with read permission on the lock prefix describes
+/// and lists, and is refused a forced release as `Auth`; a role with
+/// read-write permission there forces, and its holder sees `forced`. Its
+/// own server, since it enables auth.
+async fn read_only_role_inspects_but_cannot_force(ctx: Ctx) -> Result<(), Failed> {
+    let srv = server::start(server::ServerTls::default())?;
+    server::connect_when_ready(server::builder(srv.port())).await?;
+    let url = format!("http://127.0.0.1:{}", srv.port());
+    let mut root = Client::connect([url.as_str()], None).await?;
+    root.user_add("root", "rootpw", None).await?;
+    root.user_grant_role("root", "root").await?;
+    for (role, user, permission) in [
+        ("lockrole", "locksvc", Permission::read_write("/locks/")),
+        ("viewrole", "viewer", Permission::read("/locks/")),
+    ] {
+        root.role_add(role).await?;
+        root.role_grant_permission(role, permission.with_prefix())
+            .await?;
+        root.user_add(user, "pw", None).await?;
+        root.user_grant_role(user, role).await?;
+    }
+    root.auth_enable().await?;
+
+    let as_user = |user: &str| server::builder(srv.port()).with_credentials(user, "pw");
+    let holder = Locker::builder()
+        .with_backend(as_user("locksvc").connect().await?)
+        .with_identity(Identity::new("inspect-test/rbac-holder")?)
+        .build()?;
+    let viewer = Locker::new(as_user("viewer").connect().await?)?;
+    let operator = Locker::new(as_user("locksvc").connect().await?)?;
+    let name = ctx.name("rbac");
+    let guard = holder.try_lock(&name, &ctx.opts()).await?;
+    let seen = viewer
+        .describe(&name)
+        .await?
+        .ok_or("the read-only role saw the lock as free")?;
+    ensure(
+        seen.fencing_token == guard.fencing_token() && seen.expires_at.is_some(),
+        || format!("the read-only role described {seen:?}"),
+    )?;
+    let page = viewer.list(ctx.prefix(), None, 10).await?;
+    ensure(page.holders.len() == 1, || {
+        format!("the read-only role listed {page:?}")
+    })?;
+    let token = guard.fencing_token().ok_or("no token")?;
+    match viewer.force_release(&name, token).await {
+        Err(Error::Backend(e)) if e.kind() == BackendErrorKind::Auth => {}
+        other => return Err(format!("a read-only forced release gave {other:?}").into()),
+    }
+    ensure(guard.handle().is_held(), || {
+        "a refused forced release ended the lock".into()
+    })?;
+    let outcome = operator.force_release(&name, token).await?;
+    ensure(outcome == ForceOutcome::Released, || {
+        format!("a read-write forced release gave {outcome:?}")
+    })?;
+    let bound = ctx.opts().renew_interval() + ctx.timing().tolerance;
+    let reason = timeout(bound * 2, guard.handle().lost())
+        .await
+        .map_err(|_| "the holder never noticed")?;
+    ensure(reason == LossReason::Forced, || format!("lost as {reason}"))?;
     Ok(())
 }
