@@ -229,10 +229,13 @@ impl LockBackend for Connected {
         expected_token: u64,
     ) -> Result<ForceOutcome, BackendError> {
         let inner = &self.inner;
+        // What an attempt that got no answer tried to free, so that a later
+        // attempt can tell its work from a release by someone else.
+        let tried = std::sync::Mutex::new(None);
         inner
             .members
             .run(inner.timeout, "force release", |at| {
-                inner.force_one(at, name, expected_token)
+                inner.force_one(at, name, expected_token, &tried)
             })
             .await
     }

@@ -10,6 +10,7 @@
 //! locks of the same TTL, which keep theirs.
 
 use std::collections::HashMap;
+use std::sync::PoisonError;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{
@@ -187,21 +188,38 @@ impl Inner {
     /// transaction that compares it (and the key's mod revision read just
     /// before, so the lease and value are those read), deletes the key and
     /// puts the mark naming the freed owner on that owner's lease.
+    ///
+    /// `tried` keeps, across the attempts of one call, the value the last
+    /// transaction tried to free: if one got no answer and a later attempt
+    /// finds the key gone or taken, the mark holding that value shows the
+    /// earlier one did it (values carry a random owner token). A key that
+    /// gets no mark (a stock client's) is then answered as it is found.
     pub(crate) async fn force_one(
         &self,
         at: Attempt,
         name: &LockName,
         expected: u64,
+        tried: &std::sync::Mutex<Option<Vec<u8>>>,
     ) -> Result<ForceOutcome, BackendError> {
         let key = self.key(name);
         for _ in 0..FORCE_TRIES {
-            let Some(kv) = self.get(&at, &key).await? else {
+            let kv = self.get(&at, &key).await?;
+            let held = kv
+                .as_ref()
+                .map(|kv| u64::try_from(kv.create_revision()).ok());
+            if held != Some(Some(expected)) {
+                if at.after_unclear && self.freed_earlier(&at, name, tried).await? {
+                    return Ok(ForceOutcome::Released);
+                }
+                return Ok(match held {
+                    None => ForceOutcome::NotHeld,
+                    Some(held) => ForceOutcome::TokenMismatch { held },
+                });
+            }
+            let Some(kv) = kv else {
                 return Ok(ForceOutcome::NotHeld);
             };
-            let held = u64::try_from(kv.create_revision()).ok();
-            if held != Some(expected) {
-                return Ok(ForceOutcome::TokenMismatch { held });
-            }
+            *tried.lock().unwrap_or_else(PoisonError::into_inner) = Some(kv.value().to_vec());
             let mut ops = vec![TxnOp::delete(key.as_str(), None)];
             if decode(kv.value()).ours && kv.lease() != 0 {
                 // The mark lives as long as the freed owner's lease, which is
@@ -236,6 +254,23 @@ impl Inner {
                  ({FORCE_TRIES} tries); describe the lock and try again"
             ),
         ))
+    }
+}
+
+impl Inner {
+    /// Whether the mark of a forced release of `name` holds the value an
+    /// earlier attempt of this call tried to free.
+    async fn freed_earlier(
+        &self,
+        at: &Attempt,
+        name: &LockName,
+        tried: &std::sync::Mutex<Option<Vec<u8>>>,
+    ) -> Result<bool, BackendError> {
+        let Some(value) = tried.lock().unwrap_or_else(PoisonError::into_inner).clone() else {
+            return Ok(false);
+        };
+        let mark = self.get(at, &self.mark_key(name)).await?;
+        Ok(mark.is_some_and(|m| m.value() == value.as_slice()))
     }
 }
 
