@@ -280,14 +280,20 @@ impl Inner {
 /// from the value, by the holder's clock (etcd answers carry no time).
 /// Expiry: `now` plus the lease's remaining TTL, which etcd reports in
 /// whole seconds rounded down, so the lease ends up to a second after it;
-/// last renewal: that expiry less the lease's granted TTL.
+/// last renewal: that expiry less the lease's granted TTL, plus half that
+/// second, at most `now` and at least the recorded acquire time.
 fn holder_from(name: LockName, kv: &KeyValue, times: LeaseTimes, now: SystemTime) -> Holder {
     let recorded = decode(kv.value());
     let (renewed, expires) = match times {
         Some((remaining, granted)) => {
             let expires = now.checked_add(Duration::from_secs(remaining.unsigned_abs()));
-            let renewed =
-                expires.and_then(|e| e.checked_sub(Duration::from_secs(granted.unsigned_abs())));
+            // The remaining TTL is rounded down, so the keep-alive came up
+            // to a second after this: take the middle, never after now, and
+            // never before the acquire the value records.
+            let renewed = expires
+                .and_then(|e| e.checked_sub(Duration::from_secs(granted.unsigned_abs())))
+                .map(|r| (r + Duration::from_millis(500)).min(now))
+                .map(|r| recorded.acquired_at.map_or(r, |a| r.max(a)));
             (renewed, expires)
         }
         None => (None, None),

@@ -179,9 +179,10 @@
 //!   time); `expires_at` is the describing process's now plus the lease's
 //!   remaining TTL, which etcd reports in whole seconds rounded down, so the
 //!   server frees the lock up to a second (plus its ~500 ms expiry check)
-//!   after it; `renewed_at` is that expiry less the lease's granted TTL: the
-//!   last keep-alive of the lease, which the locks of one instance and TTL
-//!   share. A key this library did not write (`etcdctl put /locks/x v`, or
+//!   after it; `renewed_at` is the lease's last keep-alive (which the locks
+//!   of one instance and TTL share), estimated from the same answer to
+//!   within half a second: that expiry less the granted TTL plus half a
+//!   second, never after now nor before the recorded acquire time. A key this library did not write (`etcdctl put /locks/x v`, or
 //!   a value of another form) is held by a holder with no identity; one
 //!   without a lease has no expiry.
 //! - **list** is a range get of the lock keys under the prefix, in key
