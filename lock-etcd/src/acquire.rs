@@ -16,6 +16,7 @@ use tracing::debug;
 use crate::backend::first_kv;
 use crate::connection::{secs, Held, Inner};
 use crate::error::{convert, is_lease_not_found, protocol};
+use crate::holder::{owned_by, owner_compares};
 use crate::lease::lease_seconds;
 use crate::members::Attempt;
 
@@ -28,13 +29,16 @@ impl Inner {
     /// the attempt started proves that lease lives until at least the
     /// attempt's start plus `ttl`. A put whose answer is lost is deleted
     /// later (see `LockBackend::try_acquire` here); one whose caller went
-    /// runs to its answer and is undone then (see `orphan`).
+    /// runs to its answer and is undone then (see `orphan`). `value` is what
+    /// the key holds: `owner`'s token, and the holder's data if it named
+    /// itself (see `holder`).
     pub(crate) async fn acquire(
         &self,
         at: Attempt,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
+        value: &str,
     ) -> Result<AcquireAttempt, BackendError> {
         let started = Instant::now();
         if self.shared.has_pending() {
@@ -56,7 +60,7 @@ impl Inner {
         for _ in 0..LEASE_TRIES {
             let lease = self.shared_lease(&at, seconds).await?;
             if let Some(outcome) = self
-                .put_on(&at, name, owner, lease, seconds, started)
+                .put_on(&at, name, owner, value, lease, seconds, started)
                 .await?
             {
                 return Ok(outcome);
@@ -70,11 +74,13 @@ impl Inner {
 
     /// Puts the key on `lease`; `None` if that lease turned out to be lost
     /// (the caller tries again on a new one).
+    #[allow(clippy::too_many_arguments)] // one attempt's state, passed down once
     async fn put_on(
         &self,
         at: &Attempt,
         name: &LockName,
         owner: &OwnerToken,
+        value: &str,
         lease: i64,
         seconds: i64,
         started: Instant,
@@ -82,7 +88,7 @@ impl Inner {
         let key = self.key(name);
         let put = TxnOp::put(
             key.as_str(),
-            owner.to_hex(),
+            value,
             Some(PutOptions::new().with_lease(lease)),
         );
         let mut txn = Txn::new()
@@ -121,7 +127,7 @@ impl Inner {
             (revision, revision)
         } else {
             match first_kv(&resp.op_responses()) {
-                Some(kv) if kv.value() == owner.to_hex().as_bytes() => {
+                Some(kv) if owned_by(kv.value(), owner) => {
                     match self.adopt(at, name, owner, &kv, lease).await? {
                         Some(revision) => (revision, kv.create_revision()),
                         None => return Ok(None),
@@ -187,15 +193,18 @@ impl Inner {
             return Ok(Some(kv.mod_revision()));
         }
         let key = self.key(name);
+        let [lower, upper] = owner_compares(&key, owner);
+        // The value (token and holder data) stays as that attempt wrote it.
         let txn = Txn::new()
             .when([
-                Compare::value(key.as_str(), CompareOp::Equal, owner.to_hex()),
+                lower,
+                upper,
                 Compare::lease(key.as_str(), CompareOp::Equal, kv.lease()),
             ])
             .and_then([TxnOp::put(
                 key.as_str(),
-                owner.to_hex(),
-                Some(PutOptions::new().with_lease(lease)),
+                "",
+                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
             )]);
         match at.client.kv_client().txn(txn).await {
             Ok(resp) if resp.succeeded() => {

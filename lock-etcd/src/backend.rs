@@ -1,22 +1,23 @@
 //! The [`LockBackend`] implementation.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, EventType, KeyValue, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{DeleteOptions, EventType, KeyValue, Txn, TxnOp, TxnOpResponse};
 use lock_core::backend::LossFeed;
 use lock_core::detach::Detachable;
+use lock_core::inspect::validate_prefix;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken,
+    BackendError, BackendErrorKind, Capabilities, ForceOutcome, Holder, HolderPage, Identity,
+    LockBackend, LockName, OwnerToken,
 };
 use tracing::{debug, warn};
 
-use crate::connection::{classify, Connected, Inner};
+use crate::connection::{classify_marked, Connected, Inner};
 use crate::error::{convert, protocol};
+use crate::holder::{owner_compares, value_for};
 use crate::members::Attempt;
 use crate::orphan;
 
@@ -41,9 +42,9 @@ impl Inner {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
-        let kv = self.get(&at, &self.key(name)).await?;
+        let (kv, mark) = self.read_marked(&at, name).await?;
         let lease = kv.as_ref().map_or(0, KeyValue::lease);
-        Ok(classify(kv.as_ref(), owner, lease, 1))
+        Ok(classify_marked(kv.as_ref(), mark.as_ref(), owner, lease, 1))
     }
 
     async fn release_one(
@@ -54,11 +55,7 @@ impl Inner {
     ) -> Result<ReleaseOutcome, BackendError> {
         let key = self.key(name);
         let txn = Txn::new()
-            .when([Compare::value(
-                key.as_str(),
-                CompareOp::Equal,
-                owner.to_hex(),
-            )])
+            .when(owner_compares(&key, owner))
             .and_then([TxnOp::delete(
                 key.as_str(),
                 Some(DeleteOptions::new().with_prev_key()),
@@ -175,29 +172,71 @@ impl LockBackend for Connected {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        self.inner.check_ttl(ttl)?;
-        let (inner, name_, owner_) = (Arc::clone(&self.inner), name.clone(), *owner);
-        let acquire = Detachable::new("an acquire", async move {
-            let (name, owner) = (&name_, &owner_);
-            let outcome = inner
-                .members
-                .run(inner.timeout, "acquire", |at| {
-                    inner.acquire(at, name, owner, ttl)
-                })
-                .await;
-            if let Err(e) = &outcome {
-                // An attempt that got no answer may have put the key on the
-                // shared lease, which other locks keep alive: delete it later.
-                // A refused configuration or permission wrote nothing.
-                if !matches!(e.kind(), BackendErrorKind::Config | BackendErrorKind::Auth) {
-                    inner.acquire_failed(name, owner, ttl);
-                }
-            }
-            outcome
-        });
-        let (backend, name, owner) = (self.clone(), name.clone(), *owner);
-        acquire
-            .on_orphaned(move |outcome| orphan::undo_if_taken(backend, name, owner, outcome))
+        self.acquire_with(name, owner, ttl, None).await
+    }
+
+    /// Stores `holder` in the key's value beside the owner token, with the
+    /// time of the attempt by this process's clock: the same one write.
+    async fn try_acquire_as(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: &Identity,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.acquire_with(name, owner, ttl, Some(holder)).await
+    }
+
+    /// A get of the key and a `LeaseTimeToLive` of its lease: two reads,
+    /// no keep-alive. Needs read permission on the key prefix.
+    async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+        let inner = &self.inner;
+        inner
+            .members
+            .run(inner.timeout, "describe", |at| inner.describe_one(at, name))
+            .await
+    }
+
+    /// A range get of the lock keys under `prefix` from the cursor (the
+    /// last key of the page before, in hex) and a `LeaseTimeToLive` per
+    /// distinct lease on the page. Keys under the prefix that no lock name
+    /// can have (the tick store's, the marks of forced releases) are
+    /// passed over, so a page may hold fewer than `limit` holders and still
+    /// have a next one. Needs read permission on the key prefix.
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HolderPage, BackendError> {
+        validate_prefix(prefix)
+            .map_err(|e| BackendError::new(BackendErrorKind::Config, e.to_string()))?;
+        let inner = &self.inner;
+        inner
+            .members
+            .run(inner.timeout, "list", |at| {
+                inner.list_page(at, prefix, cursor, limit)
+            })
+            .await
+    }
+
+    /// A read of the key, then one transaction comparing its create
+    /// revision with `expected_token` that deletes it and leaves a mark on
+    /// the holder's lease. Needs read-write permission on the key prefix.
+    async fn force_release(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+    ) -> Result<ForceOutcome, BackendError> {
+        let inner = &self.inner;
+        // What an attempt that got no answer tried to free, so that a later
+        // attempt can tell its work from a release by someone else.
+        let tried = std::sync::Mutex::new(None);
+        inner
+            .members
+            .run(inner.timeout, "force release", |at| {
+                inner.force_one(at, name, expected_token, &tried)
+            })
             .await
     }
 
@@ -282,5 +321,42 @@ impl LockBackend for Connected {
                 inner.note_contended(&name, false);
             })
         }))
+    }
+}
+
+impl Connected {
+    /// One acquire, writing `owner`'s token and, if given, `holder`'s data.
+    async fn acquire_with(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: Option<&Identity>,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.inner.check_ttl(ttl)?;
+        let value = value_for(owner, holder, SystemTime::now());
+        let (inner, name_, owner_) = (Arc::clone(&self.inner), name.clone(), *owner);
+        let acquire = Detachable::new("an acquire", async move {
+            let (name, owner, value) = (&name_, &owner_, value.as_str());
+            let outcome = inner
+                .members
+                .run(inner.timeout, "acquire", |at| {
+                    inner.acquire(at, name, owner, ttl, value)
+                })
+                .await;
+            if let Err(e) = &outcome {
+                // An attempt that got no answer may have put the key on the
+                // shared lease, which other locks keep alive: delete it later.
+                // A refused configuration or permission wrote nothing.
+                if !matches!(e.kind(), BackendErrorKind::Config | BackendErrorKind::Auth) {
+                    inner.acquire_failed(name, owner, ttl);
+                }
+            }
+            outcome
+        });
+        let (backend, name, owner) = (self.clone(), name.clone(), *owner);
+        acquire
+            .on_orphaned(move |outcome| orphan::undo_if_taken(backend, name, owner, outcome))
+            .await
     }
 }

@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 
 use crate::config::EtcdBuilder;
 use crate::error::{convert, is_lease_not_found};
+use crate::holder::owned_by;
 use crate::lease::{lease_seconds, Leases};
 use crate::members::Members;
 use crate::shared::SharedLeases;
@@ -367,6 +368,26 @@ pub(crate) fn secs(seconds: i64) -> Duration {
     Duration::from_secs(seconds.max(1).unsigned_abs())
 }
 
+/// As [`classify`], with `mark`, the mark a forced release leaves (read in
+/// the same transaction as the key): a hold lost to a forced release of
+/// `owner`'s lease is [`LeaseStatus::Forced`], not expired or stolen.
+pub(crate) fn classify_marked(
+    kv: Option<&KeyValue>,
+    mark: Option<&KeyValue>,
+    owner: &OwnerToken,
+    lease: i64,
+    ttl: i64,
+) -> LeaseStatus {
+    match classify(kv, owner, lease, ttl) {
+        LeaseStatus::Expired | LeaseStatus::Stolen
+            if mark.is_some_and(|m| owned_by(m.value(), owner)) =>
+        {
+            LeaseStatus::Forced
+        }
+        status => status,
+    }
+}
+
 /// What the key says about `owner`'s hold, after a keep-alive of `lease`
 /// answered `ttl`.
 ///
@@ -382,7 +403,7 @@ pub(crate) fn classify(
 ) -> LeaseStatus {
     match kv {
         None => LeaseStatus::Expired,
-        Some(kv) if kv.value() != owner.to_hex_bytes() => LeaseStatus::Stolen,
+        Some(kv) if !owned_by(kv.value(), owner) => LeaseStatus::Stolen,
         Some(kv) if kv.lease() != lease => LeaseStatus::Held,
         Some(_) if ttl > 0 => LeaseStatus::Held,
         // Our token on the lease we kept alive, but that lease is gone.

@@ -1,7 +1,12 @@
 //! An etcd v3 [`LockBackend`](lock_core::LockBackend) for `lock-core`.
 //!
 //! Each lock is one key, `<prefix><name>` (prefix `/locks/` by default),
-//! whose value is the holder's owner token. As etcd's own
+//! whose value is the holder's owner token, followed, for a holder that
+//! names itself (every acquire through a `Locker`), by a space, the acquire
+//! time in Unix milliseconds by the holder's clock, a space and its
+//! identity: `3f…c1 1765069200123 web-1/4242/0a1b2c3d` (see
+//! [Who holds it](#who-holds-it-inspection-and-forced-release)). Every
+//! compare that decides ownership looks at the token alone. As etcd's own
 //! `concurrency.Session` does, the keys of one backend instance share one
 //! lease per whole-second TTL, granted on first use and kept alive while
 //! the instance acquires or renews:
@@ -164,11 +169,65 @@
 //!   Without it, a member that comes back after a restart or a partition starts an
 //!   election and deposes a healthy leader, and every client waits for a new election.
 //!
+//! # Who holds it: inspection and forced release
+//!
+//! - **describe** is a get of the key and a `LeaseTimeToLive` of its lease,
+//!   which reports the lease's remaining TTL without extending it: nothing
+//!   is written, no keep-alive is sent. The fencing token is the key's
+//!   create revision; the identity and acquire time come from the value
+//!   (the acquire time by the *holder's* clock: etcd's answers carry no
+//!   time); `expires_at` is the describing process's now plus the lease's
+//!   remaining TTL, which etcd reports in whole seconds rounded down, so the
+//!   server frees the lock up to a second (plus its ~500 ms expiry check)
+//!   after it; `renewed_at` is the lease's last keep-alive (which the locks
+//!   of one instance and TTL share), estimated from the same answer to
+//!   within half a second: that expiry less the granted TTL plus half a
+//!   second, never after now nor before the recorded acquire time. A key this library did not write (`etcdctl put /locks/x v`, or
+//!   a value of another form) is held by a holder with no identity; one
+//!   without a lease has no expiry.
+//! - **list** is a range get of the lock keys under the prefix, in key
+//!   order, at most `limit` per page, and one `LeaseTimeToLive` per distinct
+//!   lease on the page (usually one per holder instance and TTL). The cursor
+//!   is the page's last key, in hex; the next page starts after it, so a lock
+//!   held throughout a listing is on exactly one page. Keys that no lock name
+//!   can be (the tick store's `<prefix>#ticks/` and `#marks/`, the marks of
+//!   forced releases under `<prefix>#forced/`, a stock client's key with
+//!   other characters) are passed over, so a page may hold fewer than
+//!   `limit` locks and still have a next one.
+//! - **force release** reads the key, then sends one transaction that
+//!   compares its create revision with the expected token (and its mod
+//!   revision with the one read), deletes the key and puts a mark,
+//!   `<prefix>#forced/<name>`, holding the freed value, **on the freed
+//!   holder's own lease**. A wrong token changes nothing and answers
+//!   `TokenMismatch` with the token that holds the lock. The holder's lease
+//!   is not revoked: it is shared by all its locks of that TTL, which keep
+//!   theirs. Its renewals and checks read the mark in the same read-only
+//!   transaction as the key (a batch renewal reads the marks of the keys it
+//!   found gone or taken, in one more transaction, only then), and answer
+//!   [`LeaseStatus::Forced`](lock_core::backend::LeaseStatus::Forced)
+//!   instead of `Expired` or `Stolen`; the `Locker` then reports
+//!   `LossReason::Forced` within one renewal interval. The mark lives as
+//!   long as that lease: while the holder keeps other locks of the TTL, or
+//!   until its renewals stop, never shorter than the holder can still ask.
+//!   The loss push (a shared lease found gone) still reports `Expired`: a
+//!   forced release does not end a lease.
+//!
+//! Every answer is a snapshot that can be stale the moment it returns: show
+//! it to people, never use it to decide whether to write.
+//!
 //! # Access control and TLS
 //!
-//! With RBAC enabled, a user needs read-write on the key prefix (which also
-//! holds the scheduler's tick keys, under `<prefix>#ticks/`); lease grant,
-//! keep-alive and revoke need no extra permission. Give credentials with
+//! With RBAC enabled, a user that takes locks needs read-write on the key
+//! prefix (which also holds the scheduler's tick keys, under
+//! `<prefix>#ticks/`, and the marks of forced releases, under
+//! `<prefix>#forced/`); lease grant, keep-alive and revoke need no extra
+//! permission (etcd checks a revoke against the keys on the lease, which
+//! are all under the prefix). `describe` and `list` need only **read** on
+//! the prefix (`etcdctl role grant-permission viewer read /locks/
+//! --prefix=true`); `LeaseTimeToLive` needs nothing more. `force_release`
+//! needs **read-write** on the prefix, like a holder: a read-only user is
+//! refused with an [`Auth`](lock_core::BackendErrorKind::Auth) error and
+//! nothing changes. Give credentials with
 //! [`EtcdBuilder::with_credentials`] or in the URL
 //! (`etcd://user:password@host:2379`). For TLS use `https://` endpoints or
 //! `etcds://` and trust the server's CA with [`EtcdBuilder::with_ca_file`].
@@ -205,6 +264,8 @@ mod connection;
 mod deferred;
 mod error;
 mod handle;
+mod holder;
+mod inspect;
 mod lease;
 mod members;
 mod orphan;

@@ -19,9 +19,10 @@ use lock_core::{
     BackendError, BackendErrorKind, LockName, OwnerToken,
 };
 
-use crate::backend::first_kv;
-use crate::connection::{classify, Held, Inner, MAX_TXN_OPS};
+use crate::connection::{classify_marked, Held, Inner, MAX_TXN_OPS};
 use crate::error::{convert, protocol};
+use crate::holder::{owned_by, owner_compares};
+use crate::inspect::two_kvs;
 use crate::lease::lease_seconds;
 use crate::members::Attempt;
 
@@ -56,9 +57,10 @@ impl Inner {
         if let Some(held) = self.lease_of(name, owner) {
             return Ok(Ok(held));
         }
-        let kv = self.get(at, &self.key(name)).await?;
-        match classify(
+        let (kv, mark) = self.read_marked(at, name).await?;
+        match classify_marked(
             kv.as_ref(),
+            mark.as_ref(),
             owner,
             kv.as_ref().map_or(0, KeyValue::lease),
             1,
@@ -93,8 +95,8 @@ impl Inner {
         let ttl = ttls.first().copied().unwrap_or(0);
         #[cfg(feature = "test-util")]
         self.renewal_pause_point().await;
-        let kv = self.get(&at, &self.key(name)).await?;
-        let status = classify(kv.as_ref(), owner, held.lease, ttl);
+        let (kv, mark) = self.read_marked(&at, name).await?;
+        let status = classify_marked(kv.as_ref(), mark.as_ref(), owner, held.lease, ttl);
         self.settle(name, owner, held.lease, status);
         Ok(status)
     }
@@ -118,17 +120,23 @@ impl Inner {
         let (lease, _) = self.leases.grant(at, seconds).await?;
         let mut from = held.lease;
         for _ in 0..RELET_ATTEMPTS {
+            let [lower, upper] = owner_compares(&key, owner);
+            // The value (token and holder data) stays; only the lease changes.
             let txn = Txn::new()
                 .when([
-                    Compare::value(key.as_str(), CompareOp::Equal, owner.to_hex()),
+                    lower,
+                    upper,
                     Compare::lease(key.as_str(), CompareOp::Equal, from),
                 ])
                 .and_then([TxnOp::put(
                     key.as_str(),
-                    owner.to_hex(),
-                    Some(PutOptions::new().with_lease(lease)),
+                    "",
+                    Some(PutOptions::new().with_lease(lease).with_ignore_value()),
                 )])
-                .or_else([TxnOp::get(key.as_str(), None)]);
+                .or_else([
+                    TxnOp::get(key.as_str(), None),
+                    TxnOp::get(self.mark_key(name), None),
+                ]);
             let resp = match at.client.kv_client().txn(txn).await {
                 Ok(resp) => resp,
                 Err(e) => {
@@ -153,13 +161,14 @@ impl Inner {
                 self.revoke_if_own(from);
                 return Ok(LeaseStatus::Held);
             }
-            match first_kv(&resp.op_responses()) {
-                Some(kv) if kv.value() == owner.to_hex().as_bytes() => from = kv.lease(),
+            let (kv, mark) = two_kvs(resp)?;
+            match kv {
+                Some(kv) if owned_by(kv.value(), owner) => from = kv.lease(),
                 kv => {
                     self.revoke_in_background(lease);
-                    let status = match classify(kv.as_ref(), owner, from, 0) {
-                        LeaseStatus::Stolen => LeaseStatus::Stolen,
-                        _ => LeaseStatus::Expired,
+                    let status = match classify_marked(kv.as_ref(), mark.as_ref(), owner, from, 0) {
+                        LeaseStatus::Held => LeaseStatus::Expired,
+                        status => status,
                     };
                     self.settle(name, owner, held.lease, status);
                     return Ok(status);
@@ -245,9 +254,13 @@ impl Inner {
                     "batch read answered the wrong number of gets",
                 ));
             }
-            for (j, ((i, held), kv)) in chunk.iter().zip(answers).enumerate() {
+            let marks = self
+                .marks_of_lost(&mut kv, requests, chunk, &answers)
+                .await?;
+            for (j, (((i, held), kv), mark)) in chunk.iter().zip(answers).zip(marks).enumerate() {
                 let r = &requests[*i];
-                let status = classify(kv.as_ref(), &r.owner, held.lease, ttl_of(j));
+                let status =
+                    classify_marked(kv.as_ref(), mark.as_ref(), &r.owner, held.lease, ttl_of(j));
                 self.settle(&r.name, &r.owner, held.lease, status);
                 if let Some(kv) =
                     kv.filter(|kv| status == LeaseStatus::Held && kv.lease() == held.lease)
@@ -263,6 +276,52 @@ impl Inner {
         out.into_iter()
             .map(|s| s.ok_or_else(|| protocol("renew", "a lease got no status")))
             .collect()
+    }
+
+    /// The marks of forced releases for the keys of `chunk` whose batch read
+    /// (`answers`) shows them gone or another owner's, in one more read-only
+    /// transaction, sent only when some are: a lost lock is then reported
+    /// `forced` if an operator freed it. `None` for every other key.
+    async fn marks_of_lost(
+        &self,
+        kv: &mut KvClient,
+        requests: &[RenewRequest],
+        chunk: &[(usize, Held)],
+        answers: &[Option<KeyValue>],
+    ) -> Result<Vec<Option<KeyValue>>, BackendError> {
+        let lost: Vec<usize> = chunk
+            .iter()
+            .zip(answers)
+            .enumerate()
+            .filter(|(_, ((i, _), kv))| {
+                !kv.as_ref()
+                    .is_some_and(|kv| owned_by(kv.value(), &requests[*i].owner))
+            })
+            .map(|(j, _)| j)
+            .collect();
+        let mut marks = vec![None; chunk.len()];
+        if lost.is_empty() {
+            return Ok(marks);
+        }
+        let gets: Vec<TxnOp> = lost
+            .iter()
+            .map(|j| TxnOp::get(self.mark_key(&requests[chunk[*j].0].name), None))
+            .collect();
+        let resp = kv
+            .txn(Txn::new().and_then(gets))
+            .await
+            .map_err(|e| convert("renew (read the marks of forced releases)", e))?;
+        let found = first_kvs(resp)?;
+        if found.len() != lost.len() {
+            return Err(protocol(
+                "renew",
+                "the read of marks answered the wrong number of gets",
+            ));
+        }
+        for (j, mark) in lost.into_iter().zip(found) {
+            marks[j] = mark;
+        }
+        Ok(marks)
     }
 
     /// Whether every key of `chunk` still shows the write this instance

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Txn, TxnOp};
 use lock_core::backend::LossFeed;
 use lock_core::{BackendError, BackendErrorKind, LockName, LossReason, OwnerToken};
 use tokio::sync::watch;
@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use crate::connection::{secs, Inner};
 use crate::error::convert;
+use crate::holder::owner_compares;
 use crate::lease::lease_seconds;
 use crate::members::Attempt;
 
@@ -385,11 +386,7 @@ impl Inner {
         for p in todo {
             let key = self.key(&p.name);
             let txn = Txn::new()
-                .when([Compare::value(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    p.owner.to_hex(),
-                )])
+                .when(owner_compares(&key, &p.owner))
                 .and_then([TxnOp::delete(key.as_str(), None)]);
             let done = match kv.txn(txn).await {
                 Ok(_) => true,

@@ -53,6 +53,7 @@ pub fn add_cluster_specific(suite: &mut Suite) {
         "etcd_cluster::frozen_member_is_passed_over",
         move || run(&run_id),
     ));
+    super::inspect::add_cluster(suite);
 }
 
 fn run(run_id: &str) -> Result<(), Failed> {

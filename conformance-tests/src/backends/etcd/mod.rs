@@ -4,6 +4,7 @@
 pub mod cluster;
 pub(crate) mod cluster_factory;
 mod cluster_frozen;
+mod inspect;
 pub(crate) mod leader;
 mod saboteur;
 pub mod server;

@@ -116,6 +116,7 @@ pub fn add_specific(suite: &mut Suite) {
     add(suite, "deferred_backend_keeps_its_min_ttl", |f, c| {
         Box::pin(deferred::deferred_backend_keeps_its_min_ttl(f, c))
     });
+    super::inspect::add_single(suite, &shared);
     add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))
     });
