@@ -110,8 +110,11 @@ impl fmt::Display for Identity {
 
 /// Who holds one lock, as its backend recorded it.
 ///
-/// Times are by the server's clock where the backend has one (Redis, etcd,
-/// Postgres), else by this process's. A field the backend cannot know is
+/// Times are by the server's clock where the backend's answers carry one
+/// (Redis, Postgres); etcd's answers carry none, so there the acquire time
+/// is the holder's clock and the expiry is now plus the lease's remaining
+/// TTL (whole seconds). A backend that has no clock of its own (memory)
+/// uses this process's. A field the backend cannot know is
 /// `None`; a lock taken by a program that writes no holder data (a stock
 /// client, an older version of this library) has no `identity`, and is still
 /// reported as held.

@@ -148,7 +148,14 @@ const PAGE: usize = 64;
 /// pages; not a lock under a sibling prefix, not a released one.
 pub(super) async fn list_pages_through_held_locks(ctx: Ctx) {
     let a = ctx.replica_as("inspect-list/1/00000002").await;
-    let ttl = ctx.timing().ttl * 20;
+    // Long enough for the listing to finish before any lock expires; a
+    // backend with a TTL cap (a session backend's failure-detection bound)
+    // keeps its locks as long as their session anyway.
+    let ttl = a
+        .backend
+        .capabilities()
+        .max_ttl
+        .map_or(ctx.timing().ttl * 20, |max| max.min(ctx.timing().ttl * 20));
     let prefix = format!("{}/listed/", ctx.prefix());
     let owner = OwnerToken::generate().expect("token");
     let mut held = BTreeSet::new();
