@@ -283,6 +283,7 @@ mod cluster_link;
 mod config;
 mod connection;
 mod error;
+mod inspect;
 mod nodes;
 mod notify;
 mod scripts;
