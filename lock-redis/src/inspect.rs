@@ -54,7 +54,7 @@ pub(crate) async fn describe(
     let conn = &shared.conn;
     let reply: Vec<Value> = conn
         .run("describe", |mut c| async move {
-            DESCRIBE.run(&mut c, &keys, &[]).await
+            DESCRIBE.run_read_only(&mut c, &keys, &[]).await
         })
         .await?;
     let mut found = read_snapshot(&reply, std::slice::from_ref(name))
@@ -398,7 +398,7 @@ async fn describe_many(shared: &Shared, names: &[LockName]) -> Result<Vec<Holder
             .collect();
         let reply: Vec<Value> = conn
             .run("list (describe)", |mut c| async move {
-                DESCRIBE.run(&mut c, &keys, &[]).await
+                DESCRIBE.run_read_only(&mut c, &keys, &[]).await
             })
             .await?;
         read_snapshot(&reply, &group).map_err(|what| protocol("list", conn.target(), what))

@@ -63,6 +63,40 @@ impl Lua {
     }
 }
 
+impl Lua {
+    /// Runs a script that only reads as `EVALSHA_RO` (falling back to
+    /// `EVAL_RO` with the body), which a user with read-only key rights
+    /// (`%R~...`) may run and a replica may serve. A server before 7.0,
+    /// which has no such commands, gets `EVALSHA`/`EVAL` instead.
+    pub(crate) async fn run_read_only<T: FromRedisValue>(
+        &self,
+        conn: &mut Link,
+        keys: &[String],
+        args: &[String],
+    ) -> RedisResult<T> {
+        let first = match script_command("EVALSHA_RO", &self.sha, keys, args)
+            .query_async(conn)
+            .await
+        {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                script_command("EVAL_RO", &self.body, keys, args)
+                    .query_async(conn)
+                    .await
+            }
+            other => other,
+        };
+        match first {
+            Err(e) if is_unknown_command(&e) => self.run(conn, keys, args).await,
+            other => other,
+        }
+    }
+}
+
+/// `ERR unknown command`: how a server answers a command it does not have.
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("unknown command"))
+}
+
 /// `<verb> <script> <number of keys> <keys> <args>`, built in buffers sized
 /// for it up front: grown argument by argument, they were reallocated
 /// several times per call, a good part of the client's cost per lock.
