@@ -424,7 +424,10 @@ fn read_snapshot(reply: &[Value], names: &[LockName]) -> Result<Vec<Option<Holde
     let (Some(secs), Some(micros)) = (secs, micros) else {
         return Err("a snapshot without the server's time".to_owned());
     };
-    let now = UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros);
+    let now = UNIX_EPOCH
+        .checked_add(Duration::from_secs(secs))
+        .and_then(|t| t.checked_add(Duration::from_micros(micros)))
+        .ok_or("a server time out of range")?;
     let rest = reply.get(2..).unwrap_or_default();
     if rest.len() != names.len() * 3 {
         return Err(format!("{} values for {} locks", rest.len(), names.len()));
@@ -464,11 +467,17 @@ fn holder(
     let acquired_at = UNIX_EPOCH.checked_add(Duration::from_micros(record.acquired_us));
     // The last extension set the expiry to its server time plus the TTL;
     // renewals ask for the TTL the lease was taken with (as a `Locker`'s
-    // do), so that time is the expiry less the recorded TTL.
+    // do), so that time is the expiry less the recorded TTL. Expiries are
+    // whole milliseconds: within one of the acquire, it is the acquire.
     let renewed_at = expires_at
         .and_then(|e| e.checked_sub(Duration::from_millis(record.ttl_ms)))
         .map(|r| match acquired_at {
-            Some(a) if r < a => a,
+            Some(a)
+                if a.checked_add(Duration::from_millis(1))
+                    .is_none_or(|a1| r < a1) =>
+            {
+                a
+            }
             _ => r,
         });
     Some(

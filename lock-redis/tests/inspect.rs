@@ -98,9 +98,11 @@ async fn describe_names_the_holder_and_changes_nothing() -> Res {
     let slack = Duration::from_secs(2);
     assert!(acquired + slack > before && acquired < SystemTime::now() + slack);
     let expires = holder.expires_at.ok_or("expires_at")?;
+    // Both by the server's clock: TIME in µs at the acquire, PTTL in whole
+    // ms at the describe, so a millisecond of rounding either way.
     let left = expires.duration_since(acquired)?;
     assert!(
-        left <= TTL && left > TTL - Duration::from_secs(1),
+        left <= TTL + Duration::from_millis(2) && left > TTL - Duration::from_secs(1),
         "{left:?}"
     );
     assert_eq!(holder.renewed_at, holder.acquired_at);
@@ -266,6 +268,8 @@ async fn list_pages_find_each_lock_once() -> Res {
     loop {
         let page = backend.list("batch/", cursor.as_deref(), 7).await?;
         assert!(page.holders.len() <= 7);
+        let names: BTreeSet<_> = page.holders.iter().map(|h| &h.name).collect();
+        assert_eq!(names.len(), page.holders.len(), "a page repeats a lock");
         seen.extend(page.holders.into_iter().map(|h| h.name));
         pages += 1;
         assert!(pages < 500, "the listing does not end");
@@ -275,8 +279,17 @@ async fn list_pages_find_each_lock_once() -> Res {
         }
     }
     let unique: BTreeSet<_> = seen.iter().cloned().collect();
-    assert_eq!(unique.len(), seen.len(), "a lock listed twice");
     assert_eq!(unique, held);
+    // SCAN returns a key twice only when the database's table shrinks
+    // during the listing; this server is shared with other tests, which
+    // delete thousands of keys at a time, so that can happen here (the
+    // conformance suite checks "exactly once" on private servers).
+    if unique.len() != seen.len() {
+        eprintln!(
+            "{} locks listed twice (the shared database was resized during the listing)",
+            seen.len() - unique.len()
+        );
+    }
     let everything = backend.list("", None, 1000).await?;
     assert_eq!(everything.holders.len(), 280);
     assert!(backend.list("", Some("garbage"), 10).await.is_err());
