@@ -37,6 +37,8 @@ const MANY: usize = 1_000;
 #[derive(Clone)]
 pub(super) enum Deployment {
     Single(Arc<RedisFactory>),
+    /// The single server with fencing tokens off.
+    Unfenced(Arc<RedisFactory>),
     Sentinel(Arc<SentinelFactory>),
     Cluster(Arc<ClusterFactory>),
 }
@@ -45,6 +47,7 @@ impl Deployment {
     fn row(&self) -> &'static str {
         match self {
             Self::Single(_) => "redis",
+            Self::Unfenced(_) => "redis_nofence",
             Self::Sentinel(_) => "redis_sentinel",
             Self::Cluster(_) => "redis_cluster",
         }
@@ -53,7 +56,7 @@ impl Deployment {
     /// A separate backend (its own connections), as another process's.
     async fn backend(&self) -> Result<RedisBackend, BoxError> {
         match self {
-            Self::Single(f) => Ok(f.config()?.connect().await?),
+            Self::Single(f) | Self::Unfenced(f) => Ok(f.config()?.connect().await?),
             Self::Sentinel(f) => f.connect().await,
             Self::Cluster(f) => f.connect().await,
         }
@@ -62,7 +65,9 @@ impl Deployment {
     /// A plain client (not the library's), acting as another program.
     async fn raw(&self) -> Result<Raw, BoxError> {
         match self {
-            Self::Single(f) => Ok(Raw::Single(super::specific::plain(f.url()).await?)),
+            Self::Single(f) | Self::Unfenced(f) => {
+                Ok(Raw::Single(super::specific::plain(f.url()).await?))
+            }
             Self::Sentinel(f) => {
                 let port = f.set()?.primary_port()?;
                 let url = format!("redis://127.0.0.1:{port}");
@@ -104,8 +109,43 @@ macro_rules! body {
     };
 }
 
+impl Deployment {
+    /// Whether its backends draw fencing tokens.
+    fn fenced(&self) -> bool {
+        !matches!(self, Self::Unfenced(_))
+    }
+}
+
 /// Adds the inspection trials for `deployment`, as `<row>::inspect_<case>`.
 pub(super) fn register(suite: &mut Suite, deployment: &Deployment) {
+    if let Deployment::Unfenced(_) = deployment {
+        let tests: [(&str, Body); 4] = [
+            (
+                "inspect_describe_follows_the_lease",
+                body!(describe_follows_the_lease),
+            ),
+            (
+                "inspect_stock_client_key_is_held_by_unknown",
+                body!(stock_client_key_is_held_by_unknown),
+            ),
+            (
+                "inspect_list_pages_find_each_lock_once",
+                body!(list_pages_find_each_lock_once),
+            ),
+            (
+                "inspect_force_release_is_unsupported",
+                body!(force_release_is_unsupported),
+            ),
+        ];
+        for (name, body) in tests {
+            let deployment = deployment.clone();
+            suite.push(Trial::test(
+                format!("{}::{name}", deployment.row()),
+                move || run(deployment, body),
+            ));
+        }
+        return;
+    }
     let tests: [(&str, Body); 5] = [
         (
             "inspect_describe_follows_the_lease",
@@ -241,7 +281,7 @@ async fn describe_follows_the_lease(d: Deployment) -> Result<(), BoxError> {
         format!("identity {:?}", first.identity),
     )?;
     ensure(
-        first.fencing_token == guard.fencing_token() && first.fencing_token.is_some(),
+        first.fencing_token == guard.fencing_token() && first.fencing_token.is_some() == d.fenced(),
         format!(
             "token {:?}, the holder has {:?}",
             first.fencing_token,
@@ -350,10 +390,13 @@ async fn stock_client_key_is_held_by_unknown(d: Deployment) -> Result<(), BoxErr
             page.holders.iter().any(|h| h.name == name),
             "a stock key not listed",
         )?;
-        ensure(
-            operator.force_release(&name, 1).await? == ForceOutcome::TokenMismatch { held: None },
-            "a forced release of a stock key was not refused",
-        )?;
+        if d.fenced() {
+            ensure(
+                operator.force_release(&name, 1).await?
+                    == ForceOutcome::TokenMismatch { held: None },
+                "a forced release of a stock key was not refused",
+            )?;
+        }
         let (value, _) = raw.state(&key).await?;
         ensure(
             value.as_deref() == Some("somevalue"),
@@ -417,7 +460,7 @@ async fn list_pages_find_each_lock_once(d: Deployment) -> Result<(), BoxError> {
             ensure(page.holders.len() <= 97, "a page longer than its limit")?;
             for h in &page.holders {
                 ensure(
-                    h.identity.as_ref() == Some(&who) && h.fencing_token.is_some(),
+                    h.identity.as_ref() == Some(&who) && h.fencing_token.is_some() == d.fenced(),
                     format!("{h:?}"),
                 )?;
             }
@@ -673,4 +716,23 @@ async fn read_only_acl_user(d: Deployment) -> Result<(), BoxError> {
             .await?;
     }
     outcome
+}
+
+async fn force_release_is_unsupported(d: Deployment) -> Result<(), BoxError> {
+    let (holder, _) = locker(d.backend().await?, "inspect-unfenced")?;
+    let (operator, _) = locker(d.backend().await?, "inspect-operator")?;
+    let name = LockName::new("inspect/unfenced-force")?;
+    let guard = holder.try_lock(&name, &opts()).await?;
+    match operator.force_release(&name, 1).await {
+        Err(lock_core::Error::Backend(e))
+            if e.kind() == lock_core::BackendErrorKind::Unsupported =>
+        {
+            eprintln!("    [{}] forced release without tokens: {e}", d.row());
+        }
+        other => return Err(format!("expected Unsupported, got {other:?}").into()),
+    }
+    sleep(opts().renew_interval() + Duration::from_millis(100)).await;
+    ensure(guard.is_held(), "the holder lost its lock")?;
+    guard.release().await?;
+    Ok(())
 }

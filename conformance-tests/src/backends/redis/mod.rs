@@ -277,6 +277,7 @@ impl RedisRun {
                 inspect::register(suite, &inspect::Deployment::Single(Arc::clone(&factory)));
                 let unfenced = Arc::new(factory.without_fencing());
                 run.factories.push(Arc::clone(&unfenced));
+                inspect::register(suite, &inspect::Deployment::Unfenced(Arc::clone(&unfenced)));
                 suite.add_named(unfenced, UNFENCED_CASES);
             }
             Err(why) => suite.add_server_backend("redis", Availability::Missing(why.to_string())),
