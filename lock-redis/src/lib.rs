@@ -272,8 +272,9 @@
 //!   names the node. Duplicates: a page never repeats a lock; across pages
 //!   `SCAN` itself may return a key twice only when the keyspace shrank
 //!   (rehash) during the listing, and then a lock can appear on two pages
-//!   (callers that need a set dedupe by name). A failover or resharding
-//!   during a Cluster listing can miss or repeat locks of the moved slots.
+//!   (callers that need a set dedupe by name). A failover during a
+//!   listing (Sentinel or Cluster), or a resharding on a Cluster, can miss
+//!   or repeat locks: the cursor then continues on another server's table.
 //! - **`force_release(name, token)`** is one script: when the record (for
 //!   the owner token the lock key holds) carries `token`, it publishes the
 //!   release (not on a Cluster), deletes the lock and its record, and
