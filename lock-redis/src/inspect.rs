@@ -35,11 +35,12 @@ use crate::scripts::{DESCRIBE, FORCE_RELEASE};
 /// few keys under the prefix match (each call visits about `COUNT` buckets).
 const MAX_SCANS: usize = 32;
 
-/// How many buckets a `SCAN` call is asked to visit, at least.
-const MIN_SCAN_COUNT: usize = 100;
+/// How many buckets a `SCAN` call is asked to visit, at least. Small, since
+/// the names of a call beyond the page's room travel in its cursor.
+const MIN_SCAN_COUNT: usize = 10;
 
 /// The version tag that opens every cursor this module hands out.
-const CURSOR_TAG: &str = "r1";
+const CURSOR_TAG: &str = "r2";
 
 /// Who holds `name`, read in one step without writing anything.
 ///
@@ -106,13 +107,14 @@ pub(crate) async fn force_release(
 /// One page of the locks under `prefix` (lock names starting with it),
 /// from `cursor`.
 ///
-/// A page scans (`SCAN` with `MATCH` and `COUNT`) until it has `limit`
-/// locks or has made [`MAX_SCANS`] calls, then describes what it found in
-/// one read-only script per slot. The keys one `SCAN` call returns are
-/// taken in name order; when they do not all fit on the page, the cursor
-/// names the call and the last name taken, and the next page repeats that
-/// call and takes the names after it. On a cluster every primary is
-/// scanned in turn, in address order; the cursor names the node.
+/// A page scans (`SCAN` with `MATCH`, and a `COUNT` of the room left on the
+/// page, at least [`MIN_SCAN_COUNT`]) until it has `limit` locks or has
+/// made [`MAX_SCANS`] calls, then describes what it found in one read-only
+/// script per slot. Each `SCAN` call is made once: the names of a call that
+/// do not fit on the page travel in the cursor to the next page (never
+/// scanned again, since a repeated call on a table resized meanwhile would
+/// return names already handed out). On a cluster every primary is scanned
+/// in turn, in address order; the cursor names the node.
 ///
 /// # Cancel safety
 ///
@@ -134,6 +136,20 @@ pub(crate) async fn list(
             ))
         })?,
     };
+    let mut names: Vec<LockName> = Vec::new();
+    let mut seen: HashSet<LockName> = HashSet::new();
+    // Names a previous page found and had no room for.
+    let carried = pos.pending.len().min(limit);
+    for name in pos.pending.drain(..carried) {
+        if seen.insert(name.clone()) {
+            names.push(name);
+        }
+    }
+    if !pos.pending.is_empty() || pos.finished {
+        let next = (!pos.pending.is_empty()).then(|| pos.render());
+        let holders = describe_many(shared, &names).await?;
+        return Ok(HolderPage::new(holders, next));
+    }
     let nodes = if cluster {
         primaries(shared).await?
     } else {
@@ -142,69 +158,52 @@ pub(crate) async fn list(
     // The node the cursor names; if it is gone (a failover, a resharding),
     // the next one in address order, from its start.
     let Some(mut node) = nodes.iter().position(|n| *n >= pos.node) else {
-        return Ok(HolderPage::new(Vec::new(), None));
+        let holders = describe_many(shared, &names).await?;
+        return Ok(HolderPage::new(holders, None));
     };
     if nodes.get(node) != Some(&pos.node) {
-        pos = Position {
-            node: nodes.get(node).cloned().unwrap_or_default(),
-            ..Position::default()
-        };
+        pos.node = nodes.get(node).cloned().unwrap_or_default();
+        pos.scan = 0;
     }
     let pattern = format!(
         "{}{}*",
         glob_escape(shared.keys.prefix()),
         glob_escape(prefix)
     );
-    let count = limit.max(MIN_SCAN_COUNT);
-    let mut names: Vec<LockName> = Vec::new();
-    let mut seen: HashSet<LockName> = HashSet::new();
-    let mut next = None;
+    let mut next = Some(pos.render());
     for _ in 0..MAX_SCANS {
+        if names.len() >= limit {
+            break;
+        }
+        let room = limit - names.len();
+        let count = room.max(MIN_SCAN_COUNT);
         let (after_call, keys) = scan(shared, &pos.node, pos.scan, &pattern, count).await?;
         let mut found: Vec<LockName> = keys
             .iter()
             .filter_map(|k| shared.keys.name_of(k))
             .filter(|n| n.as_str().starts_with(prefix))
-            .filter(|n| pos.after.as_deref().is_none_or(|a| n.as_str() > a))
             .filter(|n| !seen.contains(n))
             .collect();
         found.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         found.dedup();
-        let room = limit - names.len();
-        if found.len() > room {
-            // The rest of this call's keys go on the next page.
-            found.truncate(room);
-            pos.after = found.last().map(|n| n.as_str().to_owned());
-            seen.extend(found.iter().cloned());
-            names.extend(found);
-            next = Some(pos.render());
-            break;
-        }
+        let leftover = found.split_off(found.len().min(room));
         seen.extend(found.iter().cloned());
         names.extend(found);
+        pos.pending = leftover;
         if after_call == 0 {
             node += 1;
             match nodes.get(node) {
-                None => {
-                    next = None;
-                    break;
-                }
                 Some(n) => {
-                    pos = Position {
-                        node: n.clone(),
-                        ..Position::default()
-                    };
+                    pos.node = n.clone();
+                    pos.scan = 0;
                 }
+                None => pos.finished = true,
             }
         } else {
-            pos = Position {
-                scan: after_call,
-                after: None,
-                ..pos
-            };
+            pos.scan = after_call;
         }
-        next = Some(pos.render());
-        if names.len() >= limit {
+        next = (!pos.finished || !pos.pending.is_empty()).then(|| pos.render());
+        if next.is_none() || !pos.pending.is_empty() {
             break;
         }
     }
@@ -212,26 +211,35 @@ pub(crate) async fn list(
     Ok(HolderPage::new(holders, next))
 }
 
-/// Where a listing stands: the node (empty on one server), its `SCAN`
-/// cursor, and the last name taken from that call's keys if the page ended
-/// inside them.
+/// Where a listing stands: the node (empty on one server) and its `SCAN`
+/// cursor, or that every node has been scanned; and the names found by the
+/// last `SCAN` call that did not fit on the page.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Position {
     node: String,
     scan: u64,
-    after: Option<String>,
+    finished: bool,
+    pending: Vec<LockName>,
 }
 
 impl Position {
-    /// `r1|<node>|<scan cursor>|<last name taken or empty>`: no address or
-    /// lock name holds `|`.
+    /// `r2|<node>|<scan cursor, or end>|<names not yet handed out, by
+    /// commas>`: no address or lock name holds `|` or `,`.
     fn render(&self) -> String {
-        format!(
-            "{CURSOR_TAG}|{}|{}|{}",
-            self.node,
-            self.scan,
-            self.after.as_deref().unwrap_or("")
-        )
+        let mut out = format!("{CURSOR_TAG}|{}|", self.node);
+        if self.finished {
+            out.push_str("end");
+        } else {
+            out.push_str(&self.scan.to_string());
+        }
+        out.push('|');
+        for (i, name) in self.pending.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(name.as_str());
+        }
+        out
     }
 
     fn parse(text: &str, cluster: bool) -> Option<Self> {
@@ -240,16 +248,27 @@ impl Position {
             return None;
         }
         let node = parts.next()?.to_owned();
-        let scan = parts.next()?.parse().ok()?;
-        let after = match parts.next()? {
-            "" => None,
-            name => Some(LockName::new(name).ok()?.as_str().to_owned()),
+        let (scan, finished) = match parts.next()? {
+            "end" => (0, true),
+            n => (n.parse().ok()?, false),
+        };
+        let pending = match parts.next()? {
+            "" => Vec::new(),
+            names => names
+                .split(',')
+                .map(|n| LockName::new(n).ok())
+                .collect::<Option<Vec<_>>>()?,
         };
         // One server has no node names; a cluster always names one.
         if node.is_empty() == cluster {
             return None;
         }
-        Some(Self { node, scan, after })
+        Some(Self {
+            node,
+            scan,
+            finished,
+            pending,
+        })
     }
 }
 
@@ -606,17 +625,33 @@ mod tests {
     }
 
     #[test]
-    fn cursors_round_trip_and_refuse_the_foreign() {
+    fn cursors_round_trip_and_refuse_the_foreign() -> Result<(), lock_core::Error> {
         let p = Position {
             node: "127.0.0.1:7000".into(),
             scan: 99,
-            after: Some("jobs/a:b".into()),
+            finished: false,
+            pending: vec![LockName::new("jobs/a:b")?, LockName::new("jobs/c")?],
         };
+        assert_eq!(p.render(), "r2|127.0.0.1:7000|99|jobs/a:b,jobs/c");
         assert_eq!(Position::parse(&p.render(), true), Some(p.clone()));
         assert_eq!(Position::parse(&p.render(), false), None);
         let single = Position::default();
         assert_eq!(Position::parse(&single.render(), false), Some(single));
-        for bad in ["", "r1", "r2||0|", "r1||x|", "r1||0|a*b", "r1||-1|"] {
+        let done = Position {
+            finished: true,
+            ..Position::default()
+        };
+        assert_eq!(done.render(), "r2||end|");
+        assert_eq!(Position::parse(&done.render(), false), Some(done));
+        for bad in [
+            "",
+            "r2",
+            "r1||0|",
+            "r2||x|",
+            "r2||0|a*b",
+            "r2||-1|",
+            "r2||0|a,,b",
+        ] {
             assert_eq!(Position::parse(bad, false), None, "{bad:?}");
         }
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
@@ -627,5 +662,6 @@ mod tests {
                 port: 7000
             }))
         );
+        Ok(())
     }
 }

@@ -263,16 +263,17 @@
 //!   lock's (records, marks, counters and ticks hold `#`, which no lock name
 //!   does), then describes a page's locks with the same read-only script, one
 //!   call per slot. A page holds at most `limit` locks and makes at most 32
-//!   `SCAN` calls, so it can be short (even empty) with a next cursor. The
-//!   keys of one `SCAN` call are taken in name order; when they do not all
-//!   fit, the cursor names that call and the last name taken, and the next
-//!   page repeats the call and takes the names after it. On a Cluster every
-//!   primary (from `CLUSTER SLOTS`) is scanned in turn, in address order;
-//!   the cursor (`r1|<node>|<scan cursor>|<last name>`, opaque to callers)
-//!   names the node. Duplicates: a page never repeats a lock; across pages
-//!   `SCAN` itself may return a key twice only when the keyspace shrank
-//!   (rehash) during the listing, and then a lock can appear on two pages
-//!   (callers that need a set dedupe by name). A failover during a
+//!   `SCAN` calls (each with a `COUNT` of the room left, at least 10), so it
+//!   can be short (even empty) with a next cursor. Each `SCAN` call is made
+//!   once: the names it returned that did not fit on the page travel in the
+//!   cursor and open the next page. On a Cluster every primary (from
+//!   `CLUSTER SLOTS`) is scanned in turn, in address order. The cursor
+//!   (`r2|<node>|<scan cursor or end>|<names not yet handed out>`, opaque to
+//!   callers) is short unless a call found many more names than the page
+//!   had room for. Duplicates: a page never repeats a lock, and no page
+//!   repeats another's `SCAN` call; `SCAN` itself may still return a key
+//!   twice when the database's table shrinks during the listing, and then a
+//!   lock appears on two pages (callers that need a set dedupe by name). A failover during a
 //!   listing (Sentinel or Cluster), or a resharding on a Cluster, can miss
 //!   or repeat locks: the cursor then continues on another server's table.
 //! - **`force_release(name, token)`** is one script: when the record (for
