@@ -39,6 +39,12 @@ const MAX_SCANS: usize = 32;
 /// the names of a call beyond the page's room travel in its cursor.
 const MIN_SCAN_COUNT: usize = 10;
 
+/// The most buckets a `SCAN` call is asked to visit beyond the page's room:
+/// the count doubles from [`MIN_SCAN_COUNT`] after each call that found no
+/// lock under the prefix (a sparse keyspace), and this bounds both the
+/// work and the names a cursor may have to carry.
+const MAX_SPARSE_COUNT: usize = 256;
+
 /// The version tag that opens every cursor this module hands out.
 const CURSOR_TAG: &str = "r2";
 
@@ -108,7 +114,8 @@ pub(crate) async fn force_release(
 /// from `cursor`.
 ///
 /// A page scans (`SCAN` with `MATCH`, and a `COUNT` of the room left on the
-/// page, at least [`MIN_SCAN_COUNT`]) until it has `limit` locks or has
+/// page, at least [`MIN_SCAN_COUNT`], more after calls that found nothing,
+/// up to [`MAX_SPARSE_COUNT`]) until it has `limit` locks or has
 /// made [`MAX_SCANS`] calls, then describes what it found in one read-only
 /// script per slot. Each `SCAN` call is made once: the names of a call that
 /// do not fit on the page travel in the cursor to the next page (never
@@ -171,12 +178,13 @@ pub(crate) async fn list(
         glob_escape(prefix)
     );
     let mut next = Some(pos.render());
+    let mut sparse = MIN_SCAN_COUNT;
     for _ in 0..MAX_SCANS {
         if names.len() >= limit {
             break;
         }
         let room = limit - names.len();
-        let count = room.max(MIN_SCAN_COUNT);
+        let count = room.max(sparse);
         let (after_call, keys) = scan(shared, &pos.node, pos.scan, &pattern, count).await?;
         let mut found: Vec<LockName> = keys
             .iter()
@@ -186,6 +194,11 @@ pub(crate) async fn list(
             .collect();
         found.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         found.dedup();
+        sparse = if found.is_empty() {
+            (sparse * 2).min(MAX_SPARSE_COUNT)
+        } else {
+            MIN_SCAN_COUNT
+        };
         let leftover = found.split_off(found.len().min(room));
         seen.extend(found.iter().cloned());
         names.extend(found);

@@ -263,7 +263,8 @@
 //!   lock's (records, marks, counters and ticks hold `#`, which no lock name
 //!   does), then describes a page's locks with the same read-only script, one
 //!   call per slot. A page holds at most `limit` locks and makes at most 32
-//!   `SCAN` calls (each with a `COUNT` of the room left, at least 10), so it
+//!   `SCAN` calls (each with a `COUNT` of the room left, at least 10, and
+//!   doubling up to 256 after calls that found nothing), so it
 //!   can be short (even empty) with a next cursor. Each `SCAN` call is made
 //!   once: the names it returned that did not fit on the page travel in the
 //!   cursor and open the next page. On a Cluster every primary (from
