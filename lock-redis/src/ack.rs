@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use lock_core::backend::{AcquireAttempt, Lease, LeaseStatus};
-use lock_core::{BackendError, LockName, OwnerToken};
+use lock_core::{BackendError, Identity, LockName, OwnerToken};
 use redis::{FromRedisValue, RedisError};
 
 use crate::backend::{status, Shared};
@@ -158,22 +158,28 @@ pub(crate) async fn acquire(
     name: &LockName,
     owner: &OwnerToken,
     ms: u64,
+    holder: Option<&Identity>,
 ) -> Result<AcquireAttempt, BackendError> {
     let conn = &shared.conn;
-    let (key, token) = (shared.keys.lock(name), owner.to_hex());
-    let args = [token.clone(), ms.to_string()];
+    let (key, meta, token) = (
+        shared.keys.lock(name),
+        shared.keys.meta(name),
+        owner.to_hex(),
+    );
+    let identity = holder.map_or_else(String::new, |h| h.as_str().to_owned());
+    let args = [token.clone(), ms.to_string(), identity];
     let (got, acked): (i64, u64) = if shared.fencing {
-        let keys = [key.clone(), shared.keys.fence_for(name)];
+        let keys = [key.clone(), shared.keys.fence_for(name), meta.clone()];
         eval_and_wait(conn, ack, "acquire", &ACQUIRE, &keys, &args).await?
     } else {
-        let keys = [key.clone()];
+        let keys = [key.clone(), meta.clone()];
         eval_and_wait(conn, ack, "acquire", &ACQUIRE_UNFENCED, &keys, &args).await?
     };
     match u64::try_from(got) {
         Ok(0) => Ok(AcquireAttempt::HeldElsewhere),
         Ok(_) if acked < u64::from(ack.replicas) => {
             let channel = shared.keys.channel(name);
-            Err(refuse_acquire(conn, ack, acked, key, channel, token).await)
+            Err(refuse_acquire(conn, ack, acked, [key, meta], channel, token).await)
         }
         Ok(_) if !shared.fencing => Ok(AcquireAttempt::Acquired(Lease::new(None))),
         Ok(fence) => Ok(AcquireAttempt::Acquired(Lease::new(Some(fence)))),
@@ -195,7 +201,11 @@ pub(crate) async fn renew(
     ms: u64,
 ) -> Result<LeaseStatus, BackendError> {
     let conn = &shared.conn;
-    let keys = [shared.keys.lock(name)];
+    let keys = [
+        shared.keys.lock(name),
+        shared.keys.meta(name),
+        shared.keys.forced(name),
+    ];
     let args = [owner.to_hex(), ms.to_string()];
     let (code, acked): (i64, u64) = eval_and_wait(conn, ack, "renew", &RENEW, &keys, &args).await?;
     if code == 1 && acked < u64::from(ack.replicas) {
@@ -273,8 +283,8 @@ fn too_few(ack: &ReplicaAck, acked: u64) -> String {
     )
 }
 
-/// Deletes a lock whose acquire too few replicas acknowledged (only if it
-/// still holds `owner`), and returns the error the acquire fails with.
+/// Deletes a lock (and its holder record: `keys`) whose acquire too few
+/// replicas acknowledged (only if it still holds `owner`), and returns the error the acquire fails with.
 ///
 /// # Cancel safety
 ///
@@ -283,13 +293,13 @@ async fn refuse_acquire(
     conn: &Connection,
     ack: &ReplicaAck,
     acked: u64,
-    key: String,
+    keys: [String; 2],
     channel: String,
     owner: String,
 ) -> BackendError {
     let released: Result<i64, BackendError> = conn
         .run("release an unacknowledged lock", |mut c| async move {
-            RELEASE.run(&mut c, &[key], &[owner, channel]).await
+            RELEASE.run(&mut c, &keys, &[owner, channel]).await
         })
         .await;
     let what = too_few(ack, acked);

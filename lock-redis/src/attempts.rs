@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use lock_core::backend::{AcquireAttempt, Lease};
 use lock_core::lane::{self, Batch, Lane, Settled, Unsettled};
-use lock_core::{BackendError, LockName, OwnerToken};
+use lock_core::{BackendError, Identity, LockName, OwnerToken};
 
 use crate::backend::Shared;
 use crate::error::{protocol, timed_out};
@@ -120,14 +120,17 @@ impl Drop for PendingGuard {
     }
 }
 
-/// One attempt: the lock's key, its owner, the owner token as sent, the
-/// TTL in ms, and its registration once queued.
+/// One attempt: the lock's key, its holder record's key, its owner, the
+/// owner token as sent, the TTL in ms, the holder's identity (empty: none),
+/// and its registration once queued.
 #[derive(Debug)]
 pub(crate) struct Attempt {
     key: String,
+    meta: String,
     owner: OwnerToken,
     token: String,
     ms: u64,
+    identity: String,
     pending: Option<PendingGuard>,
 }
 
@@ -166,12 +169,15 @@ pub(crate) async fn acquire(
     name: &LockName,
     owner: &OwnerToken,
     ms: u64,
+    holder: Option<&Identity>,
 ) -> Result<AcquireAttempt, BackendError> {
     let attempt = Attempt {
         key: shared.keys.lock(name),
+        meta: shared.keys.meta(name),
         owner: *owner,
         token: owner.to_hex(),
         ms,
+        identity: holder.map_or_else(String::new, |h| h.as_str().to_owned()),
         pending: None,
     };
     let got = lane::call::<Acquires>(shared, attempt).await?;
@@ -185,32 +191,55 @@ pub(crate) async fn alone(
     name: &LockName,
     owner: &OwnerToken,
     ms: u64,
+    holder: Option<&Identity>,
 ) -> Result<AcquireAttempt, BackendError> {
     let fence = shared.fencing.then(|| shared.keys.fence_for(name));
-    let got = single(shared, shared.keys.lock(name), fence, owner.to_hex(), ms).await?;
+    let attempt = Attempt {
+        key: shared.keys.lock(name),
+        meta: shared.keys.meta(name),
+        owner: *owner,
+        token: owner.to_hex(),
+        ms,
+        identity: holder.map_or_else(String::new, |h| h.as_str().to_owned()),
+        pending: None,
+    };
+    let got = single(shared, attempt, fence).await?;
     answer(shared.fencing, got, shared.conn.target())
 }
 
-/// One attempt as its single-key command: `SET NX PX GET` without fencing
-/// tokens, the acquire script (with the `fence` counter's key) with them.
-async fn single(
-    shared: &Shared,
-    key: String,
-    fence: Option<String>,
-    token: String,
-    ms: u64,
-) -> Result<i64, BackendError> {
+/// One attempt as its single command: the acquire script (with the `fence`
+/// counter's key) with fencing tokens; without them the unfenced script, or
+/// `SET NX PX GET` for an attempt that stores no holder identity. Both
+/// scripts write the holder record with the lock.
+async fn single(shared: &Shared, a: Attempt, fence: Option<String>) -> Result<i64, BackendError> {
+    let Attempt {
+        key,
+        meta,
+        token,
+        ms,
+        identity,
+        pending,
+        ..
+    } = a;
     let Some(fence) = fence else {
-        return unfenced::acquire(shared, key, token, ms).await;
+        let got = unfenced::acquire(shared, key, token, ms, (meta, identity)).await;
+        drop(pending);
+        return got;
     };
-    shared
+    let got = shared
         .conn
         .run("acquire", |mut c| async move {
             ACQUIRE
-                .run(&mut c, &[key, fence], &[token, ms.to_string()])
+                .run(
+                    &mut c,
+                    &[key, fence, meta],
+                    &[token, ms.to_string(), identity],
+                )
                 .await
         })
-        .await
+        .await;
+    drop(pending);
+    got
 }
 
 /// An attempt's answer: with fencing tokens, the token or 0 when held
@@ -259,15 +288,13 @@ impl Batch for Acquires {
 
     async fn run_one(shared: &Shared, a: Attempt) -> Result<i64, BackendError> {
         let fence = shared.fencing.then(|| shared.keys.fence());
-        let got = single(shared, a.key, fence, a.token, a.ms).await;
-        drop(a.pending);
-        got
+        single(shared, a, fence).await
     }
 
     async fn run(shared: &Shared, items: Vec<Attempt>) -> Vec<Result<i64, BackendError>> {
         let len = items.len();
-        let mut keys = Vec::with_capacity(len + 1);
-        let mut args = Vec::with_capacity(len * 2);
+        let mut keys = Vec::with_capacity(len * 2 + 1);
+        let mut args = Vec::with_capacity(len * 3);
         // The registrations outlive the command.
         let mut pending = Vec::with_capacity(len);
         if shared.fencing {
@@ -275,8 +302,10 @@ impl Batch for Acquires {
         }
         for a in items {
             keys.push(a.key);
+            keys.push(a.meta);
             args.push(a.token);
             args.push(a.ms.to_string());
+            args.push(a.identity);
             pending.push(a.pending);
         }
         let script = if shared.fencing {

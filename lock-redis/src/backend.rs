@@ -8,7 +8,8 @@ use std::time::Duration;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
-    BackendError, BackendErrorKind, Capabilities, LockBackend, LockName, OwnerToken,
+    BackendError, BackendErrorKind, Capabilities, ForceOutcome, Holder, HolderPage, Identity,
+    LockBackend, LockName, OwnerToken,
 };
 
 use tracing::{debug, warn};
@@ -18,8 +19,9 @@ use crate::attempts::{self, Attempts};
 use crate::cluster;
 use crate::connection::{Connection, Source};
 use crate::error::{config, protocol};
+use crate::inspect;
 use crate::notify::ReleaseNotifier;
-use crate::scripts::{KeySpace, RELEASE, RENEW, RENEW_MANY};
+use crate::scripts::{KeySpace, CHECK, RELEASE, RENEW, RENEW_MANY};
 use crate::unfenced::SetGetRefused;
 use crate::RedisBuilder;
 
@@ -197,6 +199,28 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// One acquire attempt, through the path the deployment uses, storing
+    /// `holder` in the holder record.
+    async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: Option<&Identity>,
+    ) -> Result<AcquireAttempt, BackendError> {
+        let ms = ttl_ms(ttl)?;
+        if let Some(a) = &self.shared.replica_ack {
+            return ack::acquire(&self.shared, a, name, owner, ms, holder).await;
+        }
+        if self.shared.keys.is_cluster() {
+            // A script's keys must share a slot: one attempt per command.
+            return attempts::alone(&self.shared, name, owner, ms, holder).await;
+        }
+        attempts::acquire(&self.shared, name, owner, ms, holder).await
+    }
+}
+
 /// TTL in whole milliseconds, rounded up so a lease never ends early.
 fn ttl_ms(ttl: Duration) -> Result<u64, BackendError> {
     let ms = ttl.as_nanos().div_ceil(1_000_000);
@@ -213,6 +237,7 @@ pub(crate) fn status(code: i64, op: &str, target: &str) -> Result<LeaseStatus, B
         1 => Ok(LeaseStatus::Held),
         0 => Ok(LeaseStatus::Expired),
         2 => Ok(LeaseStatus::Stolen),
+        3 => Ok(LeaseStatus::Forced),
         other => Err(protocol(op, target, other)),
     }
 }
@@ -227,21 +252,50 @@ impl LockBackend for RedisBackend {
             .with_release_notify(!self.shared.keys.is_cluster())
     }
 
+    /// Takes the lock and writes a holder record beside it without an
+    /// identity (with fencing tokens; without them, `SET NX PX GET` alone):
+    /// inspections show the holder with no identity.
     async fn try_acquire(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        let ms = ttl_ms(ttl)?;
-        if let Some(a) = &self.shared.replica_ack {
-            return ack::acquire(&self.shared, a, name, owner, ms).await;
-        }
-        if self.shared.keys.is_cluster() {
-            // A script's keys must share a slot: one attempt per command.
-            return attempts::alone(&self.shared, name, owner, ms).await;
-        }
-        attempts::acquire(&self.shared, name, owner, ms).await
+        self.acquire(name, owner, ttl, None).await
+    }
+
+    /// Takes the lock and writes the holder record (owner, fencing token,
+    /// the server's time, TTL and `holder`) in the same script, in the lock
+    /// key's slot.
+    async fn try_acquire_as(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        holder: &Identity,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.acquire(name, owner, ttl, Some(holder)).await
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<Option<Holder>, BackendError> {
+        inspect::describe(&self.shared, name).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HolderPage, BackendError> {
+        inspect::list(&self.shared, prefix, cursor, limit).await
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        expected_token: u64,
+    ) -> Result<ForceOutcome, BackendError> {
+        inspect::force_release(&self.shared, name, expected_token).await
     }
 
     async fn renew(
@@ -254,11 +308,13 @@ impl LockBackend for RedisBackend {
         if let Some(a) = &self.shared.replica_ack {
             return ack::renew(&self.shared, a, name, owner, ms).await;
         }
-        let (key, token) = (self.shared.keys.lock(name), owner.to_hex());
+        let keys = &self.shared.keys;
+        let lease = [keys.lock(name), keys.meta(name), keys.forced(name)];
+        let token = owner.to_hex();
         let conn = &self.shared.conn;
         let code: i64 = conn
             .run("renew", |mut c| async move {
-                RENEW.run(&mut c, &[key], &[token, ms.to_string()]).await
+                RENEW.run(&mut c, &lease, &[token, ms.to_string()]).await
             })
             .await?;
         status(code, "renew", conn.target())
@@ -269,19 +325,15 @@ impl LockBackend for RedisBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
-        let key = self.shared.keys.lock(name);
-        let value: Option<String> = self
-            .shared
-            .conn
+        let keys = [self.shared.keys.lock(name), self.shared.keys.forced(name)];
+        let token = owner.to_hex();
+        let conn = &self.shared.conn;
+        let code: i64 = conn
             .run("check", |mut c| async move {
-                redis::cmd("GET").arg(key).query_async(&mut c).await
+                CHECK.run(&mut c, &keys, &[token]).await
             })
             .await?;
-        Ok(match value {
-            None => LeaseStatus::Expired,
-            Some(v) if v == owner.to_hex() => LeaseStatus::Held,
-            Some(_) => LeaseStatus::Stolen,
-        })
+        status(code, "check", conn.target())
     }
 
     async fn release(
@@ -293,11 +345,12 @@ impl LockBackend for RedisBackend {
         // after this release (see `attempts`).
         self.shared.attempts.settled(owner).await;
         let keys = &self.shared.keys;
-        let (key, channel, token) = (keys.lock(name), keys.channel(name), owner.to_hex());
+        let lease = [keys.lock(name), keys.meta(name)];
+        let (channel, token) = (keys.channel(name), owner.to_hex());
         let conn = &self.shared.conn;
         let code: i64 = conn
             .run("release", |mut c| async move {
-                RELEASE.run(&mut c, &[key], &[token, channel]).await
+                RELEASE.run(&mut c, &lease, &[token, channel]).await
             })
             .await?;
         match code {
@@ -315,18 +368,24 @@ impl LockBackend for RedisBackend {
             return Ok(Vec::new());
         }
         if self.shared.keys.is_cluster() {
-            let (keys, args) =
-                cluster::split_requests(requests, |r| self.shared.keys.lock(&r.name), ttl_ms)?;
+            let keys = &self.shared.keys;
+            let (keys, args) = cluster::split_requests(
+                requests,
+                |r| [keys.lock(&r.name), keys.meta(&r.name), keys.forced(&r.name)],
+                ttl_ms,
+            )?;
             let target = self.shared.conn.target();
             return cluster::renew_by_slot(&self.shared.conn, keys, args, |c| {
                 status(c, "renew batch", target)
             })
             .await;
         }
-        let mut keys = Vec::with_capacity(requests.len());
+        let mut keys = Vec::with_capacity(requests.len() * 3);
         let mut args = Vec::with_capacity(requests.len() * 2);
         for r in requests {
             keys.push(self.shared.keys.lock(&r.name));
+            keys.push(self.shared.keys.meta(&r.name));
+            keys.push(self.shared.keys.forced(&r.name));
             args.push(r.owner.to_hex());
             args.push(ttl_ms(r.ttl)?.to_string());
         }

@@ -128,22 +128,25 @@ pub(crate) fn client(
 /// some leases, which only extends leases their owner holds.
 pub(crate) async fn renew_by_slot(
     conn: &Connection,
-    keys: Vec<String>,
+    keys: Vec<[String; 3]>,
     args: Vec<(String, String)>,
     to_status: impl Fn(i64) -> Result<LeaseStatus, BackendError>,
 ) -> Result<Vec<LeaseStatus>, BackendError> {
     let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for (i, key) in keys.iter().enumerate() {
-        groups.entry(key_slot(key.as_bytes())).or_default().push(i);
+        groups
+            .entry(key_slot(key[0].as_bytes()))
+            .or_default()
+            .push(i);
     }
     let calls = groups.into_values().map(|idx| {
         let (mut k, mut a) = (
-            Vec::with_capacity(idx.len()),
+            Vec::with_capacity(idx.len() * 3),
             Vec::with_capacity(idx.len() * 2),
         );
         for &i in &idx {
             if let (Some(key), Some((token, ttl))) = (keys.get(i), args.get(i)) {
-                k.push(key.clone());
+                k.extend(key.iter().cloned());
                 a.push(token.clone());
                 a.push(ttl.clone());
             }
@@ -184,14 +187,15 @@ pub(crate) async fn renew_by_slot(
         .collect()
 }
 
-/// Lock keys, and the `(owner token, TTL in ms)` of each.
-pub(crate) type KeysAndArgs = (Vec<String>, Vec<(String, String)>);
+/// The keys of each lease (lock, holder record, forced-release mark, all in
+/// one slot), and the `(owner token, TTL in ms)` of each.
+pub(crate) type KeysAndArgs = (Vec<[String; 3]>, Vec<(String, String)>);
 
 /// [`RenewRequest`]s as keys and `(token, ttl ms)` pairs, for
 /// [`renew_by_slot`].
 pub(crate) fn split_requests(
     requests: &[RenewRequest],
-    key: impl Fn(&RenewRequest) -> String,
+    key: impl Fn(&RenewRequest) -> [String; 3],
     ttl_ms: impl Fn(Duration) -> Result<u64, BackendError>,
 ) -> Result<KeysAndArgs, BackendError> {
     let mut keys = Vec::with_capacity(requests.len());

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::RoutingInfo;
 use redis::{
     Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
@@ -44,6 +45,21 @@ impl ClusterLink {
     /// Wraps `conn`; one call keeps re-sending for at most `patience`.
     pub(crate) fn new(conn: ClusterConnection, patience: Duration) -> Self {
         Self { conn, patience }
+    }
+}
+
+impl ClusterLink {
+    /// Sends `cmd` to the node `routing` names (for commands about one
+    /// node, such as `SCAN`, or about the cluster, such as `CLUSTER
+    /// SLOTS`), again with backoff while the cluster did not run it.
+    pub(crate) async fn route(&self, cmd: &Cmd, routing: &RoutingInfo) -> RedisResult<Value> {
+        let conn = &self.conn;
+        resend(self.patience, move || {
+            let mut conn = conn.clone();
+            let (cmd, routing) = (cmd.clone(), routing.clone());
+            async move { conn.route_command(cmd, routing).await }
+        })
+        .await
     }
 }
 

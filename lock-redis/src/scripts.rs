@@ -17,22 +17,29 @@ use crate::cluster_keys::fence_tag;
 
 /// A Lua script: its body and the SHA1 the server caches it under.
 pub(crate) struct Lua {
-    body: &'static str,
+    body: String,
     sha: String,
 }
 
 impl Lua {
     fn new(body: &'static str) -> Self {
-        Self {
-            body,
-            sha: Script::new(body).get_hash().to_owned(),
-        }
+        Self::owned(body.to_owned())
+    }
+
+    /// A script made of `prelude` (shared helper functions) and `body`.
+    fn with_prelude(prelude: &str, body: &str) -> Self {
+        Self::owned(format!("{prelude}{body}"))
+    }
+
+    fn owned(body: String) -> Self {
+        let sha = Script::new(&body).get_hash().to_owned();
+        Self { body, sha }
     }
 
     /// The script as one `EVAL` with its body, for a pipeline in which a
     /// `NOSCRIPT` retry would repeat what follows it.
     pub(crate) fn eval(&self, keys: &[String], args: &[String]) -> redis::Cmd {
-        script_command("EVAL", self.body, keys, args)
+        script_command("EVAL", &self.body, keys, args)
     }
 
     /// Runs the script with `keys` and `args`, by SHA, falling back to the body.
@@ -47,13 +54,47 @@ impl Lua {
             .await
         {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script_command("EVAL", self.body, keys, args)
+                script_command("EVAL", &self.body, keys, args)
                     .query_async(conn)
                     .await
             }
             other => other,
         }
     }
+}
+
+impl Lua {
+    /// Runs a script that only reads as `EVALSHA_RO` (falling back to
+    /// `EVAL_RO` with the body), which a user with read-only key rights
+    /// (`%R~...`) may run and a replica may serve. A server before 7.0,
+    /// which has no such commands, gets `EVALSHA`/`EVAL` instead.
+    pub(crate) async fn run_read_only<T: FromRedisValue>(
+        &self,
+        conn: &mut Link,
+        keys: &[String],
+        args: &[String],
+    ) -> RedisResult<T> {
+        let first = match script_command("EVALSHA_RO", &self.sha, keys, args)
+            .query_async(conn)
+            .await
+        {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                script_command("EVAL_RO", &self.body, keys, args)
+                    .query_async(conn)
+                    .await
+            }
+            other => other,
+        };
+        match first {
+            Err(e) if is_unknown_command(&e) => self.run(conn, keys, args).await,
+            other => other,
+        }
+    }
+}
+
+/// `ERR unknown command`: how a server answers a command it does not have.
+fn is_unknown_command(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("unknown command"))
 }
 
 /// `<verb> <script> <number of keys> <keys> <args>`, built in buffers sized
@@ -68,6 +109,21 @@ fn script_command(verb: &str, script: &str, keys: &[String], args: &[String]) ->
     c
 }
 
+/// The holder record an acquire writes beside the lock, in Lua: the
+/// server's clock in microseconds (from `TIME`, as text: no float is
+/// involved), and `meta(key, owner, fence, ttl, identity)` setting the
+/// record `1 <owner> <fence or -> <acquired µs> <ttl ms> <identity>` with
+/// the lock's TTL. The format is described at [`KeySpace::meta`].
+const META_LUA: &str = r"
+local function now_us()
+  local t = redis.call('time')
+  return t[1] .. string.sub('00000' .. t[2], -6)
+end
+local function meta(key, owner, fence, ttl, identity, now)
+  redis.call('set', key, '1 ' .. owner .. ' ' .. fence .. ' ' .. now .. ' ' .. ttl .. ' ' .. identity, 'PX', ttl)
+end
+";
+
 /// Takes the lock and draws a fencing token in one step, or does nothing.
 ///
 /// The counter is bumped before the key is written: if the `INCR` is refused
@@ -76,53 +132,65 @@ fn script_command(verb: &str, script: &str, keys: &[String], args: &[String]) ->
 /// granted again with a new, higher token: owner tokens are never reused, so
 /// that is this very attempt re-sent after a lost reply (the cluster client
 /// re-sends after an I/O error), and refusing it would leave the lock
-/// unusable for one TTL. `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner
-/// token, `ARGV[2]` TTL in ms. Returns the token, or 0 when the lock is held.
+/// unusable for one TTL. `KEYS[1]` lock, `KEYS[2]` counter, `KEYS[3]` the
+/// holder record; `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` the
+/// holder's identity (empty: none). Returns the token, or 0 when the lock is
+/// held.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::with_prelude(
+        META_LUA,
         r"
 local v = redis.call('get', KEYS[1])
 if v and v ~= ARGV[1] then return 0 end
 local fence = redis.call('incr', KEYS[2])
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+meta(KEYS[3], ARGV[1], string.format('%d', fence), ARGV[2], ARGV[3], now_us())
 return fence
 ",
     )
 });
 
 /// [`ACQUIRE`] without a fencing token, for servers that refuse
-/// `SET NX GET` (before Redis 7.0) and for acknowledged acquires (whose
-/// pipeline sends one `EVAL`). Returns 1 acquired, 0 held.
+/// `SET NX GET` (before Redis 7.0), for acquires that store a holder record,
+/// and for acknowledged acquires (whose pipeline sends one `EVAL`).
+/// `KEYS[1]` lock, `KEYS[2]` holder record; `ARGV` as [`ACQUIRE`]'s.
+/// Returns 1 acquired, 0 held.
 pub(crate) static ACQUIRE_UNFENCED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::with_prelude(
+        META_LUA,
         r"
 local v = redis.call('get', KEYS[1])
 if v and v ~= ARGV[1] then return 0 end
 redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+meta(KEYS[2], ARGV[1], '-', ARGV[2], ARGV[3], now_us())
 return 1
 ",
     )
 });
 
 /// [`ACQUIRE`] over many locks, for attempts that queued while others were
-/// in flight (see `attempts`): `KEYS[1]` is the counter, `KEYS[2..]` the
-/// locks; `ARGV` holds owner token and TTL pairs in lock order. Returns a
-/// token (or 0, held) per lock. Each lock is decided as [`ACQUIRE`] decides
-/// it; one that fails (a refused `INCR`) fails the whole call, which leaves
-/// the locks taken before it to their callers' releases, as a lost reply
-/// would.
+/// in flight (see `attempts`): `KEYS[1]` is the counter, then each lock
+/// followed by its holder record; `ARGV` holds owner token, TTL and identity
+/// triples in lock order. Returns a token (or 0, held) per lock. Each lock
+/// is decided as [`ACQUIRE`] decides it; one that fails (a refused `INCR`)
+/// fails the whole call, which leaves the locks taken before it to their
+/// callers' releases, as a lost reply would.
 pub(crate) static ACQUIRE_MANY: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::with_prelude(
+        META_LUA,
         r"
 local out = {}
-for j = 1, #KEYS - 1 do
-  local key, owner = KEYS[j + 1], ARGV[2 * j - 1]
+local now = now_us()
+for j = 1, (#KEYS - 1) / 2 do
+  local key, owner, ttl = KEYS[2 * j], ARGV[3 * j - 2], ARGV[3 * j - 1]
   local v = redis.call('get', key)
   if v and v ~= owner then
     out[j] = 0
   else
-    out[j] = redis.call('incr', KEYS[1])
-    redis.call('set', key, owner, 'PX', ARGV[2 * j])
+    local fence = redis.call('incr', KEYS[1])
+    out[j] = fence
+    redis.call('set', key, owner, 'PX', ttl)
+    meta(KEYS[2 * j + 1], owner, string.format('%d', fence), ttl, ARGV[3 * j], now)
   end
 end
 return out
@@ -130,18 +198,23 @@ return out
     )
 });
 
-/// [`ACQUIRE_UNFENCED`] over many locks: `ARGV` holds owner token and TTL
-/// pairs in key order. Returns 1 (acquired) or 0 (held) per lock.
+/// [`ACQUIRE_UNFENCED`] over many locks: `KEYS` holds each lock followed by
+/// its holder record, `ARGV` owner token, TTL and identity triples in lock
+/// order. Returns 1 (acquired) or 0 (held) per lock.
 pub(crate) static ACQUIRE_MANY_UNFENCED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::with_prelude(
+        META_LUA,
         r"
 local out = {}
-for j, key in ipairs(KEYS) do
+local now = now_us()
+for j = 1, #KEYS / 2 do
+  local key, owner, ttl = KEYS[2 * j - 1], ARGV[3 * j - 2], ARGV[3 * j - 1]
   local v = redis.call('get', key)
-  if v and v ~= ARGV[2 * j - 1] then
+  if v and v ~= owner then
     out[j] = 0
   else
-    redis.call('set', key, ARGV[2 * j - 1], 'PX', ARGV[2 * j])
+    redis.call('set', key, owner, 'PX', ttl)
+    meta(KEYS[2 * j], owner, '-', ttl, ARGV[3 * j], now)
     out[j] = 1
   end
 end
@@ -150,32 +223,42 @@ return out
     )
 });
 
-/// Extends the lease if the token matches. Returns 1 held (extended),
-/// 0 expired (no key), 2 stolen (another token); never creates a key.
+/// Extends the lease and its holder record if the token matches. `KEYS[1]`
+/// lock, `KEYS[2]` holder record, `KEYS[3]` the forced-release mark;
+/// `ARGV[1]` owner token, `ARGV[2]` TTL in ms. Returns 1 held (extended),
+/// 3 forced (an operator freed this owner's lease: the mark names it),
+/// 2 stolen (another token), 0 expired (no key); never creates a key.
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local v = redis.call('get', KEYS[1])
 if v == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('pexpire', KEYS[2], ARGV[2])
   return 1
 end
+if redis.call('get', KEYS[3]) == ARGV[1] then return 3 end
 if v then return 2 end
 return 0
 ",
     )
 });
 
-/// [`RENEW`] over many keys: `ARGV` holds token and TTL pairs in key order.
+/// [`RENEW`] over many leases: `KEYS` holds lock, holder record and mark
+/// triples, `ARGV` token and TTL pairs, in lease order.
 pub(crate) static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local out = {}
-for i, key in ipairs(KEYS) do
+for i = 1, #KEYS / 3 do
+  local key, owner = KEYS[3 * i - 2], ARGV[2 * i - 1]
   local v = redis.call('get', key)
-  if v == ARGV[2 * i - 1] then
+  if v == owner then
     redis.call('pexpire', key, ARGV[2 * i])
+    redis.call('pexpire', KEYS[3 * i - 1], ARGV[2 * i])
     out[i] = 1
+  elseif redis.call('get', KEYS[3 * i]) == owner then
+    out[i] = 3
   elseif v then
     out[i] = 2
   else
@@ -187,9 +270,24 @@ return out
     )
 });
 
-/// Deletes the lease if the token matches and announces it on `ARGV[2]`
-/// (unless that is empty: in cluster mode a `PUBLISH` would be broadcast to
-/// every node, and nobody listens).
+/// Reads whether the lease is still this owner's, without extending it:
+/// `KEYS[1]` lock, `KEYS[2]` forced-release mark; `ARGV[1]` owner token.
+/// Returns [`RENEW`]'s codes. Reads only.
+pub(crate) static CHECK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local v = redis.call('get', KEYS[1])
+if v == ARGV[1] then return 1 end
+if redis.call('get', KEYS[2]) == ARGV[1] then return 3 end
+if v then return 2 end
+return 0
+",
+    )
+});
+
+/// Deletes the lease (and its holder record, `KEYS[2]`) if the token
+/// matches and announces it on `ARGV[2]` (unless that is empty: in cluster
+/// mode a `PUBLISH` would be broadcast to every node, and nobody listens).
 ///
 /// The announcement comes first so that a refused `PUBLISH` (ACL) fails the
 /// whole release before anything is deleted; within the script it makes no
@@ -200,10 +298,74 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
         r"
 if redis.call('get', KEYS[1]) == ARGV[1] then
   if ARGV[2] ~= '' then redis.call('publish', ARGV[2], '') end
-  redis.call('del', KEYS[1])
+  redis.call('del', KEYS[1], KEYS[2])
   return 1
 end
 return 0
+",
+    )
+});
+
+/// What an inspection reads of each lock, in one step (reads only: no key
+/// is written or extended): `KEYS` holds lock and holder record pairs.
+/// Returns the server's `TIME` (seconds, microseconds) and, per lock, its
+/// `PTTL` (-2: no key), its value (empty when it is not a string) and its
+/// holder record (empty when none).
+pub(crate) static DESCRIBE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local t = redis.call('time')
+local out = {t[1], t[2]}
+for j = 1, #KEYS / 2 do
+  local p = redis.call('pttl', KEYS[2 * j - 1])
+  local v, m = '', ''
+  if p ~= -2 then
+    v = redis.pcall('get', KEYS[2 * j - 1])
+    if type(v) ~= 'string' then v = '' end
+    m = redis.pcall('get', KEYS[2 * j])
+    if type(m) ~= 'string' then m = '' end
+  end
+  out[#out + 1] = p
+  out[#out + 1] = v
+  out[#out + 1] = m
+end
+return out
+",
+    )
+});
+
+/// An operator's forced release: frees the lock if its holder record
+/// carries the fencing token `ARGV[1]`, leaving a mark that names the freed
+/// owner so its renewals answer "forced". `KEYS[1]` lock, `KEYS[2]` holder
+/// record, `KEYS[3]` mark; `ARGV[2]` the release channel (empty: none).
+///
+/// The mark lives for the longer of the lock's remaining TTL and the TTL
+/// the lease was taken with, so the holder's next renewal (due within a
+/// third of that TTL) finds it. Returns `{1}` released, `{0}` not held,
+/// `{2, token}` another lease holds it (`token` empty when that lease has
+/// no token or no record).
+pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+local v = redis.pcall('get', KEYS[1])
+if not v then return {0} end
+if type(v) ~= 'string' then return {2, ''} end
+local m = redis.pcall('get', KEYS[2])
+local fence, ttl = '', 0
+if type(m) == 'string' then
+  local o, f, a, t = string.match(m, '^1 (%S+) (%S+) (%S+) (%S+)')
+  if o == v and f ~= '-' then
+    fence, ttl = f, tonumber(t) or 0
+  end
+end
+if fence == '' or fence ~= ARGV[1] then return {2, fence} end
+local keep = redis.call('pttl', KEYS[1])
+if keep < ttl then keep = ttl end
+if keep < 1 then keep = 1 end
+if ARGV[2] ~= '' then redis.call('publish', ARGV[2], '') end
+redis.call('del', KEYS[1], KEYS[2])
+redis.call('set', KEYS[3], v, 'PX', keep)
+return {1}
 ",
     )
 });
@@ -349,6 +511,57 @@ impl KeySpace {
         }
     }
 
+    /// The key prefix.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The lock whose key is `key`: `None` for a key outside the prefix or
+    /// one that is not a lock's (its holder record, a mark, a counter, a
+    /// tick: their names hold `#`, which no lock name does).
+    pub(crate) fn name_of(&self, key: &str) -> Option<LockName> {
+        let rest = key.strip_prefix(self.prefix.as_str())?;
+        LockName::new(rest).ok()
+    }
+
+    /// The holder record of `name`: `<prefix>#meta:<name>`, or in cluster
+    /// mode `<prefix>#meta{<tag>}<name>` (the tag puts it in the lock key's
+    /// slot). Its value is `1 <owner> <fence> <acquired> <ttl> <identity>`:
+    /// format version 1, the owner token (the record is the holder's only
+    /// while the lock key holds the same token), the fencing token (`-`
+    /// without one), the server's clock at the acquire in microseconds since
+    /// the Unix epoch, the TTL asked for at the acquire in ms, and the
+    /// holder's identity (empty when none was given; it may hold spaces, so
+    /// it comes last). It expires with the lock.
+    pub(crate) fn meta(&self, name: &LockName) -> String {
+        self.aux("#meta", name)
+    }
+
+    /// The mark a forced release of `name` leaves, naming the freed owner
+    /// token: `<prefix>#forced:<name>`, or in cluster mode
+    /// `<prefix>#forced{<tag>}<name>`. It expires on its own.
+    pub(crate) fn forced(&self, name: &LockName) -> String {
+        self.aux("#forced", name)
+    }
+
+    /// `<prefix><kind>:<name>`, or `<prefix><kind>{<tag>}<name>` in
+    /// cluster mode, in the slot of `name`'s lock key.
+    fn aux(&self, kind: &str, name: &LockName) -> String {
+        let lock = self.lock(name);
+        let mut key = String::with_capacity(lock.len() + kind.len() + 8);
+        key.push_str(&self.prefix);
+        key.push_str(kind);
+        if self.cluster {
+            key.push('{');
+            key.push_str(fence_tag(&lock));
+            key.push('}');
+        } else {
+            key.push(':');
+        }
+        key.push_str(name.as_str());
+        key
+    }
+
     /// The last completed tick of `job`.
     pub(crate) fn tick(&self, job: &LockName) -> String {
         // Read and written by every replica on every tick: built without
@@ -397,6 +610,18 @@ mod tests {
         assert_eq!(keys.tick_mark(&name, 7), "lock:#tick:fence#7");
         assert_eq!(keys.fence_for(&name), keys.fence());
         assert_ne!(keys.lock(&name), keys.fence());
+        assert_eq!(keys.meta(&name), "lock:#meta:fence");
+        assert_eq!(keys.forced(&name), "lock:#forced:fence");
+        assert_eq!(keys.name_of("lock:fence"), Some(name.clone()));
+        for aux in [
+            keys.meta(&name),
+            keys.forced(&name),
+            keys.fence(),
+            keys.tick(&name),
+        ] {
+            assert_eq!(keys.name_of(&aux), None, "{aux}");
+        }
+        assert_eq!(keys.name_of("other:fence"), None);
         Ok(())
     }
 
@@ -411,6 +636,11 @@ mod tests {
             let fence = keys.fence_for(&name);
             assert!(fence.starts_with("lock:#fence{"), "{fence}");
             assert_eq!(key_slot(fence.as_bytes()), key_slot(lock.as_bytes()), "{n}");
+            for aux in [keys.meta(&name), keys.forced(&name)] {
+                assert_eq!(key_slot(aux.as_bytes()), key_slot(lock.as_bytes()), "{aux}");
+                assert!(aux.ends_with(n), "{aux}");
+                assert_eq!(keys.name_of(&aux), None, "{aux}");
+            }
             assert_eq!(keys.tick(&name), format!("lock:#tick:{{{n}}}"));
             assert_eq!(
                 key_slot(keys.tick(&name).as_bytes()),

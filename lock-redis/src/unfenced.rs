@@ -15,7 +15,11 @@ use crate::scripts::ACQUIRE_UNFENCED;
 pub(crate) struct SetGetRefused(AtomicBool);
 
 /// Takes `key` for `ms` milliseconds for `token` unless another owner holds
-/// it: 1 acquired, 0 held.
+/// it: 1 acquired, 0 held. With a holder identity (the second of `meta`'s
+/// pair) the unfenced acquire script writes the holder record (the first)
+/// with the lock; without one, `SET NX PX GET` takes the lock alone (and a
+/// server that refuses it gets the script, which writes a record without
+/// an identity).
 ///
 /// A key that already holds `token` is this very attempt re-sent after a
 /// lost reply (owner tokens are never reused), so it counts as acquired: the
@@ -31,9 +35,10 @@ pub(crate) async fn acquire(
     key: String,
     token: String,
     ms: u64,
+    (meta, identity): (String, String),
 ) -> Result<i64, BackendError> {
     let refused = &shared.set_get_refused;
-    let skip_set_get = refused.0.load(Ordering::Relaxed);
+    let skip_set_get = !identity.is_empty() || refused.0.load(Ordering::Relaxed);
     shared
         .conn
         .run("acquire", |mut c| async move {
@@ -60,7 +65,7 @@ pub(crate) async fn acquire(
                 }
             }
             ACQUIRE_UNFENCED
-                .run(&mut c, &[key], &[token, ms.to_string()])
+                .run(&mut c, &[key, meta], &[token, ms.to_string(), identity])
                 .await
         })
         .await

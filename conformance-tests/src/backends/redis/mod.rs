@@ -13,6 +13,7 @@ pub mod cluster;
 mod cluster_cases;
 mod cluster_factory;
 mod faults;
+mod inspect;
 mod resent;
 mod saboteur;
 pub mod sentinel;
@@ -273,8 +274,10 @@ impl RedisRun {
                     Availability::Ready(factory.clone() as Arc<dyn BackendFactory>),
                 );
                 specific::register(suite, &factory);
+                inspect::register(suite, &inspect::Deployment::Single(Arc::clone(&factory)));
                 let unfenced = Arc::new(factory.without_fencing());
                 run.factories.push(Arc::clone(&unfenced));
+                inspect::register(suite, &inspect::Deployment::Unfenced(Arc::clone(&unfenced)));
                 suite.add_named(unfenced, UNFENCED_CASES);
             }
             Err(why) => suite.add_server_backend("redis", Availability::Missing(why.to_string())),
@@ -290,6 +293,7 @@ impl RedisRun {
         let sentinel = sentinel_factory(&prefix);
         if let Availability::Ready(f) = &sentinel {
             run.sentinel = Some(Arc::clone(f));
+            inspect::register(suite, &inspect::Deployment::Sentinel(Arc::clone(f)));
         }
         suite.add_server_backend(
             "redis_sentinel",
@@ -302,6 +306,7 @@ impl RedisRun {
         if let Availability::Ready(f) = &cluster {
             run.cluster = Some(Arc::clone(f));
             cluster_cases::register(suite, f);
+            inspect::register(suite, &inspect::Deployment::Cluster(Arc::clone(f)));
         }
         suite.add_server_backend(
             "redis_cluster",
