@@ -22,15 +22,22 @@ fn json_of(out: &str) -> Value {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
-/// `status --json` until the lock shows as held, for at most 20 s.
+/// `status --json` until the lock shows as held with its holder and token,
+/// for at most 20 s. On Postgres the holder's row (and then its token)
+/// follows the lock by a statement on a process's first acquire, so a
+/// lock can show held by an unknown holder for a round trip.
 fn wait_held(url: &str, name: &str) -> Value {
     let start = Instant::now();
     loop {
         let (code, out) = run(&["status", "--backend", url, "--json", name]);
         if code == Some(0) {
-            return json_of(&out);
+            let held = json_of(&out);
+            if held["holder"].is_string() && held["fencing_token"].is_u64() {
+                return held;
+            }
+        } else {
+            assert_eq!(code, Some(1), "status of a free lock exits 1: {out}");
         }
-        assert_eq!(code, Some(1), "status of a free lock exits 1: {out}");
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "{name} never held"
