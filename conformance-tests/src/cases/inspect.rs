@@ -20,6 +20,16 @@ fn describe_err(e: Error) -> String {
     format!("describe failed: {e}")
 }
 
+/// What `locker` describes `name` as, which must be held; `when` names
+/// the step in the failure.
+async fn held_now(locker: &lock_core::Locker, name: &LockName, when: &str) -> Holder {
+    match locker.describe(name).await {
+        Ok(Some(h)) => h,
+        Ok(None) => panic!("{when}: held, yet described as free"),
+        Err(e) => panic!("{when}: {}", describe_err(e)),
+    }
+}
+
 /// A held lock is described with its holder's identity, its token and an
 /// expiry within the TTL; still so after a renewal; `None` once released,
 /// and `None` once it expired.
@@ -35,13 +45,7 @@ pub(super) async fn describe_names_the_holder(ctx: Ctx) {
 
     let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("lock");
     let taken = SystemTime::now();
-    let held = a
-        .locker
-        .describe(&name)
-        .await
-        .map_err(describe_err)
-        .and_then(|h| h.ok_or_else(|| "held, yet described as free".to_owned()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let held = held_now(&a.locker, &name, "while held").await;
     check_holder(
         &held,
         &name,
@@ -55,13 +59,7 @@ pub(super) async fn describe_names_the_holder(ctx: Ctx) {
     // Two renewals later the lock is still described, with its expiry moved on.
     sleep(ctx.opts().renew_interval() * 2 + timing.tolerance).await;
     guard.handle().assert_held().expect("still held");
-    let renewed = a
-        .locker
-        .describe(&name)
-        .await
-        .map_err(describe_err)
-        .and_then(|h| h.ok_or_else(|| "renewed, yet described as free".to_owned()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let renewed = held_now(&a.locker, &name, "after renewals").await;
     check_holder(
         &renewed,
         &name,
@@ -301,13 +299,7 @@ pub(super) async fn forced_release_ends_the_holders_run(ctx: Ctx) {
     let timing = ctx.timing();
     let (lease, run) = hold_in_job(&a, &ctx, &name).await.expect("job started");
     let token = lease.fencing_token();
-    let described = operator
-        .locker
-        .describe(&name)
-        .await
-        .map_err(describe_err)
-        .and_then(|h| h.ok_or_else(|| "held, yet described as free".to_owned()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let described = held_now(&operator.locker, &name, "before the forced release").await;
     let Some(expected) = described.fencing_token else {
         panic!("a forced release needs the holder's token; described as {described:?}");
     };
@@ -371,13 +363,7 @@ pub(super) async fn forced_release_with_a_stale_token_is_refused(ctx: Ctx) {
     let name = ctx.name("kept");
     let free = ctx.name("free");
     let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("lock");
-    let held = operator
-        .locker
-        .describe(&name)
-        .await
-        .map_err(describe_err)
-        .and_then(|h| h.ok_or_else(|| "held, yet described as free".to_owned()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let held = held_now(&operator.locker, &name, "before the forced release").await;
     let token = held.fencing_token.unwrap_or(0);
     let wrong = token.wrapping_add(1);
     assert_eq!(
