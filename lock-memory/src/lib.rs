@@ -15,8 +15,8 @@
 //! refusal) while the others stay the memory backend's own.
 #![forbid(unsafe_code)]
 
-#[cfg(feature = "test-util")]
 mod inspect;
+#[cfg(feature = "test-util")]
 mod intercept;
 mod ticks;
 mod waiters;
