@@ -201,17 +201,14 @@ pub(crate) async fn renew(
     ms: u64,
 ) -> Result<LeaseStatus, BackendError> {
     let conn = &shared.conn;
-    let keys = [
-        shared.keys.lock(name),
-        shared.keys.meta(name),
-        shared.keys.forced(name),
-    ];
+    let keys = [shared.keys.lock(name), shared.keys.meta(name)];
     let args = [owner.to_hex(), ms.to_string()];
     let (code, acked): (i64, u64) = eval_and_wait(conn, ack, "renew", &RENEW, &keys, &args).await?;
     if code == 1 && acked < u64::from(ack.replicas) {
         return Err(refuse_renewal(conn, "renew", ack, acked));
     }
-    status(code, "renew", conn.target())
+    let found = status(code, "renew", conn.target())?;
+    crate::inspect::unless_forced(shared, name, owner, found).await
 }
 
 /// The batch renewal's statuses, with one `WAIT` for the whole batch. If

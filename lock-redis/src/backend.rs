@@ -80,6 +80,21 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
+    /// A batch's statuses, with each lease found gone or taken checked for
+    /// a forced-release mark (one read per lost lease; none in the usual
+    /// batch where every lease was renewed).
+    async fn unless_forced_many(
+        &self,
+        requests: &[RenewRequest],
+        found: Vec<LeaseStatus>,
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        let mut out = Vec::with_capacity(found.len());
+        for (r, st) in requests.iter().zip(found) {
+            out.push(inspect::unless_forced(&self.shared, &r.name, &r.owner, st).await?);
+        }
+        Ok(out)
+    }
+
     pub(crate) fn from_parts(
         config: RedisBuilder,
         source: Source,
@@ -309,7 +324,7 @@ impl LockBackend for RedisBackend {
             return ack::renew(&self.shared, a, name, owner, ms).await;
         }
         let keys = &self.shared.keys;
-        let lease = [keys.lock(name), keys.meta(name), keys.forced(name)];
+        let lease = [keys.lock(name), keys.meta(name)];
         let token = owner.to_hex();
         let conn = &self.shared.conn;
         let code: i64 = conn
@@ -317,7 +332,8 @@ impl LockBackend for RedisBackend {
                 RENEW.run(&mut c, &lease, &[token, ms.to_string()]).await
             })
             .await?;
-        status(code, "renew", conn.target())
+        let found = status(code, "renew", conn.target())?;
+        inspect::unless_forced(&self.shared, name, owner, found).await
     }
 
     async fn check(
@@ -325,7 +341,7 @@ impl LockBackend for RedisBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<LeaseStatus, BackendError> {
-        let keys = [self.shared.keys.lock(name), self.shared.keys.forced(name)];
+        let keys = [self.shared.keys.lock(name)];
         let token = owner.to_hex();
         let conn = &self.shared.conn;
         let code: i64 = conn
@@ -333,7 +349,8 @@ impl LockBackend for RedisBackend {
                 CHECK.run(&mut c, &keys, &[token]).await
             })
             .await?;
-        status(code, "check", conn.target())
+        let found = status(code, "check", conn.target())?;
+        inspect::unless_forced(&self.shared, name, owner, found).await
     }
 
     async fn release(
@@ -371,21 +388,21 @@ impl LockBackend for RedisBackend {
             let keys = &self.shared.keys;
             let (keys, args) = cluster::split_requests(
                 requests,
-                |r| [keys.lock(&r.name), keys.meta(&r.name), keys.forced(&r.name)],
+                |r| [keys.lock(&r.name), keys.meta(&r.name)],
                 ttl_ms,
             )?;
             let target = self.shared.conn.target();
-            return cluster::renew_by_slot(&self.shared.conn, keys, args, |c| {
+            let found = cluster::renew_by_slot(&self.shared.conn, keys, args, |c| {
                 status(c, "renew batch", target)
             })
-            .await;
+            .await?;
+            return self.unless_forced_many(requests, found).await;
         }
-        let mut keys = Vec::with_capacity(requests.len() * 3);
+        let mut keys = Vec::with_capacity(requests.len() * 2);
         let mut args = Vec::with_capacity(requests.len() * 2);
         for r in requests {
             keys.push(self.shared.keys.lock(&r.name));
             keys.push(self.shared.keys.meta(&r.name));
-            keys.push(self.shared.keys.forced(&r.name));
             args.push(r.owner.to_hex());
             args.push(ttl_ms(r.ttl)?.to_string());
         }
@@ -406,10 +423,11 @@ impl LockBackend for RedisBackend {
                 format!("{} statuses for {} leases", codes.len(), requests.len()),
             ));
         }
-        codes
+        let found = codes
             .into_iter()
             .map(|c| status(c, "renew batch", conn.target()))
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        self.unless_forced_many(requests, found).await
     }
 
     /// Subscribes on the name's channel. When pub/sub cannot be had (the

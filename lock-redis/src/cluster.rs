@@ -128,7 +128,7 @@ pub(crate) fn client(
 /// some leases, which only extends leases their owner holds.
 pub(crate) async fn renew_by_slot(
     conn: &Connection,
-    keys: Vec<[String; 3]>,
+    keys: Vec<[String; 2]>,
     args: Vec<(String, String)>,
     to_status: impl Fn(i64) -> Result<LeaseStatus, BackendError>,
 ) -> Result<Vec<LeaseStatus>, BackendError> {
@@ -141,7 +141,7 @@ pub(crate) async fn renew_by_slot(
     }
     let calls = groups.into_values().map(|idx| {
         let (mut k, mut a) = (
-            Vec::with_capacity(idx.len() * 3),
+            Vec::with_capacity(idx.len() * 2),
             Vec::with_capacity(idx.len() * 2),
         );
         for &i in &idx {
@@ -189,13 +189,13 @@ pub(crate) async fn renew_by_slot(
 
 /// The keys of each lease (lock, holder record, forced-release mark, all in
 /// one slot), and the `(owner token, TTL in ms)` of each.
-pub(crate) type KeysAndArgs = (Vec<[String; 3]>, Vec<(String, String)>);
+pub(crate) type KeysAndArgs = (Vec<[String; 2]>, Vec<(String, String)>);
 
 /// [`RenewRequest`]s as keys and `(token, ttl ms)` pairs, for
 /// [`renew_by_slot`].
 pub(crate) fn split_requests(
     requests: &[RenewRequest],
-    key: impl Fn(&RenewRequest) -> [String; 3],
+    key: impl Fn(&RenewRequest) -> [String; 2],
     ttl_ms: impl Fn(Duration) -> Result<u64, BackendError>,
 ) -> Result<KeysAndArgs, BackendError> {
     let mut keys = Vec::with_capacity(requests.len());

@@ -18,9 +18,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
+use lock_core::backend::LeaseStatus;
 use lock_core::inspect::MAX_LIST_PAGE;
 use lock_core::{
     BackendError, BackendErrorKind, ForceOutcome, Holder, HolderPage, Identity, LockName,
+    OwnerToken,
 };
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
@@ -29,7 +31,7 @@ use crate::backend::Shared;
 use crate::cluster::Link;
 use crate::cluster_keys::key_slot;
 use crate::error::{config, protocol};
-use crate::scripts::{DESCRIBE, FORCE_RELEASE};
+use crate::scripts::{DESCRIBE, FORCE_RELEASE, MARK};
 
 /// The most `SCAN` calls one page makes: the bound on a page's work when
 /// few keys under the prefix match (each call visits about `COUNT` buckets).
@@ -74,6 +76,33 @@ pub(crate) async fn describe(
 /// # Cancel safety
 ///
 /// Not cancel safe in effect: a dropped call may have freed the lock.
+/// `status` as found by a renew or check, or `Forced` when the lease was
+/// gone or taken because an operator's forced release freed this owner's
+/// lease (its mark names `owner`). Only a lost lease costs this read.
+pub(crate) async fn unless_forced(
+    shared: &Shared,
+    name: &LockName,
+    owner: &OwnerToken,
+    status: LeaseStatus,
+) -> Result<LeaseStatus, BackendError> {
+    if !matches!(status, LeaseStatus::Expired | LeaseStatus::Stolen) {
+        return Ok(status);
+    }
+    let mark = [shared.keys.forced(name)];
+    let token = [owner.to_hex()];
+    let named: i64 = shared
+        .conn
+        .run("read the forced-release mark", |mut c| async move {
+            MARK.run(&mut c, &mark, &token).await
+        })
+        .await?;
+    Ok(if named == 1 {
+        LeaseStatus::Forced
+    } else {
+        status
+    })
+}
+
 pub(crate) async fn force_release(
     shared: &Shared,
     name: &LockName,

@@ -286,7 +286,10 @@
 //!   Otherwise it changes nothing and answers `NotHeld` (no lock) or
 //!   `TokenMismatch { held }` (`held: None` for a lock without a record or
 //!   token, such as a stock client's). Renew, batch renew and check read
-//!   the mark when the lock is not theirs and answer
+//!   the mark, in a read of its own, only when they found the lock gone or
+//!   taken (their scripts name the lock and its record only: a script
+//!   naming a key that does not exist, as the mark almost never does, is
+//!   refused with `TRYAGAIN` while its slot migrates), and then answer
 //!   [`LeaseStatus::Forced`](lock_core::backend::LeaseStatus::Forced), so
 //!   the holder reports `forced` (not `expired` or `stolen`) at its next
 //!   renewal, within one renewal interval; in the conformance suite (1 s

@@ -224,10 +224,15 @@ return out
 });
 
 /// Extends the lease and its holder record if the token matches. `KEYS[1]`
-/// lock, `KEYS[2]` holder record, `KEYS[3]` the forced-release mark;
-/// `ARGV[1]` owner token, `ARGV[2]` TTL in ms. Returns 1 held (extended),
-/// 3 forced (an operator freed this owner's lease: the mark names it),
-/// 2 stolen (another token), 0 expired (no key); never creates a key.
+/// lock, `KEYS[2]` holder record; `ARGV[1]` owner token, `ARGV[2]` TTL in
+/// ms. Returns 1 held (extended), 2 stolen (another token), 0 expired (no
+/// key); never creates a key. The forced-release mark is read apart, and
+/// only for a lease found gone or taken ([`forced_mark_names`]): a script
+/// naming a key that does not exist is refused with `TRYAGAIN` while its
+/// slot migrates, and the mark almost never exists, so naming it here
+/// would stop every renewal in a migrating slot.
+///
+/// [`forced_mark_names`]: crate::inspect::forced_mark_names
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
@@ -237,28 +242,25 @@ if v == ARGV[1] then
   redis.call('pexpire', KEYS[2], ARGV[2])
   return 1
 end
-if redis.call('get', KEYS[3]) == ARGV[1] then return 3 end
 if v then return 2 end
 return 0
 ",
     )
 });
 
-/// [`RENEW`] over many leases: `KEYS` holds lock, holder record and mark
-/// triples, `ARGV` token and TTL pairs, in lease order.
+/// [`RENEW`] over many leases: `KEYS` holds lock and holder record pairs,
+/// `ARGV` token and TTL pairs, in lease order.
 pub(crate) static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local out = {}
-for i = 1, #KEYS / 3 do
-  local key, owner = KEYS[3 * i - 2], ARGV[2 * i - 1]
+for i = 1, #KEYS / 2 do
+  local key, owner = KEYS[2 * i - 1], ARGV[2 * i - 1]
   local v = redis.call('get', key)
   if v == owner then
     redis.call('pexpire', key, ARGV[2 * i])
-    redis.call('pexpire', KEYS[3 * i - 1], ARGV[2 * i])
+    redis.call('pexpire', KEYS[2 * i], ARGV[2 * i])
     out[i] = 1
-  elseif redis.call('get', KEYS[3 * i]) == owner then
-    out[i] = 3
   elseif v then
     out[i] = 2
   else
@@ -271,15 +273,26 @@ return out
 });
 
 /// Reads whether the lease is still this owner's, without extending it:
-/// `KEYS[1]` lock, `KEYS[2]` forced-release mark; `ARGV[1]` owner token.
-/// Returns [`RENEW`]'s codes. Reads only.
+/// `KEYS[1]` lock; `ARGV[1]` owner token. Returns [`RENEW`]'s codes (the
+/// mark is read apart, as for [`RENEW`]). Reads only.
 pub(crate) static CHECK: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"
 local v = redis.call('get', KEYS[1])
 if v == ARGV[1] then return 1 end
-if redis.call('get', KEYS[2]) == ARGV[1] then return 3 end
 if v then return 2 end
+return 0
+",
+    )
+});
+
+/// Whether the forced-release mark `KEYS[1]` names owner `ARGV[1]`: 1 yes,
+/// 0 no. Reads only; one key, so a migrating slot redirects it instead of
+/// refusing it.
+pub(crate) static MARK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"
+if redis.call('get', KEYS[1]) == ARGV[1] then return 1 end
 return 0
 ",
     )
