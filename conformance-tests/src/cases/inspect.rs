@@ -146,31 +146,26 @@ const PAGE: usize = 64;
 /// pages; not a lock under a sibling prefix, not a released one.
 pub(super) async fn list_pages_through_held_locks(ctx: Ctx) {
     let a = ctx.replica_as("inspect-list/1/00000002").await;
-    // Long enough for the listing to finish before any lock expires; a
-    // backend with a TTL cap (a session backend's failure-detection bound)
-    // keeps its locks as long as their session anyway.
-    let ttl = a
-        .backend
-        .capabilities()
-        .max_ttl
-        .map_or(ctx.timing().ttl * 20, |max| max.min(ctx.timing().ttl * 20));
+    // Held through the `Locker`, renewed while the listing runs and
+    // released at the end, as a service's locks are (a lease taken straight
+    // on the backend with a long TTL would outlive the case: etcd keeps it
+    // until that TTL, which the residue check counts).
+    let opts = ctx.opts();
     let prefix = format!("{}/listed/", ctx.prefix());
-    let owner = OwnerToken::generate().expect("token");
     let mut held = BTreeSet::new();
-    let mut all = Vec::new();
+    let mut guards = Vec::with_capacity(LISTED + 1);
     for i in 0..LISTED {
         let name = LockName::new(format!("{prefix}{i:04}")).expect("name");
-        take(&a, &name, &owner, ttl).await;
+        let guard = a.locker.try_lock(&name, &opts).await;
+        guards.push(guard.unwrap_or_else(|e| panic!("taking {name}: {e}")));
         held.insert(name.as_str().to_owned());
-        all.push(name);
     }
     // Neither of these may be listed.
     let sibling = LockName::new(format!("{}/listedx/0", ctx.prefix())).expect("name");
-    take(&a, &sibling, &owner, ttl).await;
-    all.push(sibling);
+    guards.push(a.locker.try_lock(&sibling, &opts).await.expect("sibling"));
     let released = LockName::new(format!("{prefix}released")).expect("name");
-    take(&a, &released, &owner, ttl).await;
-    a.backend.release(&released, &owner).await.expect("release");
+    let guard = a.locker.try_lock(&released, &opts).await.expect("lock");
+    guard.release().await.expect("release");
 
     let started = Instant::now();
     let mut seen = BTreeSet::new();
@@ -219,8 +214,8 @@ pub(super) async fn list_pages_through_held_locks(ctx: Ctx) {
         missing.is_empty() && extra.is_empty(),
         "missing {missing:?}, extra {extra:?}"
     );
-    for name in &all {
-        let _ = a.backend.release(name, &owner).await;
+    for guard in guards {
+        guard.release().await.expect("release");
     }
 }
 
