@@ -50,6 +50,7 @@ mod name;
 mod options;
 mod outcome;
 pub mod redact;
+mod start_check;
 pub mod tick_record;
 mod ticks;
 mod token;
@@ -74,6 +75,7 @@ pub mod shared_metrics {
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, MAX_TTL};
 pub use outcome::{RunError, RunOutcome, SkipReason};
+pub use start_check::{StartCheck, StartVerdict};
 pub use tick_record::{OnStale, TickAnswer, TickRecord, TickWrite};
 pub use ticks::TickStore;
 pub use token::OwnerToken;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 
+use crate::start_check::{StartCheck, StartVerdict};
 use crate::tick_record::{TickAnswer, TickRecord, TickWrite};
 use crate::{BackendError, BackendErrorKind, LockName};
 
@@ -125,6 +126,83 @@ pub trait TickStore: fmt::Debug + Send + Sync {
                 .map(|(job, tick, write)| self.write_tick(job, *tick, write, keep)),
         )
         .await
+    }
+
+    /// Whether [`TickStore::start_checked_many`] makes its checks and its
+    /// writes in one server-side step (one round trip for a batch), so a
+    /// scheduler should call it instead of reading and writing apart.
+    /// `false` (the default) where it would only chain the reads and the
+    /// writes, as the default method does.
+    fn checks_starts_in_one_step(&self) -> bool {
+        false
+    }
+
+    /// For each `(job, tick, write, check)` of `starts` (`write` a
+    /// [`TickWrite::Start`]), makes the checks of `check` and, where they
+    /// pass, the write, answering each as [`StartCheck::verdict`] says for
+    /// what the store holds, or with the write's answer. One answer per
+    /// item, in order; each item is its own step. Not cancel safe in the
+    /// sense of [`TickStore::write_tick`].
+    ///
+    /// The default reads the server's clock, the marks and the latest
+    /// ticks (together), then writes the starts that pass: what a scheduler
+    /// does itself, in two round trips. A store that can make the checks in
+    /// the write's own statement overrides it and says so in
+    /// [`TickStore::checks_starts_in_one_step`].
+    async fn start_checked_many(
+        &self,
+        starts: &[(LockName, i64, TickWrite, StartCheck)],
+        keep: Duration,
+    ) -> Vec<Result<StartVerdict, BackendError>> {
+        let marks: Vec<(LockName, i64)> = starts
+            .iter()
+            .map(|(job, tick, _, _)| (job.clone(), *tick))
+            .collect();
+        let jobs: Vec<LockName> = starts.iter().map(|(job, ..)| job.clone()).collect();
+        let (server, marked, last) = futures_util::join!(
+            self.server_time(),
+            self.is_completed_many(&marks),
+            self.last_completed_many(&jobs),
+        );
+        let mut out: Vec<Option<Result<StartVerdict, BackendError>>> = Vec::new();
+        let mut writes = Vec::new();
+        for (i, ((job, tick, write, check), (marked, last))) in
+            starts.iter().zip(marked.into_iter().zip(last)).enumerate()
+        {
+            let read = server
+                .as_ref()
+                .map_err(BackendError::copied)
+                .and_then(|server| Ok((*server, marked?, last?)));
+            match read {
+                Err(e) => out.push(Some(Err(e))),
+                Ok((server, marked, last)) => match check.verdict(*tick, server, marked, last) {
+                    Some(refused) => out.push(Some(Ok(refused))),
+                    None => {
+                        out.push(None);
+                        writes.push((i, (job.clone(), *tick, write.clone())));
+                    }
+                },
+            }
+        }
+        let (at, writes): (Vec<usize>, Vec<_>) = writes.into_iter().unzip();
+        if !writes.is_empty() {
+            for (i, answer) in at
+                .into_iter()
+                .zip(self.write_ticks_many(&writes, keep).await)
+            {
+                out[i] = Some(answer.map(StartVerdict::Written));
+            }
+        }
+        out.into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(BackendError::new(
+                        BackendErrorKind::Protocol,
+                        "the tick store answered fewer writes than it was sent",
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// The latest completed tick of each of `jobs`, in order: what

@@ -8,7 +8,7 @@ use lock_core::{
     async_trait,
     backend::{AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest},
     BackendError, Capabilities, ForceOutcome, Holder, HolderPage, Identity, LockBackend, LockName,
-    OwnerToken, TickAnswer, TickRecord, TickStore, TickWrite,
+    OwnerToken, StartCheck, StartVerdict, TickAnswer, TickRecord, TickStore, TickWrite,
 };
 
 use crate::connection::{key_in, Connected};
@@ -326,6 +326,23 @@ impl TickStore for EtcdBackend {
 
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
         self.backend().await?.server_time().await
+    }
+
+    /// `false`, as the connected store says: etcd's tick store reads the
+    /// checks apart (the answer is needed before any connection exists).
+    fn checks_starts_in_one_step(&self) -> bool {
+        false
+    }
+
+    async fn start_checked_many(
+        &self,
+        starts: &[(LockName, i64, TickWrite, StartCheck)],
+        keep: Duration,
+    ) -> Vec<Result<StartVerdict, BackendError>> {
+        match self.backend().await {
+            Ok(b) => b.start_checked_many(starts, keep).await,
+            Err(e) => e.for_each(starts.len()),
+        }
     }
 
     async fn last_completed_many(

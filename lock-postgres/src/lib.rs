@@ -312,6 +312,7 @@ mod sessions;
 #[cfg(feature = "test-util")]
 mod test_util;
 mod tick_batch;
+mod tick_checked;
 mod tick_runs;
 mod tick_runs_batch;
 mod ticks;

@@ -17,7 +17,7 @@ use crate::ticks::missing_table;
 use crate::PostgresBackend;
 
 /// One tick's record as a statement returned it, by job and tick.
-type Written = HashMap<(String, i64), TickRecord>;
+pub(crate) type Written = HashMap<(String, i64), TickRecord>;
 
 impl PostgresBackend {
     /// Applies every write of `writes` (no two for the same tick), one
@@ -278,7 +278,10 @@ impl PostgresBackend {
     }
 
     /// The records of `ticks` as they stand, in one statement.
-    async fn read_records(&self, ticks: &[(&str, i64)]) -> Result<Written, BackendError> {
+    pub(crate) async fn read_records(
+        &self,
+        ticks: &[(&str, i64)],
+    ) -> Result<Written, BackendError> {
         let session = self.session().await?;
         let sql = format!(
             "SELECT r.job, r.tick, r.state, r.token, r.replica, r.at FROM {} r \

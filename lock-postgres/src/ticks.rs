@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use lock_core::{
-    async_trait, BackendError, LockName, TickAnswer, TickRecord, TickStore, TickWrite,
+    async_trait, BackendError, LockName, StartCheck, StartVerdict, TickAnswer, TickRecord,
+    TickStore, TickWrite,
 };
 use tokio_postgres::types::Type;
 
@@ -197,6 +198,21 @@ impl TickStore for PostgresBackend {
             self.write_tick_records_batch(writes, keep).await,
             writes.len(),
         )
+    }
+
+    fn checks_starts_in_one_step(&self) -> bool {
+        true
+    }
+
+    async fn start_checked_many(
+        &self,
+        starts: &[(LockName, i64, TickWrite, StartCheck)],
+        keep: Duration,
+    ) -> Vec<Result<StartVerdict, BackendError>> {
+        if starts.is_empty() {
+            return Vec::new();
+        }
+        self.start_checked_batch(starts, keep).await
     }
 
     async fn last_completed_many(

@@ -186,6 +186,10 @@ pub static ALL: &[Case] = &[
     case!(ticks::tick_records_abandon, Requires::Nothing),
     case!(ticks::tick_records_one_start_wins, Requires::Nothing),
     case!(
+        ticks::tick_starts_checked_as_the_verdict_says,
+        Requires::Nothing
+    ),
+    case!(
         scheduler::scheduler_per_tick_exactly_once,
         Requires::Nothing
     ),

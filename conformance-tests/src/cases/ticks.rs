@@ -7,7 +7,9 @@ use lock_core::LockName;
 
 use crate::Ctx;
 
+mod checked;
 mod records;
+pub(super) use checked::tick_starts_checked_as_the_verdict_says;
 pub(super) use records::{
     tick_records_abandon, tick_records_one_start_wins, tick_records_take_over_and_fence_out,
     tick_records_transitions_follow_the_token,
