@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::lane::{self, Batch, Lane};
-use lock_core::{BackendError, LockName, TickAnswer, TickStore, TickWrite};
+use lock_core::{
+    BackendError, LockName, StartCheck, StartVerdict, TickAnswer, TickStore, TickWrite,
+};
 
 /// The tick store of one scheduler, coalescing concurrent calls.
 #[derive(Debug)]
@@ -28,14 +30,20 @@ struct Lanes {
     latest: Lane<Latest>,
     marks: Lane<Marks>,
     starts: Lane<Starts>,
+    checked: Lane<CheckedStarts>,
     completes: Lane<Completes>,
+    /// Whether the store makes the start checks in the write's own step.
+    checks_starts: bool,
 }
 
 impl Ticks {
     pub(crate) fn new(store: Arc<dyn TickStore>) -> Self {
+        let checks_starts = store.checks_starts_in_one_step();
         Self {
             lanes: Arc::new(Lanes {
                 store,
+                checks_starts,
+                checked: Lane::default(),
                 clock: Lane::default(),
                 latest: Lane::default(),
                 marks: Lane::default(),
@@ -96,6 +104,60 @@ impl Ticks {
             TickWrite::Start { .. } => lane::call::<Starts>(&self.lanes, item).await,
             TickWrite::Complete { .. } => lane::call::<Completes>(&self.lanes, item).await,
         }
+    }
+}
+
+impl Ticks {
+    /// Whether the store makes a start's checks in its write's own step
+    /// ([`TickStore::checks_starts_in_one_step`]): then
+    /// [`Ticks::start_checked`] saves a round trip over reading apart.
+    pub(crate) fn checks_starts(&self) -> bool {
+        self.lanes.checks_starts
+    }
+
+    /// [`TickStore::start_checked_many`] for one `Started` write, batched
+    /// with the concurrent ticks' (a batch keeps every record for the
+    /// longest `keep` asked in it). Not cancel safe, like
+    /// [`Ticks::write_tick`].
+    pub(crate) async fn start_checked(
+        &self,
+        job: &LockName,
+        tick: i64,
+        write: TickWrite,
+        check: StartCheck,
+        keep: Duration,
+    ) -> Result<StartVerdict, BackendError> {
+        lane::call::<CheckedStarts>(&self.lanes, (job.clone(), tick, write, check, keep)).await
+    }
+}
+
+/// One checked `Started` write as its lane carries it.
+type CheckedItem = (LockName, i64, TickWrite, StartCheck, Duration);
+
+/// The checked `Started` writes' lane.
+#[derive(Debug)]
+struct CheckedStarts;
+
+impl Batch for CheckedStarts {
+    type Host = Lanes;
+    type Item = CheckedItem;
+    type Answer = StartVerdict;
+
+    fn lane(host: &Lanes) -> &Lane<Self> {
+        &host.checked
+    }
+
+    async fn run(host: &Lanes, items: Vec<CheckedItem>) -> Vec<Result<StartVerdict, BackendError>> {
+        let keep = items
+            .iter()
+            .map(|(.., keep)| *keep)
+            .max()
+            .unwrap_or_default();
+        let starts: Vec<(LockName, i64, TickWrite, StartCheck)> = items
+            .into_iter()
+            .map(|(job, tick, write, check, _)| (job, tick, write, check))
+            .collect();
+        host.store.start_checked_many(&starts, keep).await
     }
 }
 

@@ -155,6 +155,13 @@
 //! than a reading of a tick's own, and a failed batch fails each of its
 //! ticks as the single call would (the tick is not run).
 //!
+//! Between a tick's lock and its handler stand the start checks (the
+//! server's clock, the tick's mark, the job's latest completed tick; see
+//! [`StartCheck`](lock_core::StartCheck)) and the `Started` write. A store
+//! that [makes the checks in the write's own
+//! step](lock_core::TickStore::checks_starts_in_one_step) (Postgres) gets
+//! them as one call; on the others the reads go first, then the write.
+//!
 //! # Missed ticks
 //!
 //! Ticks that passed while no replica ran them (all down, an election under

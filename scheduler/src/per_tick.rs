@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use lock_core::{
-    BackendError, Error as LockError, LeaseHandle, LockGuard, LockName, TickAnswer, TickWrite,
+    BackendError, Error as LockError, LeaseHandle, LockGuard, LockName, StartCheck, StartVerdict,
+    TickAnswer, TickWrite,
 };
 use tracing::{debug, warn};
 
@@ -88,18 +89,31 @@ async fn attempt(
             return TickOutcome::Skipped;
         }
     };
-    let refused = unless_stopped(rt, leader, refusal(rt, job, tick))
-        .await
-        .unwrap_or_else(|| {
+    let started = if rt.ticks.checks_starts() {
+        // The store makes the checks in the write's own step: one round
+        // trip between the lock and the handler instead of two.
+        if rt.is_stopping() {
             debug!(job = label, tick = %tick.at, "stopping; not running");
-            Some(TickOutcome::Skipped)
-        });
-    if let Some(outcome) = refused {
-        let _ = guard.release().await;
-        return outcome;
-    }
-    pause::at(rt, ProtocolPoint::Claimed, label, tick.at).await;
-    match start(rt, job, tick, &guard).await {
+            let _ = guard.release().await;
+            return TickOutcome::Skipped;
+        }
+        pause::at(rt, ProtocolPoint::Claimed, label, tick.at).await;
+        checked_start(rt, job, tick, &guard).await
+    } else {
+        let refused = unless_stopped(rt, leader, refusal(rt, job, tick))
+            .await
+            .unwrap_or_else(|| {
+                debug!(job = label, tick = %tick.at, "stopping; not running");
+                Some(TickOutcome::Skipped)
+            });
+        if let Some(outcome) = refused {
+            let _ = guard.release().await;
+            return outcome;
+        }
+        pause::at(rt, ProtocolPoint::Claimed, label, tick.at).await;
+        start(rt, job, tick, &guard).await
+    };
+    match started {
         Ok(token) => {
             pause::at(rt, ProtocolPoint::Started, label, tick.at).await;
             execute(rt, job, tick, leader, guard, token).await
@@ -125,7 +139,52 @@ async fn start(
     tick: Tick,
     guard: &LockGuard,
 ) -> Result<u64, TickOutcome> {
+    let (token, write) = start_write(rt, job, guard);
+    let answer = rt
+        .ticks
+        .write_tick(
+            &job.name,
+            tick.at.timestamp_millis(),
+            write,
+            record_keep(rt, job),
+        )
+        .await;
+    started(job, tick, token, answer)
+}
+
+/// [`start`] and the checks of [`refusal`] in one call, for a store that
+/// makes them in the write's own step. Not raced against shutdown, like
+/// [`start`].
+async fn checked_start(
+    rt: &Runtime,
+    job: &JobSpec,
+    tick: Tick,
+    guard: &LockGuard,
+) -> Result<u64, TickOutcome> {
     let label = job.label();
+    let (token, write) = start_write(rt, job, guard);
+    let verdict = rt
+        .ticks
+        .start_checked(
+            &job.name,
+            tick.at.timestamp_millis(),
+            write,
+            start_check(rt, tick),
+            record_keep(rt, job),
+        )
+        .await;
+    match verdict {
+        Ok(StartVerdict::Written(answer)) => started(job, tick, token, Ok(answer)),
+        Ok(refused) => Err(refused_outcome(rt, label, tick, &refused)),
+        Err(e) => {
+            warn!(job = label, tick = %tick.at, error = %e, "could not check the tick and write its start record; not running (fail closed)");
+            Err(TickOutcome::Skipped)
+        }
+    }
+}
+
+/// The token of this run and its `Started` write.
+fn start_write(rt: &Runtime, job: &JobSpec, guard: &LockGuard) -> (u64, TickWrite) {
     let fencing = guard.handle().fencing_token();
     let token = fencing.unwrap_or(0);
     let replica = match fencing {
@@ -143,15 +202,18 @@ async fn start(
         at: rt.clock.now().timestamp_millis(),
         on_stale: job.delivery.on_stale(fencing.is_some()),
     };
-    let answer = rt
-        .ticks
-        .write_tick(
-            &job.name,
-            tick.at.timestamp_millis(),
-            write,
-            record_keep(rt, job),
-        )
-        .await;
+    (token, write)
+}
+
+/// What a `Started` write's answer means for this run: its token if the
+/// write won, else the outcome to report.
+fn started(
+    job: &JobSpec,
+    tick: Tick,
+    token: u64,
+    answer: Result<TickAnswer, BackendError>,
+) -> Result<u64, TickOutcome> {
+    let label = job.label();
     match answer {
         Ok(TickAnswer::Started) => Ok(token),
         Ok(TickAnswer::Abandoned) => {
@@ -213,12 +275,16 @@ async fn unless_stopped<T>(
 }
 
 /// Why this replica must not run `tick` although it holds its lock, if it
-/// must not: ahead of the server's clock, or already completed. `None`
-/// means run it.
+/// must not: ahead of the server's clock, or already completed
+/// ([`StartCheck::verdict`]). `None` means run it.
 ///
 /// The three reads go out together (each joins its kind's batch): they are
 /// independent reads taken while holding the lock, so their order does not
 /// matter, and the verdict is the same as reading them one after another.
+/// Checked while holding the lock, so a replica that finished this tick
+/// either still holds its completion mark or has recorded it; the recorded
+/// mark is what counts when that replica has since died on a session
+/// backend (Postgres), whose locks die with their session.
 async fn refusal(rt: &Runtime, job: &JobSpec, tick: Tick) -> Option<TickOutcome> {
     let label = job.label();
     let tick_ms = tick.at.timestamp_millis();
@@ -227,89 +293,71 @@ async fn refusal(rt: &Runtime, job: &JobSpec, tick: Tick) -> Option<TickOutcome>
         rt.ticks.is_completed(&job.name, tick_ms),
         rt.ticks.last_completed(&job.name),
     );
-    if let Some(outcome) = ahead_of_server(rt, label, tick.at, server) {
-        return Some(outcome);
-    }
-    // Checked while holding the lock, so a replica that finished this tick
-    // either still holds its completion mark or has recorded it. The
-    // recorded mark is what counts when that replica has since died on a
-    // session backend (Postgres), whose locks die with their session.
-    match marked {
-        Ok(true) => {
-            debug!(job = label, tick = %tick.at, "tick marked completed by a replica");
-            return Some(TickOutcome::Skipped);
-        }
-        Ok(false) => {}
-        Err(e) => {
-            warn!(job = label, error = %e, "cannot read the tick's completion mark; not running (fail closed)");
-            return Some(TickOutcome::Skipped);
-        }
-    }
-    match last {
-        Ok(Some(last)) if already_done(rt, tick.at, last) => {
-            debug!(job = label, tick = %tick.at, "tick already completed by a replica");
-            Some(TickOutcome::Skipped)
-        }
-        Ok(_) => None,
-        Err(e) => {
-            warn!(job = label, error = %e, "cannot read the last completed tick; not running (fail closed)");
-            Some(TickOutcome::Skipped)
-        }
-    }
-}
-
-/// Refuses a tick that lies beyond the server's clock plus the skew
-/// tolerance: this replica's clock is then far ahead (stepped, or never
-/// synchronised). Running it would record a far-future tick as the latest
-/// completed one, and every replica with a true clock would skip its ticks
-/// as past until real time caught up. `Some(Skipped)` means do not run;
-/// an unreadable server clock fails closed like the tick store does.
-///
-/// `server` is a reading taken after the lock was held (see
-/// [`Ticks::server_time`](crate::batch::Ticks::server_time)): shared with
-/// other ticks, but never older than a reading of this tick's own.
-fn ahead_of_server(
-    rt: &Runtime,
-    label: &str,
-    tick: DateTime<Utc>,
-    server: Result<Option<i64>, BackendError>,
-) -> Option<TickOutcome> {
-    let server_ms = match server {
-        Ok(Some(ms)) => ms,
-        Ok(None) => return None,
+    let server = match server {
+        Ok(server) => server,
         Err(e) => {
             warn!(job = label, error = %e, "cannot read the server's clock; not running (fail closed)");
             return Some(TickOutcome::Skipped);
         }
     };
-    let tolerance_ms = i64::try_from(rt.tolerance.as_millis()).unwrap_or(i64::MAX);
-    let ahead_ms = tick.timestamp_millis().saturating_sub(server_ms);
-    if ahead_ms <= tolerance_ms {
-        return None;
-    }
-    warn!(
-        job = label,
-        tick = %tick,
-        ahead_ms,
-        tolerance_ms,
-        "this tick is further ahead of the server's clock than the skew tolerance: this replica's clock is wrong; not running"
-    );
-    Some(TickOutcome::Skipped)
+    let marked = match marked {
+        Ok(marked) => marked,
+        Err(e) => {
+            warn!(job = label, error = %e, "cannot read the tick's completion mark; not running (fail closed)");
+            return Some(TickOutcome::Skipped);
+        }
+    };
+    let last = match last {
+        Ok(last) => last,
+        Err(e) => {
+            warn!(job = label, error = %e, "cannot read the last completed tick; not running (fail closed)");
+            return Some(TickOutcome::Skipped);
+        }
+    };
+    start_check(rt, tick)
+        .verdict(tick_ms, server, marked, last)
+        .map(|refused| refused_outcome(rt, label, tick, &refused))
 }
 
-/// Whether the tick store shows `tick` as done, given the latest completed
-/// tick `last` (Unix ms).
-///
-/// The store keeps only the latest tick, so `last > tick` does not prove that
-/// `tick` itself ran: a replica whose clock is ahead may have finished a
-/// later tick while this one (which it skipped, being busy or stalled) is
-/// still due on slower replicas. Within the skew tolerance the tick's own
-/// lock decides (a finished tick keeps it as a completion mark); a later
-/// record only counts once the tick is older than the tolerance, on this
-/// replica's clock or by the record itself.
-fn already_done(rt: &Runtime, tick: DateTime<Utc>, last: i64) -> bool {
-    let tick_ms = tick.timestamp_millis();
+/// The checks of `tick` as this replica makes them now: its skew tolerance,
+/// and whether the tick is past it on this replica's clock.
+fn start_check(rt: &Runtime, tick: Tick) -> StartCheck {
     let tolerance_ms = i64::try_from(rt.tolerance.as_millis()).unwrap_or(i64::MAX);
-    let late = (rt.clock.now() - tick).num_milliseconds() > tolerance_ms;
-    last == tick_ms || (last > tick_ms && (late || last.saturating_sub(tick_ms) > tolerance_ms))
+    StartCheck {
+        tolerance_ms,
+        late: (rt.clock.now() - tick.at).num_milliseconds() > tolerance_ms,
+    }
+}
+
+/// Logs why a tick the checks refused is not run, and the outcome to report.
+///
+/// A tick ahead of the server's clock plus the skew tolerance means this
+/// replica's clock is far ahead (stepped, or never synchronised). Running
+/// it would record a far-future tick as the latest completed one, and every
+/// replica with a true clock would skip its ticks as past until real time
+/// caught up.
+fn refused_outcome(rt: &Runtime, label: &str, tick: Tick, refused: &StartVerdict) -> TickOutcome {
+    match refused {
+        StartVerdict::Ahead { server_ms } => {
+            let tolerance_ms = i64::try_from(rt.tolerance.as_millis()).unwrap_or(i64::MAX);
+            let ahead_ms = tick.at.timestamp_millis().saturating_sub(*server_ms);
+            warn!(
+                job = label,
+                tick = %tick.at,
+                ahead_ms,
+                tolerance_ms,
+                "this tick is further ahead of the server's clock than the skew tolerance: this replica's clock is wrong; not running"
+            );
+        }
+        StartVerdict::Marked => {
+            debug!(job = label, tick = %tick.at, "tick marked completed by a replica");
+        }
+        StartVerdict::Covered { last } => {
+            debug!(job = label, tick = %tick.at, last, "tick already completed by a replica");
+        }
+        StartVerdict::Written(answer) => {
+            debug!(job = label, tick = %tick.at, ?answer, "not running");
+        }
+    }
+    TickOutcome::Skipped
 }

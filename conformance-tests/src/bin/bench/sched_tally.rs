@@ -253,6 +253,21 @@ impl TickStore for CountingTicks {
         self.inner.write_ticks_many(writes, keep).await
     }
 
+    fn checks_starts_in_one_step(&self) -> bool {
+        self.inner.checks_starts_in_one_step()
+    }
+
+    /// One round trip where the store makes the checks itself; a scheduler
+    /// only calls it then (it reads and writes apart otherwise).
+    async fn start_checked_many(
+        &self,
+        starts: &[(LockName, i64, lock_core::TickWrite, lock_core::StartCheck)],
+        keep: Duration,
+    ) -> Vec<Result<lock_core::StartVerdict, BackendError>> {
+        self.count_batch(starts.len());
+        self.inner.start_checked_many(starts, keep).await
+    }
+
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
         let answer = self.inner.server_time().await;
         // A store without a server clock answers `None` without asking
