@@ -35,27 +35,27 @@ impl PostgresBackend {
         starts: &[CheckedStart],
         keep: Duration,
     ) -> Vec<Result<StartVerdict, BackendError>> {
-        // Records are pruned by the completions, off the path between a
-        // tick's lock and its handler: a start has nothing to prune, and
-        // `keep` only bounds how long what it writes must last.
-        let _ = keep;
         if repeats_a_tick(starts) {
             let mut out = Vec::with_capacity(starts.len());
             for start in starts {
-                out.extend(self.start_checked_group(std::slice::from_ref(start)).await);
+                out.extend(
+                    self.start_checked_group(std::slice::from_ref(start), keep)
+                        .await,
+                );
             }
             return out;
         }
-        self.start_checked_group(starts).await
+        self.start_checked_group(starts, keep).await
     }
 
     async fn start_checked_group(
         &self,
         starts: &[CheckedStart],
+        keep: Duration,
     ) -> Vec<Result<StartVerdict, BackendError>> {
         let rows = match self
             .retried("checking ticks and writing their start records", || {
-                self.checked_once(starts)
+                self.checked_once(starts, keep)
             })
             .await
         {
@@ -120,13 +120,37 @@ impl PostgresBackend {
     /// whose checks pass, as [`PostgresBackend::write_tick_records_batch`]'s
     /// start statement does. Answers one row per tick: the reads, and the
     /// record if this statement wrote it.
-    async fn checked_once(&self, starts: &[CheckedStart]) -> Result<Vec<Row>, BackendError> {
+    async fn checked_once(
+        &self,
+        starts: &[CheckedStart],
+        keep: Duration,
+    ) -> Result<Vec<Row>, BackendError> {
         let session = self.session().await?;
         let ns = self.inner.config.namespace.as_str();
         let mut cols = Columns::default();
         for (job, tick, write, check) in starts {
             cols.push(job, *tick, write, check)?;
         }
+        // A lone start prunes its job's records older than `keep` before
+        // it, as a lone write does (a job whose completions never land
+        // would otherwise keep every record); batches leave that to the
+        // completions, off the path to the handlers. Rows another
+        // statement holds are skipped, not waited for.
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        let (cut, prune) = match starts {
+            [(_, tick, ..)] => (
+                tick.saturating_sub(keep_ms),
+                format!(
+                    ", pruned AS (DELETE FROM {r} WHERE ctid IN (SELECT p.ctid FROM {r} p \
+                     JOIN w ON p.job = w.job WHERE p.namespace = $1 AND p.tick < $10 \
+                     FOR UPDATE OF p SKIP LOCKED))",
+                    r = self.run_table()
+                ),
+            ),
+            // $10 is sent typed and unused: a statement may declare more
+            // parameters than it reads.
+            _ => (i64::MIN, String::new()),
+        };
         // Differences are taken in numeric: a bigint one could overflow
         // where the verdict's saturating arithmetic does not.
         let sql = format!(
@@ -147,7 +171,7 @@ impl PostgresBackend {
              token = EXCLUDED.token, replica = EXCLUDED.replica, at = EXCLUDED.at \
              WHERE r.state = 'S' AND r.token < EXCLUDED.token \
              AND (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick) <> 'R' \
-             RETURNING job, tick, state, token, replica, at) \
+             RETURNING job, tick, state, token, replica, at){prune} \
              SELECT c.job, c.tick, c.server_ms, c.marked, c.last, w.state, w.token, w.replica, w.at \
              FROM c LEFT JOIN w ON w.job = c.job AND w.tick = c.tick",
             m = self.mark_table(),
@@ -168,6 +192,7 @@ impl PostgresBackend {
                     (&cols.stales, Type::TEXT_ARRAY),
                     (&cols.tolerances, Type::INT8_ARRAY),
                     (&cols.lates, Type::BOOL_ARRAY),
+                    (&cut, Type::INT8),
                 ],
             )
             .await

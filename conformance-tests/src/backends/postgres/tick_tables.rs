@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{OnStale, TickAnswer, TickStore, TickWrite};
+use lock_core::{OnStale, StartCheck, StartVerdict, TickAnswer, TickStore, TickWrite};
 
 use super::saboteur::plain_session;
 use super::specific::add;
@@ -98,8 +98,8 @@ fn name_of(job: &str) -> lock_core::LockName {
 const PRUNE_KEEP: Duration = Duration::from_secs(1);
 
 /// Two ticks of two jobs `PRUNE_KEEP` and more apart, started and completed
-/// in batches, then a third tick of one job started alone: only the newest
-/// ticks' records and marks remain.
+/// in batches, then a third tick of each job started alone (by a write,
+/// and by a checked start): only the newest ticks' records and marks remain.
 async fn tick_records_old_ones_pruned(f: Arc<PostgresFactory>) -> Result<(), BoxError> {
     on_own_tables(&f, |store, inspector, table| async move {
         let (a, b) = (name_of("prune-a"), name_of("prune-b"));
@@ -145,6 +145,32 @@ async fn tick_records_old_ones_pruned(f: Arc<PostgresFactory>) -> Result<(), Box
             ]
         {
             return Err(format!("after a lone start at {t3}, the records are {runs:?}").into());
+        }
+        // A lone checked start (the scheduler's call on Postgres) prunes
+        // alike.
+        let check = StartCheck {
+            tolerance_ms: 0,
+            late: false,
+        };
+        let checked = store
+            .start_checked_many(&[(b.clone(), t3, start(2), check)], PRUNE_KEEP)
+            .await;
+        if !matches!(
+            checked.as_slice(),
+            [Ok(StartVerdict::Written(TickAnswer::Started))]
+        ) {
+            return Err(format!("a lone checked start answered {checked:?}").into());
+        }
+        let runs = rows_of(&inspector, &table).await?.runs;
+        if runs
+            != [
+                (a.as_str().to_owned(), t3, "S"),
+                (b.as_str().to_owned(), t3, "S"),
+            ]
+        {
+            return Err(
+                format!("after a lone checked start at {t3}, the records are {runs:?}").into(),
+            );
         }
         Ok(())
     })
