@@ -38,6 +38,32 @@ async fn write_many(
         .collect()
 }
 
+/// `write_tick` of one write to one tick, answered.
+async fn write_one(
+    store: &Arc<dyn TickStore>,
+    job: &LockName,
+    tick: i64,
+    w: TickWrite,
+) -> TickAnswer {
+    within("write_tick", store.write_tick(job, tick, &w, KEEP))
+        .await
+        .expect("write_tick answers")
+}
+
+/// `tick_record` of one tick, answered.
+async fn record(store: &Arc<dyn TickStore>, job: &LockName, tick: i64) -> Option<TickRecord> {
+    within("tick_record", store.tick_record(job, tick))
+        .await
+        .expect("tick_record answers")
+}
+
+/// `is_completed` of one tick, answered.
+async fn is_completed(store: &Arc<dyn TickStore>, job: &LockName, tick: i64) -> bool {
+    within("is_completed", store.is_completed(job, tick))
+        .await
+        .expect("is_completed answers")
+}
+
 async fn store(ctx: &Ctx) -> Option<Arc<dyn TickStore>> {
     within("tick_store", ctx.factory().tick_store())
         .await
@@ -54,19 +80,8 @@ pub(in crate::cases) async fn tick_records_transitions_follow_the_token(ctx: Ctx
         return;
     };
     let (job, tick) = (ctx.name("records-transitions"), 5_000_000);
-    let write = |w: TickWrite| {
-        let (store, job) = (Arc::clone(&store), job.clone());
-        async move {
-            within("write_tick", store.write_tick(&job, tick, &w, KEEP))
-                .await
-                .expect("write_tick answers")
-        }
-    };
-    let read = || async {
-        within("tick_record", store.tick_record(&job, tick))
-            .await
-            .expect("tick_record answers")
-    };
+    let write = |w: TickWrite| write_one(&store, &job, tick, w);
+    let read = || record(&store, &job, tick);
     assert_eq!(read().await, None, "no record before the first write");
     assert_eq!(
         write(start(5, "a", OnStale::Abandon)).await,
@@ -94,9 +109,7 @@ pub(in crate::cases) async fn tick_records_transitions_follow_the_token(ctx: Ctx
         "a Completed with a lower token is fenced out"
     );
     assert!(
-        !within("is_completed", store.is_completed(&job, tick))
-            .await
-            .expect("is_completed answers"),
+        !is_completed(&store, &job, tick).await,
         "a refused Completed marks nothing"
     );
     assert_eq!(
@@ -109,9 +122,7 @@ pub(in crate::cases) async fn tick_records_transitions_follow_the_token(ctx: Ctx
         "a retried Completed answers as the first did"
     );
     assert_eq!(read().await, Some(TickRecord::Completed { token: 5 }));
-    assert!(within("is_completed", store.is_completed(&job, tick))
-        .await
-        .expect("is_completed answers"));
+    assert!(is_completed(&store, &job, tick).await);
     assert_eq!(
         within("last_completed", store.last_completed(&job))
             .await
@@ -134,14 +145,7 @@ pub(in crate::cases) async fn tick_records_take_over_and_fence_out(ctx: Ctx) {
         return;
     };
     let (job, tick) = (ctx.name("records-takeover"), 6_000_000);
-    let write = |w: TickWrite| {
-        let (store, job) = (Arc::clone(&store), job.clone());
-        async move {
-            within("write_tick", store.write_tick(&job, tick, &w, KEEP))
-                .await
-                .expect("write_tick answers")
-        }
-    };
+    let write = |w: TickWrite| write_one(&store, &job, tick, w);
     assert_eq!(
         write(start(1, "a", OnStale::TakeOver)).await,
         TickAnswer::Started
@@ -175,9 +179,7 @@ pub(in crate::cases) async fn tick_records_take_over_and_fence_out(ctx: Ctx) {
         "and stays fenced out after the takeover completed"
     );
     assert_eq!(
-        within("tick_record", store.tick_record(&job, tick))
-            .await
-            .expect("tick_record answers"),
+        record(&store, &job, tick).await,
         Some(TickRecord::Completed { token: 2 })
     );
 }
@@ -190,14 +192,7 @@ pub(in crate::cases) async fn tick_records_abandon(ctx: Ctx) {
         return;
     };
     let (job, tick) = (ctx.name("records-abandon"), 7_000_000);
-    let write = |w: TickWrite| {
-        let (store, job) = (Arc::clone(&store), job.clone());
-        async move {
-            within("write_tick", store.write_tick(&job, tick, &w, KEEP))
-                .await
-                .expect("write_tick answers")
-        }
-    };
+    let write = |w: TickWrite| write_one(&store, &job, tick, w);
     assert_eq!(
         write(start(1, "a", OnStale::Abandon)).await,
         TickAnswer::Started
@@ -222,15 +217,8 @@ pub(in crate::cases) async fn tick_records_abandon(ctx: Ctx) {
         TickAnswer::Refused(abandoned.clone()),
         "an abandoned tick is never started again"
     );
-    assert!(!within("is_completed", store.is_completed(&job, tick))
-        .await
-        .expect("is_completed answers"));
-    assert_eq!(
-        within("tick_record", store.tick_record(&job, tick))
-            .await
-            .expect("tick_record answers"),
-        abandoned
-    );
+    assert!(!is_completed(&store, &job, tick).await);
+    assert_eq!(record(&store, &job, tick).await, abandoned);
 }
 
 /// Concurrent starts of one tick (each with its own token, as holders of
@@ -246,9 +234,7 @@ pub(in crate::cases) async fn tick_records_one_start_wins(ctx: Ctx) {
             let (store, job) = (Arc::clone(&store), job.clone());
             tokio::spawn(async move {
                 let w = start(token, &format!("r{token}"), OnStale::Refuse);
-                within("write_tick", store.write_tick(&job, tick, &w, KEEP))
-                    .await
-                    .expect("write_tick answers")
+                write_one(&store, &job, tick, w).await
             })
         })
         .collect();
@@ -264,12 +250,7 @@ pub(in crate::cases) async fn tick_records_one_start_wins(ctx: Ctx) {
 
     let other = ctx.name("records-batch");
     // A batch is not a transaction: its items touch distinct ticks.
-    within(
-        "write_tick",
-        store.write_tick(&other, 2, &start(3, "a", OnStale::Abandon), KEEP),
-    )
-    .await
-    .expect("write_tick answers");
+    write_one(&store, &other, 2, start(3, "a", OnStale::Abandon)).await;
     let writes = vec![
         (other.clone(), 1, start(3, "a", OnStale::Abandon)),
         (other.clone(), 2, TickWrite::Complete { token: 2 }),
@@ -308,9 +289,7 @@ async fn batch_of_distinct_jobs(ctx: &Ctx, store: &Arc<dyn TickStore>) {
     ];
     for (job, w) in jobs.iter().zip(&before) {
         if let Some(w) = w {
-            within("write_tick", store.write_tick(job, tick, w, KEEP))
-                .await
-                .expect("write_tick answers");
+            write_one(store, job, tick, w.clone()).await;
         }
     }
     let batch = [
@@ -340,11 +319,7 @@ async fn batch_of_distinct_jobs(ctx: &Ctx, store: &Arc<dyn TickStore>) {
     );
     let mut records = Vec::new();
     for job in &jobs {
-        records.push(
-            within("tick_record", store.tick_record(job, tick))
-                .await
-                .expect("tick_record answers"),
-        );
+        records.push(record(store, job, tick).await);
     }
     assert_eq!(
         records,
@@ -358,9 +333,7 @@ async fn batch_of_distinct_jobs(ctx: &Ctx, store: &Arc<dyn TickStore>) {
         ]
     );
     let jobs_ref = &jobs;
-    let completed = within("is_completed", store.is_completed(&jobs_ref[1], tick))
-        .await
-        .expect("is_completed answers");
+    let completed = is_completed(store, &jobs_ref[1], tick).await;
     assert!(completed, "the batch's completion marks its tick");
     let latest = within("last_completed", store.last_completed(&jobs_ref[1]))
         .await
