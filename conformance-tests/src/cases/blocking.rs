@@ -1,21 +1,27 @@
 use std::time::Duration;
 
-use lock_core::Error;
+use lock_core::{Error, LockGuard, LockName};
 use tokio::time::{sleep, Instant};
 
 use super::assert_between;
-use crate::Ctx;
+use crate::{Ctx, Replica};
+
+/// Takes the free lock `name` through `holder`'s Locker with the case's
+/// options: the holder every waiter in these cases queues behind.
+async fn take_free(ctx: &Ctx, holder: &Replica, name: &LockName) -> LockGuard {
+    holder
+        .locker
+        .try_lock(name, &ctx.opts())
+        .await
+        .expect("free lock")
+}
 
 /// A waiter gets the lock promptly after the holder releases it.
 pub(super) async fn blocking_acquire_wakes_on_release(ctx: Ctx) {
     let (a, b) = (ctx.replica().await, ctx.replica().await);
     let name = ctx.name("handoff");
     let timing = ctx.timing();
-    let guard = a
-        .locker
-        .try_lock(&name, &ctx.opts())
-        .await
-        .expect("free lock");
+    let guard = take_free(&ctx, &a, &name).await;
     let waiter = {
         let (locker, name) = (b.locker.clone(), name.clone());
         let opts = ctx.opts().with_acquire_timeout(timing.ttl * 10);
@@ -45,11 +51,7 @@ pub(super) async fn blocking_acquire_times_out(ctx: Ctx) {
     let (a, b) = (ctx.replica().await, ctx.replica().await);
     let name = ctx.name("timeout");
     let timing = ctx.timing();
-    let guard = a
-        .locker
-        .try_lock(&name, &ctx.opts())
-        .await
-        .expect("free lock");
+    let guard = take_free(&ctx, &a, &name).await;
     let timeout = Duration::from_millis(200);
     let started = Instant::now();
     match b
@@ -79,11 +81,7 @@ pub(super) async fn cancelled_acquire_leaves_nothing(ctx: Ctx) {
     );
     let name = ctx.name("cancelled");
     let timing = ctx.timing();
-    let guard = a
-        .locker
-        .try_lock(&name, &ctx.opts())
-        .await
-        .expect("free lock");
+    let guard = take_free(&ctx, &a, &name).await;
     let opts = ctx.opts();
     let waiting = b.locker.lock(&name, &opts);
     assert!(
