@@ -2,13 +2,34 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireOutcome, Error, LockMetrics, Locker, LossReason, RunOutcome, SkipReason};
+use lock_core::{
+    AcquireOutcome, Error, LockMetrics, LockName, LockOptions, Locker, LossReason, RunOutcome,
+    SkipReason,
+};
 use prometheus::Registry;
 use tokio::time::{sleep, Instant};
 
 use super::assert_between;
 use crate::faulty::{Fault, FaultyBackend};
 use crate::Ctx;
+
+/// Runs, through `locker`, a job that only notes it was entered: returns
+/// the run's outcome and whether the job was entered (the cases below
+/// check that a refused run never enters it).
+async fn run_noting_entry(
+    locker: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+) -> (RunOutcome<()>, bool) {
+    let entered = AtomicBool::new(false);
+    let outcome = locker
+        .with_lock(name, opts, |_| async {
+            entered.store(true, Ordering::SeqCst)
+        })
+        .await
+        .expect("valid input");
+    (outcome, entered.load(Ordering::SeqCst))
+}
 
 /// A name held through a `Locker` is denied locally to its clones, without
 /// any backend call.
@@ -30,21 +51,12 @@ pub(super) async fn in_process_guard(ctx: Ctx) {
         clone.try_lock(&name, &ctx.opts()).await,
         Err(Error::HeldLocally { .. })
     ));
-    let ran = AtomicBool::new(false);
-    let outcome = clone
-        .with_lock(&name, &ctx.opts(), |_| async {
-            ran.store(true, Ordering::SeqCst)
-        })
-        .await
-        .expect("valid input");
+    let (outcome, ran) = run_noting_entry(&clone, &name, &ctx.opts()).await;
     assert!(matches!(
         outcome,
         RunOutcome::Skipped(SkipReason::HeldLocally)
     ));
-    assert!(
-        !ran.load(Ordering::SeqCst),
-        "an overlapping run was entered"
-    );
+    assert!(!ran, "an overlapping run was entered");
     assert_eq!(faulty.calls(), calls, "a local denial reached the backend");
     assert_eq!(
         a.metrics
@@ -99,18 +111,12 @@ pub(super) async fn unlocked_mode(ctx: Ctx) {
         .with_lock_required(true)
         .build()
         .expect("builds");
-    let ran = AtomicBool::new(false);
-    let outcome = strict
-        .with_lock(&name, &ctx.opts(), |_| async {
-            ran.store(true, Ordering::SeqCst)
-        })
-        .await
-        .expect("valid input");
+    let (outcome, ran) = run_noting_entry(&strict, &name, &ctx.opts()).await;
     assert!(matches!(
         outcome,
         RunOutcome::Skipped(SkipReason::LockRequired)
     ));
-    assert!(!ran.load(Ordering::SeqCst));
+    assert!(!ran);
     assert_eq!(
         metrics.acquisitions(name.as_str(), AcquireOutcome::Unavailable),
         1
@@ -127,21 +133,16 @@ pub(super) async fn fail_closed_when_backend_down(ctx: Ctx) {
     faulty.set(Fault::Down);
     let a = ctx.replica_over(Arc::new(faulty));
     let name = ctx.name("down");
-    let entered = AtomicBool::new(false);
+    let mut entered = false;
     for _ in 0..10 {
-        let outcome = a
-            .locker
-            .with_lock(&name, &ctx.opts(), |_| async {
-                entered.store(true, Ordering::SeqCst)
-            })
-            .await
-            .expect("valid input");
+        let (outcome, ran) = run_noting_entry(&a.locker, &name, &ctx.opts()).await;
+        entered |= ran;
         assert!(
             matches!(outcome, RunOutcome::Skipped(SkipReason::Unavailable(_))),
             "{outcome:?}"
         );
     }
-    assert!(!entered.load(Ordering::SeqCst), "a job ran without a lock");
+    assert!(!entered, "a job ran without a lock");
     assert_eq!(
         a.metrics
             .acquisitions(name.as_str(), AcquireOutcome::Unavailable),
@@ -163,20 +164,13 @@ pub(super) async fn fail_closed_when_server_unreachable(ctx: Ctx) {
     };
     let a = ctx.replica_over(backend);
     let name = ctx.name("unreachable");
-    let entered = AtomicBool::new(false);
     let started = Instant::now();
-    let outcome = a
-        .locker
-        .with_lock(&name, &ctx.opts(), |_| async {
-            entered.store(true, Ordering::SeqCst)
-        })
-        .await
-        .expect("valid input");
+    let (outcome, entered) = run_noting_entry(&a.locker, &name, &ctx.opts()).await;
     assert!(
         matches!(outcome, RunOutcome::Skipped(SkipReason::Unavailable(_))),
         "{outcome:?}"
     );
-    assert!(!entered.load(Ordering::SeqCst));
+    assert!(!entered);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "took {:?}",
