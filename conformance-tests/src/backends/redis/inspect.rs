@@ -118,35 +118,7 @@ impl Deployment {
 
 /// Adds the inspection trials for `deployment`, as `<row>::inspect_<case>`.
 pub(super) fn register(suite: &mut Suite, deployment: &Deployment) {
-    if let Deployment::Unfenced(_) = deployment {
-        let tests: [(&str, Body); 4] = [
-            (
-                "inspect_describe_follows_the_lease",
-                body!(describe_follows_the_lease),
-            ),
-            (
-                "inspect_stock_client_key_is_held_by_unknown",
-                body!(stock_client_key_is_held_by_unknown),
-            ),
-            (
-                "inspect_list_pages_find_each_lock_once",
-                body!(list_pages_find_each_lock_once),
-            ),
-            (
-                "inspect_force_release_is_unsupported",
-                body!(force_release_is_unsupported),
-            ),
-        ];
-        for (name, body) in tests {
-            let deployment = deployment.clone();
-            suite.push(Trial::test(
-                format!("{}::{name}", deployment.row()),
-                move || run(deployment, body),
-            ));
-        }
-        return;
-    }
-    let tests: [(&str, Body); 5] = [
+    let mut tests: Vec<(&str, Body)> = vec![
         (
             "inspect_describe_follows_the_lease",
             body!(describe_follows_the_lease),
@@ -159,28 +131,31 @@ pub(super) fn register(suite: &mut Suite, deployment: &Deployment) {
             "inspect_list_pages_find_each_lock_once",
             body!(list_pages_find_each_lock_once),
         ),
-        (
+    ];
+    if deployment.fenced() {
+        tests.push((
             "inspect_force_release_aborts_the_holder",
             body!(force_release_aborts_the_holder),
-        ),
-        (
+        ));
+        tests.push((
             "inspect_force_release_wrong_token_is_refused",
             body!(force_release_wrong_token_is_refused),
-        ),
-    ];
+        ));
+    } else {
+        tests.push((
+            "inspect_force_release_is_unsupported",
+            body!(force_release_is_unsupported),
+        ));
+    }
+    if let Deployment::Single(_) = deployment {
+        // ACL users are made on the private server only.
+        tests.push(("inspect_read_only_acl_user", body!(read_only_acl_user)));
+    }
     for (name, body) in tests {
         let deployment = deployment.clone();
         suite.push(Trial::test(
             format!("{}::{name}", deployment.row()),
             move || run(deployment, body),
-        ));
-    }
-    if let Deployment::Single(_) = deployment {
-        // ACL users are made on the private server only.
-        let deployment = deployment.clone();
-        suite.push(Trial::test(
-            "redis::inspect_read_only_acl_user",
-            move || run(deployment, body!(read_only_acl_user)),
         ));
     }
 }
