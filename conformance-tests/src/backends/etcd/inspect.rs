@@ -7,8 +7,6 @@
 //! interval while its other lock on the same shared lease stays held.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -22,6 +20,7 @@ use lock_core::{
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout, Instant};
 
+use super::specific::{ensure, BoxedCase};
 use super::{server, EtcdClusterFactory, EtcdFactory, EtcdSaboteur};
 use crate::harness::which;
 use crate::{BackendFactory, Ctx, Suite};
@@ -38,7 +37,7 @@ const ROUNDS: usize = 5;
 /// etcd reports a lease's remaining TTL in whole seconds, rounded down.
 const GRANULARITY: Duration = Duration::from_secs(1);
 
-type Case = fn(Ctx, Vec<String>) -> Pin<Box<dyn Future<Output = Result<(), Failed>> + Send>>;
+type Case = fn(Ctx, Vec<String>) -> BoxedCase;
 
 const CASES: &[(&str, Case)] = &[
     ("inspect_describe_follows_the_holder", |c, e| {
@@ -110,27 +109,9 @@ pub(super) fn add_cluster(suite: &mut Suite) {
     }
 }
 
-fn run(body: Pin<Box<dyn Future<Output = Result<(), Failed>> + Send>>) -> Result<(), Failed> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let outcome = rt.block_on(async {
-        match timeout(TRIAL_TIMEOUT, body).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("did not finish within {TRIAL_TIMEOUT:?}").into()),
-        }
-    });
-    rt.shutdown_timeout(Duration::from_secs(5));
-    outcome
-}
-
-fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
-    if ok {
-        Ok(())
-    } else {
-        Err(what().into())
-    }
+/// Runs one trial's body under the trial timeout.
+fn run(body: BoxedCase) -> Result<(), Failed> {
+    super::specific::run(body, TRIAL_TIMEOUT)
 }
 
 /// A `Locker` over a new connection of the case's row that names itself

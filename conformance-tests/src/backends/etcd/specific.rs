@@ -122,9 +122,10 @@ pub fn add_specific(suite: &mut Suite) {
     });
 }
 
-type BoxedCase = std::pin::Pin<Box<dyn Future<Output = Result<(), Failed>> + Send>>;
+pub(super) type BoxedCase = std::pin::Pin<Box<dyn Future<Output = Result<(), Failed>> + Send>>;
 
-fn run(body: BoxedCase, limit: Duration) -> Result<(), Failed> {
+/// Runs one trial's body on a runtime of its own, failing it past `limit`.
+pub(super) fn run(body: BoxedCase, limit: Duration) -> Result<(), Failed> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -140,7 +141,7 @@ fn run(body: BoxedCase, limit: Duration) -> Result<(), Failed> {
 }
 
 /// Turns a boolean check into a trial failure that says what went wrong.
-fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
+pub(super) fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
     if ok {
         Ok(())
     } else {
