@@ -102,12 +102,8 @@ impl ClusterSet {
 
     /// `redis+cluster://127.0.0.1:p1,...,127.0.0.1:p6`: every node as a seed.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let hosts = super::local_hosts(self.nodes.iter().map(|n| n.port()));
+        format!("redis+cluster://{hosts}")
     }
 
     /// `redis://127.0.0.1:<port>` of every node, for plain cluster clients.

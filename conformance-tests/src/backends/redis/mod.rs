@@ -146,6 +146,16 @@ pub fn config_for(url: &str) -> Result<RedisBuilder, BoxError> {
         .with_connect_timeout(CONNECT_TIMEOUT))
 }
 
+/// `127.0.0.1:<port>` of each of `ports`, comma-separated: the host list
+/// of a URL that names every server of a local set as a seed.
+fn local_hosts(ports: impl IntoIterator<Item = u16>) -> String {
+    let hosts: Vec<String> = ports
+        .into_iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    hosts.join(",")
+}
+
 /// What a backend built as `built` reports (its settings decide it, not a
 /// server), or TTL expiry alone should it not build.
 pub(crate) fn capabilities_of<E>(built: Result<RedisBackend, E>) -> Capabilities {

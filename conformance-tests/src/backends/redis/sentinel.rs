@@ -98,12 +98,8 @@ impl SentinelSet {
 
     /// `redis+sentinel://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3/<name>`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+        let hosts = super::local_hosts(self.sentinels.iter().map(|s| s.port()));
+        format!("redis+sentinel://{hosts}/{MASTER_NAME}")
     }
 
     /// Sentinel `i`'s process.
