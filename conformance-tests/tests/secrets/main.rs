@@ -144,61 +144,66 @@ fn parse_everywhere(findings: &mut Findings, case: &Case) {
     );
 }
 
-#[test]
-fn from_url_hides_passwords() {
+/// Runs `check` over the table's inputs (one test at a time, with the log
+/// captured), then adds what the log shows and fails on any finding, naming
+/// the check `what`.
+fn over_the_inputs(what: &str, check: impl FnOnce(&mut Findings, &[Case])) {
     let _serial = serial();
     captured_log();
     let mut findings = Findings::default();
     let cases = table::cases(closed_port());
-    for case in &cases {
-        parse_everywhere(&mut findings, case);
-    }
-    check_log(&mut findings, "from_url log");
-    findings.assert_none(&format!("from_url over {} inputs", cases.len()));
+    check(&mut findings, &cases);
+    check_log(&mut findings, &format!("{what} log"));
+    findings.assert_none(&format!("{what} over {} inputs", cases.len()));
+}
+
+#[test]
+fn from_url_hides_passwords() {
+    over_the_inputs("from_url", |findings, cases| {
+        for case in cases {
+            parse_everywhere(findings, case);
+        }
+    });
 }
 
 #[test]
 fn from_env_hides_passwords() {
-    let _serial = serial();
-    captured_log();
-    let vars = ["REDIS_URL", "DATABASE_URL", "ETCD_ENDPOINTS"];
-    let saved: Vec<_> = vars.iter().map(|v| (v, std::env::var_os(v))).collect();
-    let mut findings = Findings::default();
-    let cases = table::cases(closed_port());
-    for case in &cases {
-        for var in vars {
-            std::env::set_var(var, &case.input);
+    over_the_inputs("from_env", |findings, cases| {
+        let vars = ["REDIS_URL", "DATABASE_URL", "ETCD_ENDPOINTS"];
+        let saved: Vec<_> = vars.iter().map(|v| (v, std::env::var_os(v))).collect();
+        for case in cases {
+            for var in vars {
+                std::env::set_var(var, &case.input);
+            }
+            outcome(
+                findings,
+                "RedisBuilder::from_env",
+                case,
+                RedisBuilder::from_env(),
+            );
+            let pg = outcome(
+                findings,
+                "PostgresBuilder::from_env",
+                case,
+                PostgresBuilder::from_env(),
+            );
+            if let Some(pg) = pg {
+                outcome(findings, "PostgresBuilder::config", case, pg.config());
+            }
+            outcome(
+                findings,
+                "EtcdBuilder::from_env",
+                case,
+                EtcdBuilder::from_env(),
+            );
         }
-        outcome(
-            &mut findings,
-            "RedisBuilder::from_env",
-            case,
-            RedisBuilder::from_env(),
-        );
-        let pg = outcome(
-            &mut findings,
-            "PostgresBuilder::from_env",
-            case,
-            PostgresBuilder::from_env(),
-        );
-        if let Some(pg) = pg {
-            outcome(&mut findings, "PostgresBuilder::config", case, pg.config());
+        for (var, value) in saved {
+            match value {
+                Some(value) => std::env::set_var(var, value),
+                None => std::env::remove_var(var),
+            }
         }
-        outcome(
-            &mut findings,
-            "EtcdBuilder::from_env",
-            case,
-            EtcdBuilder::from_env(),
-        );
-    }
-    for (var, value) in saved {
-        match value {
-            Some(value) => std::env::set_var(var, value),
-            None => std::env::remove_var(var),
-        }
-    }
-    check_log(&mut findings, "from_env log");
-    findings.assert_none(&format!("from_env over {} inputs", cases.len()));
+    });
 }
 
 /// Awaits one connect attempt within [`CONNECT_BOUND`].
@@ -232,51 +237,47 @@ async fn bounded<T: Debug, E: Error + 'static>(
 
 #[test]
 fn connect_hides_passwords() {
-    let _serial = serial();
-    captured_log();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    let mut findings = Findings::default();
-    let cases = table::cases(closed_port());
-    let started = Instant::now();
-    rt.block_on(async {
-        for case in &cases {
-            let f = &mut findings;
-            let input = case.input.as_str();
-            bounded(f, "scheduler::connect", case, scheduler::connect(input)).await;
-            if let Ok(config) = RedisBuilder::from_url(input) {
-                bounded(f, "RedisBuilder::connect", case, config.connect()).await;
+    over_the_inputs("connect", |findings, cases| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let started = Instant::now();
+        rt.block_on(async {
+            for case in cases {
+                let f = &mut *findings;
+                let input = case.input.as_str();
+                bounded(f, "scheduler::connect", case, scheduler::connect(input)).await;
+                if let Ok(config) = RedisBuilder::from_url(input) {
+                    bounded(f, "RedisBuilder::connect", case, config.connect()).await;
+                }
+                let pg = PostgresBuilder::from_url(input).and_then(PostgresBuilder::config);
+                if let Ok(config) = pg {
+                    bounded(
+                        f,
+                        "PostgresBackend::connect",
+                        case,
+                        PostgresBackend::connect(config),
+                    )
+                    .await;
+                }
+                if let Ok(builder) = EtcdBuilder::from_url(input) {
+                    bounded(f, "EtcdBuilder::connect", case, builder.connect()).await;
+                }
+                if let Ok(builder) = EtcdBuilder::new().with_endpoints([input]) {
+                    bounded(
+                        f,
+                        "EtcdBuilder::connect (endpoints)",
+                        case,
+                        builder.connect(),
+                    )
+                    .await;
+                }
             }
-            let pg = PostgresBuilder::from_url(input).and_then(PostgresBuilder::config);
-            if let Ok(config) = pg {
-                bounded(
-                    f,
-                    "PostgresBackend::connect",
-                    case,
-                    PostgresBackend::connect(config),
-                )
-                .await;
-            }
-            if let Ok(builder) = EtcdBuilder::from_url(input) {
-                bounded(f, "EtcdBuilder::connect", case, builder.connect()).await;
-            }
-            if let Ok(builder) = EtcdBuilder::new().with_endpoints([input]) {
-                bounded(
-                    f,
-                    "EtcdBuilder::connect (endpoints)",
-                    case,
-                    builder.connect(),
-                )
-                .await;
-            }
-        }
+        });
+        eprintln!("connect: {} inputs in {:?}", cases.len(), started.elapsed());
     });
-    eprintln!("connect: {} inputs in {:?}", cases.len(), started.elapsed());
-    check_log(&mut findings, "connect log");
-    findings.assert_none(&format!("connect over {} inputs", cases.len()));
 }
 
 /// The servers in `REDIS_URL` and `DATABASE_URL` with a password added: the
