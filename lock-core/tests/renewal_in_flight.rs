@@ -58,9 +58,15 @@ fn opts() -> LockOptions {
     LockOptions::new(Duration::from_secs(3))
 }
 
-/// Takes `first` at the current instant and `second` 100 ms later, so their
-/// renewals share one batch but their deadlines are 100 ms apart.
-async fn two_leases(locker: &Locker) -> (LockGuard, LockGuard, Instant) {
+/// Takes `first` at the current instant and `second` 100 ms later, through
+/// a locker on a backend whose renewals stall from the start, so their
+/// renewals share one batch but their deadlines are 100 ms apart. Returns
+/// the backend, the locker (kept alive for the heartbeat), both guards, and
+/// when the first was taken.
+async fn stalled_leases() -> (Stalling, Locker, LockGuard, LockGuard, Instant) {
+    let backend = Stalling::default();
+    backend.stalled.store(true, Ordering::SeqCst);
+    let locker = locker(&backend);
     let start = Instant::now();
     let first = LockName::new("in-flight/first").expect("a valid name");
     let second = LockName::new("in-flight/second").expect("a valid name");
@@ -70,16 +76,13 @@ async fn two_leases(locker: &Locker) -> (LockGuard, LockGuard, Instant) {
         .try_lock(&second, &opts())
         .await
         .expect("uncontended");
-    (a, b, start)
+    (backend, locker, a, b, start)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_batch_that_never_answers_ends_each_lease_at_its_own_deadline() {
     timeout(BOUND, async {
-        let backend = Stalling::default();
-        backend.stalled.store(true, Ordering::SeqCst);
-        let locker = locker(&backend);
-        let (a, b, start) = two_leases(&locker).await;
+        let (backend, _locker, a, b, start) = stalled_leases().await;
 
         assert_eq!(a.lost().await, LossReason::BackendError);
         let a_ended = Instant::now();
@@ -105,10 +108,7 @@ async fn a_batch_that_never_answers_ends_each_lease_at_its_own_deadline() {
 #[tokio::test(start_paused = true)]
 async fn an_answer_after_one_lease_ended_keeps_the_others_of_its_batch() {
     timeout(BOUND, async {
-        let backend = Stalling::default();
-        backend.stalled.store(true, Ordering::SeqCst);
-        let locker = locker(&backend);
-        let (a, b, start) = two_leases(&locker).await;
+        let (backend, _locker, a, b, start) = stalled_leases().await;
 
         assert_eq!(a.lost().await, LossReason::BackendError);
         // The answer arrives between the two deadlines.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use lock_core::backend::LeaseStatus;
 use lock_core::{
-    async_trait, BackendError, BackendErrorKind, Error, LockBackend, LockName, LockOptions, Locker,
-    OwnerToken,
+    async_trait, BackendError, BackendErrorKind, Error, LockBackend, LockGuard, LockName,
+    LockOptions, Locker, OwnerToken,
 };
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use tokio::sync::Notify;
@@ -63,6 +63,21 @@ fn name() -> LockName {
     LockName::new("retained/renewed").expect("a valid name")
 }
 
+/// A gated backend, a locker on it, and another replica's locker on the
+/// same memory backend that bypasses the gate.
+fn replicas() -> (Gated, Locker, Locker) {
+    let backend = Gated::default();
+    let (a, b) = (locker(&backend), locker(backend.memory()));
+    (backend, a, b)
+}
+
+/// Takes the free lock with the TTL and auto-renewal of the cases.
+async fn take(a: &Locker) -> LockGuard {
+    a.try_lock(&name(), &LockOptions::new(TTL))
+        .await
+        .expect("free")
+}
+
 /// Whether another replica is refused the lock now.
 async fn held_elsewhere(other: &Locker) -> bool {
     match other.try_lock(&name(), &LockOptions::new(TTL)).await {
@@ -80,12 +95,8 @@ async fn held_elsewhere(other: &Locker) -> bool {
 #[tokio::test(start_paused = true)]
 async fn renew_of_a_retained_lease_keeps_its_hold() {
     timeout(BOUND, async {
-        let backend = Gated::default();
-        let (a, b) = (locker(&backend), locker(backend.memory()));
-        let guard = a
-            .try_lock(&name(), &LockOptions::new(TTL))
-            .await
-            .expect("free");
+        let (_backend, a, b) = replicas();
+        let guard = take(&a).await;
         let clone = guard.handle();
         guard.retain_for(HOLD).await.expect("retain");
         clone
@@ -112,8 +123,7 @@ async fn renew_of_a_retained_lease_keeps_its_hold() {
 #[tokio::test(start_paused = true)]
 async fn retain_waits_for_a_manual_renewal_in_flight() {
     timeout(BOUND, async {
-        let backend = Gated::default();
-        let (a, b) = (locker(&backend), locker(backend.memory()));
+        let (backend, a, b) = replicas();
         let opts = LockOptions::new(TTL).with_auto_renew(false);
         let guard = a.try_lock(&name(), &opts).await.expect("free");
         let clone = guard.handle();
@@ -148,12 +158,8 @@ async fn retain_waits_for_a_manual_renewal_in_flight() {
 #[tokio::test(start_paused = true)]
 async fn a_hold_that_fails_releases_the_lock() {
     timeout(BOUND, async {
-        let backend = Gated::default();
-        let (a, b) = (locker(&backend), locker(backend.memory()));
-        let guard = a
-            .try_lock(&name(), &LockOptions::new(TTL))
-            .await
-            .expect("free");
+        let (backend, a, b) = replicas();
+        let guard = take(&a).await;
         let clone = guard.handle();
         backend.refuse.store(true, Ordering::SeqCst);
         let refused = guard.retain_for(HOLD).await;
@@ -175,13 +181,9 @@ async fn a_hold_that_fails_releases_the_lock() {
 #[tokio::test(start_paused = true)]
 async fn a_hold_below_the_minimum_ttl_is_refused_and_released() {
     timeout(BOUND, async {
-        let backend = Gated::default();
-        let (a, b) = (locker(&backend), locker(backend.memory()));
+        let (backend, a, b) = replicas();
         let min = backend.capabilities().min_ttl;
-        let guard = a
-            .try_lock(&name(), &LockOptions::new(TTL))
-            .await
-            .expect("free");
+        let guard = take(&a).await;
         let refused = guard.retain_for(min / 2).await;
         assert!(
             matches!(&refused, Err(Error::Config(m)) if m.contains("minimum")),
