@@ -111,59 +111,43 @@ pub(crate) struct Plain;
 #[derive(Debug)]
 pub(crate) struct Fenced;
 
-impl Batch for Plain {
-    type Host = LockSession;
-    type Item = Attempt;
-    type Answer = LockAnswer;
-    const IN_FLIGHT: usize = IN_FLIGHT;
-    const MAX_BATCH: usize = MAX_BATCH;
+/// Implements [`Batch`] for one kind of attempt: `$kind`'s calls queue in
+/// the session's lane `$lane`, and its statement draws fencing tokens when
+/// `$fenced`. Plain and fenced attempts differ only there, and each needs
+/// a lane of its own, so each is a type of its own.
+macro_rules! attempt_batch {
+    ($kind:ty, $lane:ident, $fenced:expr) => {
+        impl Batch for $kind {
+            type Host = LockSession;
+            type Item = Attempt;
+            type Answer = LockAnswer;
+            const IN_FLIGHT: usize = IN_FLIGHT;
+            const MAX_BATCH: usize = MAX_BATCH;
 
-    fn lane(session: &LockSession) -> &Lane<Self> {
-        &session.lanes().plain
-    }
+            fn lane(session: &LockSession) -> &Lane<Self> {
+                &session.lanes().$lane
+            }
 
-    fn queued_limit(session: &LockSession) -> Option<Duration> {
-        Some(session.statement_timeout())
-    }
+            fn queued_limit(session: &LockSession) -> Option<Duration> {
+                Some(session.statement_timeout())
+            }
 
-    fn timed_out(_: &LockSession, limit: Duration) -> BackendError {
-        timed_out("pg_try_advisory_lock", limit)
-    }
+            fn timed_out(_: &LockSession, limit: Duration) -> BackendError {
+                timed_out("pg_try_advisory_lock", limit)
+            }
 
-    async fn run(
-        session: &LockSession,
-        items: Vec<Attempt>,
-    ) -> Vec<Result<LockAnswer, BackendError>> {
-        lane::each(session.try_lock_batch(&items, false).await, items.len())
-    }
+            async fn run(
+                session: &LockSession,
+                items: Vec<Attempt>,
+            ) -> Vec<Result<LockAnswer, BackendError>> {
+                lane::each(session.try_lock_batch(&items, $fenced).await, items.len())
+            }
+        }
+    };
 }
 
-impl Batch for Fenced {
-    type Host = LockSession;
-    type Item = Attempt;
-    type Answer = LockAnswer;
-    const IN_FLIGHT: usize = IN_FLIGHT;
-    const MAX_BATCH: usize = MAX_BATCH;
-
-    fn lane(session: &LockSession) -> &Lane<Self> {
-        &session.lanes().fenced
-    }
-
-    fn queued_limit(session: &LockSession) -> Option<Duration> {
-        Some(session.statement_timeout())
-    }
-
-    fn timed_out(_: &LockSession, limit: Duration) -> BackendError {
-        timed_out("pg_try_advisory_lock", limit)
-    }
-
-    async fn run(
-        session: &LockSession,
-        items: Vec<Attempt>,
-    ) -> Vec<Result<LockAnswer, BackendError>> {
-        lane::each(session.try_lock_batch(&items, true).await, items.len())
-    }
-}
+attempt_batch!(Plain, plain, false);
+attempt_batch!(Fenced, fenced, true);
 
 impl LockSession {
     /// Tries to take `key` on this session (with `fenced`, drawing a fencing
