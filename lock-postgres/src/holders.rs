@@ -26,13 +26,13 @@ use lock_core::{
     inspect::{validate_prefix, ForceOutcome, Holder, HolderPage},
     BackendError, BackendErrorKind, Identity, LockName,
 };
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 use tracing::{debug, warn};
 
 use crate::config::HOLDER_SUFFIX;
 use crate::error::protocol;
-use crate::session::LockSession;
+use crate::session::{LockSession, Params};
 use crate::{AdvisoryKey, PostgresBackend, PostgresConfig};
 
 /// Whether the holder table is known to exist here.
@@ -295,6 +295,16 @@ pub(crate) struct HolderInfo {
     pub(crate) identity: Option<String>,
 }
 
+/// What a statement on a lock's holder row ([`PostgresBackend::on_holder`])
+/// found.
+enum OnHolder {
+    /// The statement's rows.
+    Rows(Vec<Row>),
+    /// No holder row was ever written: the outcome for a holder that, if
+    /// any, is unknown.
+    Unrecorded(ForceOutcome),
+}
+
 /// Reads column `i` of `row`.
 fn col<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,
@@ -548,6 +558,46 @@ impl PostgresBackend {
         Ok(HolderPage::new(holders, next))
     }
 
+    /// Runs `sql` (as `what`), a statement on the holder row of `name`
+    /// whose parameters are the lock's key (`classid`, `objid`), namespace,
+    /// name, `token`, the key's halves and then `extra`: its rows, or when
+    /// no holder row was ever written (the holder table is missing), the
+    /// outcome for a holder that, if any, is unknown, from `pg_locks` alone.
+    async fn on_holder(
+        &self,
+        what: &str,
+        sql: &str,
+        name: &LockName,
+        token: i64,
+        extra: &Params<'_>,
+    ) -> Result<OnHolder, BackendError> {
+        let cfg = &self.inner.config;
+        let key = cfg.key_for(name);
+        let session = self.session().await?;
+        let (classid, objid) = (key.classid(), key.objid());
+        let (ns, name) = (cfg.namespace.as_str(), name.as_str());
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&classid, Type::INT8),
+            (&objid, Type::INT8),
+            (&ns, Type::TEXT),
+            (&name, Type::TEXT),
+            (&token, Type::INT8),
+            (&key.key1, Type::INT4),
+            (&key.key2, Type::INT4),
+        ];
+        params.extend_from_slice(extra);
+        match session.query(what, sql, &params).await {
+            Ok(rows) => Ok(OnHolder::Rows(rows)),
+            Err(e) if self.holder_sql().missing(&e) => Ok(OnHolder::Unrecorded(
+                match self.granted_pid(&session, key).await? {
+                    Some(_) => ForceOutcome::TokenMismatch { held: None },
+                    None => ForceOutcome::NotHeld,
+                },
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
     /// [`LockBackend::force_release`](lock_core::LockBackend::force_release):
     /// marks the holder row, which the holder's next renewal reads.
     pub(crate) async fn force_release_lock(
@@ -564,35 +614,18 @@ impl PostgresBackend {
                 ),
             )
         })?;
-        let cfg = &self.inner.config;
-        let key = cfg.key_for(name);
-        let session = self.session().await?;
-        let ns = cfg.namespace.as_str();
-        let rows = session
-            .query(
+        let rows = match self
+            .on_holder(
                 "marking a lock for a forced release",
                 &self.holder_sql().force,
-                &[
-                    (&key.classid(), Type::INT8),
-                    (&key.objid(), Type::INT8),
-                    (&ns, Type::TEXT),
-                    (&name.as_str(), Type::TEXT),
-                    (&token, Type::INT8),
-                    (&key.key1, Type::INT4),
-                    (&key.key2, Type::INT4),
-                ],
+                name,
+                token,
+                &[],
             )
-            .await;
-        let rows = match rows {
-            Ok(rows) => rows,
-            // No holder row was ever written: a holder, if any, is unknown.
-            Err(e) if self.holder_sql().missing(&e) => {
-                return Ok(match self.granted_pid(&session, key).await? {
-                    Some(_) => ForceOutcome::TokenMismatch { held: None },
-                    None => ForceOutcome::NotHeld,
-                });
-            }
-            Err(e) => return Err(e),
+            .await?
+        {
+            OnHolder::Rows(rows) => rows,
+            OnHolder::Unrecorded(outcome) => return Ok(outcome),
         };
         let row = rows
             .first()
@@ -648,35 +681,18 @@ impl PostgresBackend {
                 format!("fencing token {expected_token} is out of range"),
             )
         })?;
-        let cfg = &self.inner.config;
-        let key = cfg.key_for(name);
-        let session = self.session().await?;
-        let ns = cfg.namespace.as_str();
-        let rows = session
-            .query(
+        let rows = match self
+            .on_holder(
                 "ending the holder's session",
                 &self.holder_sql().terminate,
-                &[
-                    (&key.classid(), Type::INT8),
-                    (&key.objid(), Type::INT8),
-                    (&ns, Type::TEXT),
-                    (&name.as_str(), Type::TEXT),
-                    (&token, Type::INT8),
-                    (&key.key1, Type::INT4),
-                    (&key.key2, Type::INT4),
-                    (&end_other_leases, Type::BOOL),
-                ],
+                name,
+                token,
+                &[(&end_other_leases, Type::BOOL)],
             )
-            .await;
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(e) if self.holder_sql().missing(&e) => {
-                return Ok(match self.granted_pid(&session, key).await? {
-                    Some(_) => ForceOutcome::TokenMismatch { held: None },
-                    None => ForceOutcome::NotHeld,
-                });
-            }
-            Err(e) => return Err(e),
+            .await?
+        {
+            OnHolder::Rows(rows) => rows,
+            OnHolder::Unrecorded(outcome) => return Ok(outcome),
         };
         let row = rows
             .first()
