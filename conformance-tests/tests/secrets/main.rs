@@ -206,6 +206,16 @@ fn from_env_hides_passwords() {
     });
 }
 
+/// The runtime the connect tests run their attempts on: two workers, with
+/// I/O and timers.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// Awaits one connect attempt within [`CONNECT_BOUND`].
 async fn bounded<T: Debug, E: Error + 'static>(
     findings: &mut Findings,
@@ -238,11 +248,7 @@ async fn bounded<T: Debug, E: Error + 'static>(
 #[test]
 fn connect_hides_passwords() {
     over_the_inputs("connect", |findings, cases| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a tokio runtime");
+        let rt = runtime();
         let started = Instant::now();
         rt.block_on(async {
             for case in cases {
@@ -298,11 +304,7 @@ fn server_replies_hide_passwords() {
         eprintln!("server replies: REDIS_URL and DATABASE_URL unset; nothing to check");
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let rt = runtime();
     let mut findings = Findings::default();
     let mut inputs = 0;
     rt.block_on(async {
