@@ -223,25 +223,14 @@ async fn bounded<T: Debug, E: Error + 'static>(
     case: &Case,
     attempt: impl Future<Output = Result<T, E>>,
 ) {
-    match tokio::time::timeout(CONNECT_BOUND, attempt).await {
-        Ok(result) => {
-            if outcome(findings, what, case, result).is_some() {
-                findings.problem(
-                    what,
-                    format!(
-                        "{what}({:?}) connected, but nothing listens on that port",
-                        case.input
-                    ),
-                );
-            }
-        }
-        Err(_) => findings.problem(
+    if bounded_any(findings, what, case, attempt).await.is_some() {
+        findings.problem(
             what,
             format!(
-                "{what}({:?}) did not finish within {CONNECT_BOUND:?}",
+                "{what}({:?}) connected, but nothing listens on that port",
                 case.input
             ),
-        ),
+        );
     }
 }
 
@@ -346,23 +335,25 @@ fn server_replies_hide_passwords() {
 }
 
 /// Awaits one attempt against a live server within [`CONNECT_BOUND`];
-/// either outcome is checked (a server may accept any password).
+/// either outcome is checked (a server may accept any password). Returns
+/// what the attempt connected, if it did.
 async fn bounded_any<T: Debug, E: Error + 'static>(
     findings: &mut Findings,
     what: &str,
     case: &Case,
     attempt: impl Future<Output = Result<T, E>>,
-) {
+) -> Option<T> {
     match tokio::time::timeout(CONNECT_BOUND, attempt).await {
-        Ok(result) => {
-            outcome(findings, what, case, result);
+        Ok(result) => outcome(findings, what, case, result),
+        Err(_) => {
+            findings.problem(
+                what,
+                format!(
+                    "{what}({:?}) did not finish within {CONNECT_BOUND:?}",
+                    case.input
+                ),
+            );
+            None
         }
-        Err(_) => findings.problem(
-            what,
-            format!(
-                "{what}({:?}) did not finish within {CONNECT_BOUND:?}",
-                case.input
-            ),
-        ),
     }
 }
