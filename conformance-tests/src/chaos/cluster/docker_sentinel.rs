@@ -29,19 +29,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
-use lock_core::{LockGuard, LockName, LockOptions, LossReason};
-use tokio::task::JoinHandle;
+use lock_core::{LockOptions, LossReason};
 use tokio::time::{sleep, sleep_until, Instant};
 
-use super::leader::waiter;
-use super::watch::RenewWatch;
+use super::leader::{self, acquired_within, loss_of, release_kept};
 use crate::backends::docker_sentinel::{self, DockerSentinelFactory, DockerSentinelSet, MAX_LAG};
 use crate::backends::redis::config_for;
 use crate::chaos::cases::{wind_down, Handover, Target};
 use crate::chaos::figures::{self, Row};
-use crate::chaos::holder::{Holder, Resource};
 use crate::harness::docker;
-use crate::{Ctx, Replica};
+use crate::Ctx;
 
 /// The lease that rides out the failover.
 const LONG_TTL: Duration = Duration::from_secs(8);
@@ -50,6 +47,13 @@ const LONG_TTL: Duration = Duration::from_secs(8);
 /// (measured 2.5 to 3 s: 1 s until the primary is deemed down, then the
 /// election and the promotion), with room for a sentinel in TILT.
 const FAILOVER_WITHIN: Duration = Duration::from_secs(20);
+
+/// The messages of [`release_kept`]'s expectations for the 8 s lease the
+/// promoted replica serves.
+const KEPT_ON_PROMOTED: (&str, &str) = (
+    "a lease held locally is held on the promoted replica",
+    "the holder releases on the promoted replica",
+);
 
 /// Smoke iterations; `CHAOS_SOAK` multiplies them.
 const SMOKE_ITERATIONS: usize = 2;
@@ -88,15 +92,12 @@ fn run(run_id: &str, target: Target) -> Result<(), Failed> {
     outcome
 }
 
+/// A holder and its waiter, with the options (and so the TTL) of the
+/// holder's lease.
 struct Pair {
     ttl: Duration,
     opts: LockOptions,
-    name: LockName,
-    resource: Arc<Resource>,
-    holder: Holder,
-    watch: RenewWatch,
-    waiter_rep: Replica,
-    waiter: JoinHandle<(Instant, LockGuard)>,
+    pair: leader::Pair,
 }
 
 /// What one fault measured, beyond the row.
@@ -169,30 +170,12 @@ async fn one_cut(
     let old = tokio::task::block_in_place(|| set.primary()).expect("the sentinels name a primary");
     let mut pairs = Vec::new();
     for (kind, opts) in [("short", short.clone()), ("long", long)] {
-        let holder_rep = ctx.replica().await;
-        let waiter_rep = ctx.replica().await;
         let name = ctx.name(&format!("primary-partition-{i}-{kind}"));
-        let resource = Arc::new(Resource::default());
-        let holder = Holder::start(&holder_rep, &name, &opts, Arc::clone(&resource)).await;
-        let watch = RenewWatch::start(holder.handle.clone());
-        let wait = opts
-            .clone()
-            .with_acquire_timeout(FAILOVER_WITHIN + LONG_TTL * 2);
-        let waiter = waiter(
-            waiter_rep.clone(),
-            name.clone(),
-            wait,
-            Arc::clone(&resource),
-        );
+        let pair = leader::Pair::start(ctx, name, &opts, FAILOVER_WITHIN + LONG_TTL * 2).await;
         pairs.push(Pair {
             ttl: opts.ttl(),
             opts,
-            name,
-            resource,
-            holder,
-            watch,
-            waiter_rep,
-            waiter,
+            pair,
         });
     }
     sleep(short.ttl()).await;
@@ -218,7 +201,7 @@ async fn one_cut(
     // Where the 1 s holder's key expires on the replicas: what the promoted
     // one will hold.
     let replica = (old + 1) % docker_sentinel::SERVERS;
-    let key = format!("{prefix}{}", pairs[0].name.as_str());
+    let key = format!("{prefix}{}", pairs[0].pair.name.as_str());
     let expires_at = {
         let mut c = redis::Client::open(set.server_url(replica).expect("url").as_str())
             .expect("url")
@@ -267,37 +250,21 @@ async fn one_cut(
         }
     }
 
-    for p in pairs {
-        let Pair {
-            ttl,
-            opts,
-            name,
-            resource,
-            mut holder,
-            watch,
-            waiter_rep,
-            waiter,
-        } = p;
+    for Pair {
+        ttl,
+        opts,
+        pair: mut p,
+    } in pairs
+    {
         let interval = opts.renew_interval();
         let (let_go_at, writes) = if ttl == LONG_TTL {
             // Renewals are retried every quarter interval while the lease
             // is valid: by then one has reached the promoted replica.
             sleep_until(switched_at + interval + target.op_timeout + tol).await;
-            if holder.handle.is_held() {
-                holder
-                    .handle
-                    .verify()
-                    .await
-                    .expect("a lease held locally is held on the promoted replica");
-                row.stall.push(watch.stall(fault_at, Instant::now()));
-                let (released, at, writes) = holder.release(ttl).await;
-                released.expect("the holder releases on the promoted replica");
-                (at, writes)
+            if p.holder.handle.is_held() {
+                release_kept(p.holder, p.watch, row, fault_at, ttl, KEPT_ON_PROMOTED).await
             } else {
-                let (lost_at, reason) = holder
-                    .lost_by(Instant::now() + Duration::from_millis(200))
-                    .await
-                    .expect("a lease not held was lost");
+                let (lost_at, reason) = loss_of(&mut p.holder).await;
                 seen.long = Some(reason);
                 row.abort.push(lost_at - fault_at);
                 // A loss learnt from the promoted replica: from the
@@ -305,12 +272,13 @@ async fn one_cut(
                 if lost_at > switched_at {
                     row.detection.push(lost_at - switched_at);
                 }
-                row.stall.push(watch.stall(fault_at, lost_at));
-                let (_old, writes) = holder.writes(ttl).await;
+                row.stall.push(p.watch.stall(fault_at, lost_at));
+                let (_old, writes) = p.holder.writes(ttl).await;
                 (lost_at, writes)
             }
         } else {
-            let (lost_at, reason) = holder
+            let (lost_at, reason) = p
+                .holder
                 .lost_by(fault_at + ttl + tol)
                 .await
                 .expect("the 1 s holder aborts by its local deadline");
@@ -329,20 +297,17 @@ async fn one_cut(
             // ended before any other server could grant the lock. The
             // renewal stall is the 8 s holders' figure alone.
             row.abort.push(lost_at - fault_at);
-            let _ = watch.stall(fault_at, lost_at);
-            let (_old, writes) = holder.writes(ttl).await;
+            let _ = p.watch.stall(fault_at, lost_at);
+            let (_old, writes) = p.holder.writes(ttl).await;
             (lost_at, writes)
         };
-        let (acquired_at, succ) = tokio::time::timeout(FAILOVER_WITHIN + LONG_TTL * 2, waiter)
-            .await
-            .expect("the waiter acquires in time")
-            .expect("waiter task");
+        let (acquired_at, succ) = acquired_within(p.waiter, FAILOVER_WITHIN + LONG_TTL * 2).await;
         if acquired_at < let_go_at {
             row.overlaps += 1;
         }
-        let late = resource.log.after_deadline();
-        let h = Handover::new(&waiter_rep.locker, &name, &opts);
-        wind_down(row, h, succ, &resource, acquired_at, (writes, late)).await;
+        let late = p.resource.log.after_deadline();
+        let h = Handover::new(&p.waiter_rep.locker, &p.name, &opts);
+        wind_down(row, h, succ, &p.resource, acquired_at, (writes, late)).await;
     }
     // Alone past min-replicas-max-lag, the old primary counts no replica.
     sleep_until(fault_at + MAX_LAG + Duration::from_secs(2)).await;

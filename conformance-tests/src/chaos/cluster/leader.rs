@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{LockGuard, LockName, LockOptions};
+use lock_core::{LockGuard, LockName, LockOptions, LossReason};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 
@@ -47,30 +47,78 @@ pub(super) fn waiter(
     })
 }
 
-/// A holder and a waiter queued behind it, each in a replica of its own.
-pub(super) struct Pair {
-    name: LockName,
-    resource: Arc<Resource>,
+/// The messages of [`release_kept`]'s expectations for a lease the new
+/// leader serves.
+const KEPT_BY_LEADER: (&str, &str) = (
+    "a lease held locally is held by the new leader",
+    "the holder releases through the new leader",
+);
+
+/// When and why a holder that no longer holds its lease lost it (it must
+/// have been told within 200 ms).
+pub(super) async fn loss_of(holder: &mut Holder) -> (Instant, LossReason) {
+    holder
+        .lost_by(Instant::now() + Duration::from_millis(200))
+        .await
+        .expect("a lease not held was lost")
+}
+
+/// The waiter's acquire, awaited for at most `within`: when it acquired,
+/// and its guard.
+pub(super) async fn acquired_within(
+    waiter: JoinHandle<(Instant, LockGuard)>,
+    within: Duration,
+) -> (Instant, LockGuard) {
+    tokio::time::timeout(within, waiter)
+        .await
+        .expect("the waiter acquires in time")
+        .expect("waiter task")
+}
+
+/// Verifies and releases a lease its holder kept through the fault at
+/// `fault_at`, noting the renewal stall into `row`; `held` and `released`
+/// are the expectations' messages, which name where the lease is now
+/// served. Returns when the holder let go, and its writes.
+pub(super) async fn release_kept(
     holder: Holder,
     watch: RenewWatch,
-    waiter_rep: Replica,
-    waiter: JoinHandle<(Instant, LockGuard)>,
+    row: &mut Row,
+    fault_at: Instant,
+    ttl: Duration,
+    (held, released): (&str, &str),
+) -> (Instant, usize) {
+    holder.handle.verify().await.expect(held);
+    row.stall.push(watch.stall(fault_at, Instant::now()));
+    let (result, at, writes) = holder.release(ttl).await;
+    result.expect(released);
+    (at, writes)
+}
+
+/// A holder and a waiter queued behind it, each in a replica of its own.
+pub(super) struct Pair {
+    pub(super) name: LockName,
+    pub(super) resource: Arc<Resource>,
+    pub(super) holder: Holder,
+    pub(super) watch: RenewWatch,
+    pub(super) waiter_rep: Replica,
+    pub(super) waiter: JoinHandle<(Instant, LockGuard)>,
 }
 
 impl Pair {
-    /// Takes `name` in one replica and queues a waiter on it in another.
+    /// Takes `name` in one replica and queues a waiter on it in another,
+    /// which waits at most `wait` to acquire.
     pub(super) async fn start(
         ctx: &Ctx,
         name: LockName,
         opts: &LockOptions,
-        ttl: Duration,
+        wait: Duration,
     ) -> Self {
         let holder_rep = ctx.replica().await;
         let waiter_rep = ctx.replica().await;
         let resource = Arc::new(Resource::default());
         let holder = Holder::start(&holder_rep, &name, opts, Arc::clone(&resource)).await;
         let watch = RenewWatch::start(holder.handle.clone());
-        let wait = opts.clone().with_acquire_timeout(ttl * 10);
+        let wait = opts.clone().with_acquire_timeout(wait);
         let waiter = waiter(
             waiter_rep.clone(),
             name.clone(),
@@ -109,20 +157,9 @@ impl Pair {
         } = self;
         let kept = holder.handle.is_held();
         let (let_go_at, writes) = if kept {
-            holder
-                .handle
-                .verify()
-                .await
-                .expect("a lease held locally is held by the new leader");
-            row.stall.push(watch.stall(fault_at, Instant::now()));
-            let (released, at, writes) = holder.release(ttl).await;
-            released.expect("the holder releases through the new leader");
-            (at, writes)
+            release_kept(holder, watch, row, fault_at, ttl, KEPT_BY_LEADER).await
         } else {
-            let (lost_at, reason) = holder
-                .lost_by(Instant::now() + Duration::from_millis(200))
-                .await
-                .expect("a lease not held was lost");
+            let (lost_at, reason) = loss_of(&mut holder).await;
             row.abort.push(lost_at - fault_at);
             row.stall.push(watch.stall(fault_at, lost_at));
             let deadline_ok = resource.log.after_deadline() == 0;
@@ -130,10 +167,7 @@ impl Pair {
             let (_old, writes) = holder.writes(ttl).await;
             (lost_at, writes)
         };
-        let (acquired_at, succ) = tokio::time::timeout(ttl * 12, waiter)
-            .await
-            .expect("the waiter acquires in time")
-            .expect("waiter task");
+        let (acquired_at, succ) = acquired_within(waiter, ttl * 12).await;
         assert!(
             let_go_at <= acquired_at,
             "double grant: the waiter acquired {:?} before the holder let go",
@@ -156,7 +190,7 @@ pub(super) async fn start_pairs(
     let mut pairs = Vec::with_capacity(HOLDERS);
     for h in 0..HOLDERS {
         let name = ctx.name(&format!("{prefix}-{h}"));
-        pairs.push(Pair::start(ctx, name, opts, ttl).await);
+        pairs.push(Pair::start(ctx, name, opts, ttl * 10).await);
     }
     pairs
 }
