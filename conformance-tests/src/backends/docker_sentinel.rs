@@ -406,12 +406,7 @@ impl DockerSentinelFactory {
     ///
     /// As [`DockerSentinelSet::start`].
     pub fn deploy(&self) -> Result<Arc<DockerSentinelSet>, BoxError> {
-        let old = self
-            .set
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        drop(old);
+        self.clear();
         let set = Arc::new(DockerSentinelSet::start()?);
         *self.set.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&set));
         Ok(set)
