@@ -7,12 +7,13 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lock_core::{BackendError, LockName, OnStale, StartCheck, StartVerdict, TickWrite};
+use lock_core::{BackendError, LockName, StartCheck, StartVerdict, TickWrite};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
 use crate::error::protocol;
-use crate::tick_runs::{record, token_param};
+use crate::tick_runs::record;
+use crate::tick_runs_batch::{start_insert, StartColumns};
 use crate::PostgresBackend;
 
 /// One checked start as the scheduler sends it.
@@ -164,19 +165,12 @@ impl PostgresBackend {
              ok AS (SELECT * FROM c WHERE c.tick::numeric - c.server_ms <= c.tolerance \
              AND NOT c.marked AND (c.last IS NULL OR NOT (c.last = c.tick OR (c.last > c.tick \
              AND (c.late OR c.last::numeric - c.tick > c.tolerance))))), \
-             w AS (INSERT INTO {r} AS r (namespace, job, tick, state, token, replica, at) \
-             SELECT $1, job, tick, 'S', token, replica, at FROM ok ORDER BY job, tick \
-             ON CONFLICT (namespace, job, tick) DO UPDATE \
-             SET state = (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick), \
-             token = EXCLUDED.token, replica = EXCLUDED.replica, at = EXCLUDED.at \
-             WHERE r.state = 'S' AND r.token < EXCLUDED.token \
-             AND (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick) <> 'R' \
-             RETURNING job, tick, state, token, replica, at){prune} \
+             {w}{prune} \
              SELECT c.job, c.tick, c.server_ms, c.marked, c.last, w.state, w.token, w.replica, w.at \
              FROM c LEFT JOIN w ON w.job = c.job AND w.tick = c.tick",
             m = self.mark_table(),
             t = self.tick_table(),
-            r = self.run_table()
+            w = start_insert(&self.run_table(), "ok"),
         );
         session
             .query(
@@ -184,12 +178,12 @@ impl PostgresBackend {
                 &sql,
                 &[
                     (&ns, Type::TEXT),
-                    (&cols.jobs, Type::TEXT_ARRAY),
-                    (&cols.ticks, Type::INT8_ARRAY),
-                    (&cols.tokens, Type::INT8_ARRAY),
-                    (&cols.replicas, Type::TEXT_ARRAY),
-                    (&cols.ats, Type::INT8_ARRAY),
-                    (&cols.stales, Type::TEXT_ARRAY),
+                    (&cols.starts.jobs, Type::TEXT_ARRAY),
+                    (&cols.starts.ticks, Type::INT8_ARRAY),
+                    (&cols.starts.tokens, Type::INT8_ARRAY),
+                    (&cols.starts.replicas, Type::TEXT_ARRAY),
+                    (&cols.starts.ats, Type::INT8_ARRAY),
+                    (&cols.starts.stales, Type::TEXT_ARRAY),
                     (&cols.tolerances, Type::INT8_ARRAY),
                     (&cols.lates, Type::BOOL_ARRAY),
                     (&cut, Type::INT8),
@@ -199,15 +193,11 @@ impl PostgresBackend {
     }
 }
 
-/// The statement's parameters, a column each.
+/// The statement's parameters, a column each: the starts', and their
+/// checks'.
 #[derive(Default)]
 struct Columns<'a> {
-    jobs: Vec<&'a str>,
-    ticks: Vec<i64>,
-    tokens: Vec<i64>,
-    replicas: Vec<&'a str>,
-    ats: Vec<i64>,
-    stales: Vec<&'static str>,
+    starts: StartColumns<'a>,
     tolerances: Vec<i64>,
     lates: Vec<bool>,
 }
@@ -220,27 +210,7 @@ impl<'a> Columns<'a> {
         write: &'a TickWrite,
         check: &StartCheck,
     ) -> Result<(), BackendError> {
-        let TickWrite::Start {
-            token,
-            replica,
-            at,
-            on_stale,
-        } = write
-        else {
-            return Err(protocol(format!(
-                "a checked start of {job} at {tick} carried a Complete write"
-            )));
-        };
-        self.jobs.push(job.as_str());
-        self.ticks.push(tick);
-        self.tokens.push(token_param(*token)?);
-        self.replicas.push(replica.as_str());
-        self.ats.push(*at);
-        self.stales.push(match on_stale {
-            OnStale::Refuse => "R",
-            OnStale::Abandon => "A",
-            OnStale::TakeOver => "S",
-        });
+        self.starts.push(job, tick, write)?;
         self.tolerances.push(check.tolerance_ms);
         self.lates.push(check.late);
         Ok(())

@@ -68,11 +68,7 @@ impl PostgresBackend {
                 // The prune skips rows another statement holds (a later
                 // write prunes them): waiting on them would add to the
                 // lag of the tick about to run.
-                let stale = match on_stale {
-                    OnStale::Refuse => "R",
-                    OnStale::Abandon => "A",
-                    OnStale::TakeOver => "S",
-                };
+                let stale = stale_code(*on_stale);
                 let sql = format!(
                     "WITH w AS (INSERT INTO {r} AS r (namespace, job, tick, state, token, replica, at) \
                      VALUES ($1, $2, $3, 'S', $4, $5, $6) \
@@ -169,6 +165,16 @@ impl PostgresBackend {
             Err(e) if missing_table(&e) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// The state a `Start` write leaves on a stale `Started` record, as the
+/// records' `state` column spells it (`R`: refuse, keep it).
+pub(crate) fn stale_code(on_stale: OnStale) -> &'static str {
+    match on_stale {
+        OnStale::Refuse => "R",
+        OnStale::Abandon => "A",
+        OnStale::TakeOver => "S",
     }
 }
 

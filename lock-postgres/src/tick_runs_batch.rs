@@ -6,13 +6,13 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use lock_core::{BackendError, LockName, OnStale, TickAnswer, TickRecord, TickWrite};
+use lock_core::{BackendError, LockName, TickAnswer, TickRecord, TickWrite};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 use tracing::warn;
 
 use crate::error::protocol;
-use crate::tick_runs::{record, token_param};
+use crate::tick_runs::{record, stale_code, token_param};
 use crate::ticks::missing_table;
 use crate::PostgresBackend;
 
@@ -98,45 +98,15 @@ impl PostgresBackend {
     ) -> Result<Vec<Row>, BackendError> {
         let session = self.session().await?;
         let ns = self.inner.config.namespace.as_str();
-        let (mut jobs, mut ticks, mut tokens, mut replicas, mut ats, mut stales) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let mut cols = StartColumns::default();
         for (job, tick, write) in group {
-            let TickWrite::Start {
-                token,
-                replica,
-                at,
-                on_stale,
-            } = write
-            else {
-                continue;
-            };
-            jobs.push(job.as_str());
-            ticks.push(*tick);
-            tokens.push(token_param(*token)?);
-            replicas.push(replica.as_str());
-            ats.push(*at);
-            stales.push(match on_stale {
-                OnStale::Refuse => "R",
-                OnStale::Abandon => "A",
-                OnStale::TakeOver => "S",
-            });
+            cols.push(job, *tick, write)?;
         }
-        // Rows go in (job, tick) order, so two replicas' batches lock them
-        // in the same order. The stale rule of a conflicting row is looked
-        // up by its key: EXCLUDED holds only the table's columns.
         let sql = format!(
             "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::text[], \
              $6::int8[], $7::text[]) AS v(job, tick, token, replica, at, stale)), \
-             w AS (INSERT INTO {r} AS r (namespace, job, tick, state, token, replica, at) \
-             SELECT $1, job, tick, 'S', token, replica, at FROM v ORDER BY job, tick \
-             ON CONFLICT (namespace, job, tick) DO UPDATE \
-             SET state = (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick), \
-             token = EXCLUDED.token, replica = EXCLUDED.replica, at = EXCLUDED.at \
-             WHERE r.state = 'S' AND r.token < EXCLUDED.token \
-             AND (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick) <> 'R' \
-             RETURNING job, tick, state, token, replica, at) \
-             SELECT job, tick, state, token, replica, at FROM w",
-            r = self.run_table()
+             {w} SELECT job, tick, state, token, replica, at FROM w",
+            w = start_insert(&self.run_table(), "v")
         );
         session
             .query(
@@ -144,12 +114,12 @@ impl PostgresBackend {
                 &sql,
                 &[
                     (&ns, Type::TEXT),
-                    (&jobs, Type::TEXT_ARRAY),
-                    (&ticks, Type::INT8_ARRAY),
-                    (&tokens, Type::INT8_ARRAY),
-                    (&replicas, Type::TEXT_ARRAY),
-                    (&ats, Type::INT8_ARRAY),
-                    (&stales, Type::TEXT_ARRAY),
+                    (&cols.jobs, Type::TEXT_ARRAY),
+                    (&cols.ticks, Type::INT8_ARRAY),
+                    (&cols.tokens, Type::INT8_ARRAY),
+                    (&cols.replicas, Type::TEXT_ARRAY),
+                    (&cols.ats, Type::INT8_ARRAY),
+                    (&cols.stales, Type::TEXT_ARRAY),
                 ],
             )
             .await
@@ -308,6 +278,68 @@ impl PostgresBackend {
             Err(e) => return Err(e),
         };
         by_tick(&rows)
+    }
+}
+
+/// The statement part `w AS (...)` that inserts a `Started` record for each
+/// row of `source` (columns job, tick, token, replica, at), the parameter
+/// `$1` being the namespace. On a conflict only a `Started` record of a
+/// lower token changes, as the row's stale rule in `v` (column `stale`)
+/// says; `R` leaves it. Returns job, tick, state, token, replica, at of
+/// each record written. Rows go in (job, tick) order, so two replicas'
+/// batches lock them in the same order; the stale rule is looked up by the
+/// row's key because `EXCLUDED` holds only the table's columns.
+pub(crate) fn start_insert(runs: &str, source: &str) -> String {
+    format!(
+        "w AS (INSERT INTO {runs} AS r (namespace, job, tick, state, token, replica, at) \
+         SELECT $1, job, tick, 'S', token, replica, at FROM {source} ORDER BY job, tick \
+         ON CONFLICT (namespace, job, tick) DO UPDATE \
+         SET state = (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick), \
+         token = EXCLUDED.token, replica = EXCLUDED.replica, at = EXCLUDED.at \
+         WHERE r.state = 'S' AND r.token < EXCLUDED.token \
+         AND (SELECT v.stale FROM v WHERE v.job = EXCLUDED.job AND v.tick = EXCLUDED.tick) <> 'R' \
+         RETURNING job, tick, state, token, replica, at)"
+    )
+}
+
+/// The `Start` writes of a batch as its statement's parameters, a column
+/// each.
+#[derive(Default)]
+pub(crate) struct StartColumns<'a> {
+    pub(crate) jobs: Vec<&'a str>,
+    pub(crate) ticks: Vec<i64>,
+    pub(crate) tokens: Vec<i64>,
+    pub(crate) replicas: Vec<&'a str>,
+    pub(crate) ats: Vec<i64>,
+    pub(crate) stales: Vec<&'static str>,
+}
+
+impl<'a> StartColumns<'a> {
+    /// Adds one `Start` write; any other write is a caller's mistake.
+    pub(crate) fn push(
+        &mut self,
+        job: &'a LockName,
+        tick: i64,
+        write: &'a TickWrite,
+    ) -> Result<(), BackendError> {
+        let TickWrite::Start {
+            token,
+            replica,
+            at,
+            on_stale,
+        } = write
+        else {
+            return Err(protocol(format!(
+                "a start of {job} at {tick} carried a Complete write"
+            )));
+        };
+        self.jobs.push(job.as_str());
+        self.ticks.push(tick);
+        self.tokens.push(token_param(*token)?);
+        self.replicas.push(replica.as_str());
+        self.ats.push(*at);
+        self.stales.push(stale_code(*on_stale));
+        Ok(())
     }
 }
 

@@ -99,10 +99,12 @@ impl Ticks {
         write: TickWrite,
         keep: Duration,
     ) -> Result<TickAnswer, BackendError> {
-        let item = (job.clone(), tick, write, keep);
-        match item.2 {
-            TickWrite::Start { .. } => lane::call::<Starts>(&self.lanes, item).await,
-            TickWrite::Complete { .. } => lane::call::<Completes>(&self.lanes, item).await,
+        let start = matches!(write, TickWrite::Start { .. });
+        let item = ((job.clone(), tick, write), keep);
+        if start {
+            lane::call::<Starts>(&self.lanes, item).await
+        } else {
+            lane::call::<Completes>(&self.lanes, item).await
         }
     }
 }
@@ -127,12 +129,12 @@ impl Ticks {
         check: StartCheck,
         keep: Duration,
     ) -> Result<StartVerdict, BackendError> {
-        lane::call::<CheckedStarts>(&self.lanes, (job.clone(), tick, write, check, keep)).await
+        lane::call::<CheckedStarts>(&self.lanes, ((job.clone(), tick, write, check), keep)).await
     }
 }
 
-/// One checked `Started` write as its lane carries it.
-type CheckedItem = (LockName, i64, TickWrite, StartCheck, Duration);
+/// One checked `Started` write as its lane carries it, with its `keep`.
+type CheckedItem = ((LockName, i64, TickWrite, StartCheck), Duration);
 
 /// The checked `Started` writes' lane.
 #[derive(Debug)]
@@ -148,33 +150,29 @@ impl Batch for CheckedStarts {
     }
 
     async fn run(host: &Lanes, items: Vec<CheckedItem>) -> Vec<Result<StartVerdict, BackendError>> {
-        let keep = items
-            .iter()
-            .map(|(.., keep)| *keep)
-            .max()
-            .unwrap_or_default();
-        let starts: Vec<(LockName, i64, TickWrite, StartCheck)> = items
-            .into_iter()
-            .map(|(job, tick, write, check, _)| (job, tick, write, check))
-            .collect();
+        let (starts, keep) = longest_keep(items);
         host.store.start_checked_many(&starts, keep).await
     }
 }
 
-/// One tick-record write as a lane carries it.
-type WriteItem = (LockName, i64, TickWrite, Duration);
+/// One tick-record write as a lane carries it, with how long its record
+/// must be kept.
+type WriteItem = ((LockName, i64, TickWrite), Duration);
+
+/// A batch's items without their `keep`, and the longest `keep` asked in
+/// it: a batch keeps every record for that long.
+fn longest_keep<T>(items: Vec<(T, Duration)>) -> (Vec<T>, Duration) {
+    let keep = items
+        .iter()
+        .map(|(_, keep)| *keep)
+        .max()
+        .unwrap_or_default();
+    (items.into_iter().map(|(item, _)| item).collect(), keep)
+}
 
 /// Sends one batch of writes, kept for the longest `keep` asked in it.
 async fn write_batch(host: &Lanes, items: Vec<WriteItem>) -> Vec<Result<TickAnswer, BackendError>> {
-    let keep = items
-        .iter()
-        .map(|(_, _, _, keep)| *keep)
-        .max()
-        .unwrap_or_default();
-    let writes: Vec<(LockName, i64, TickWrite)> = items
-        .into_iter()
-        .map(|(job, tick, write, _)| (job, tick, write))
-        .collect();
+    let (writes, keep) = longest_keep(items);
     host.store.write_ticks_many(&writes, keep).await
 }
 
