@@ -18,15 +18,15 @@
 //! Run with `--nocapture` to print the matrix.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
 use chrono::{DateTime, Utc};
-use lock_core::{
-    async_trait, BackendError, LockName, Locker, StartCheck, StartVerdict, TickAnswer, TickRecord,
-    TickStore, TickWrite,
-};
+use common::{Completes, FlakyCompletes};
+use lock_core::{async_trait, LockName, Locker, TickRecord, TickStore};
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{
@@ -75,66 +75,6 @@ impl Intercept for Freeze {
     }
 }
 
-/// The memory store, saying it makes a start's checks in the write's own
-/// step (its `start_checked_many` is the trait's default, the same checks),
-/// and counting the reads of marks the scheduler makes apart: with this
-/// store there must be none.
-#[derive(Debug)]
-struct OneStep {
-    inner: MemoryBackend,
-    reads_apart: AtomicUsize,
-}
-
-#[async_trait]
-impl TickStore for OneStep {
-    async fn last_completed(&self, job: &LockName) -> Result<Option<i64>, BackendError> {
-        // Read apart on purpose too: once per job when it starts, to pick
-        // the missed ticks. Not counted.
-        self.inner.last_completed(job).await
-    }
-    async fn record_completed(
-        &self,
-        job: &LockName,
-        tick: i64,
-        keep: Duration,
-    ) -> Result<(), BackendError> {
-        self.inner.record_completed(job, tick, keep).await
-    }
-    async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
-        self.reads_apart.fetch_add(1, Ordering::SeqCst);
-        self.inner.is_completed(job, tick).await
-    }
-    async fn server_time(&self) -> Result<Option<i64>, BackendError> {
-        self.inner.server_time().await
-    }
-    async fn write_tick(
-        &self,
-        job: &LockName,
-        tick: i64,
-        write: &TickWrite,
-        keep: Duration,
-    ) -> Result<TickAnswer, BackendError> {
-        self.inner.write_tick(job, tick, write, keep).await
-    }
-    async fn tick_record(
-        &self,
-        job: &LockName,
-        tick: i64,
-    ) -> Result<Option<TickRecord>, BackendError> {
-        self.inner.tick_record(job, tick).await
-    }
-    fn checks_starts_in_one_step(&self) -> bool {
-        true
-    }
-    async fn start_checked_many(
-        &self,
-        starts: &[(LockName, i64, TickWrite, StartCheck)],
-        keep: Duration,
-    ) -> Vec<Result<StartVerdict, BackendError>> {
-        self.inner.start_checked_many(starts, keep).await
-    }
-}
-
 /// What one run of the matrix saw.
 #[derive(Debug, Default, Clone)]
 struct Row {
@@ -176,15 +116,14 @@ impl Freezer {
 
 async fn run(step: Step, delivery: Delivery, one_step: bool) -> Row {
     let memory = MemoryBackend::new();
-    let counted = Arc::new(OneStep {
-        inner: memory.clone(),
-        reads_apart: AtomicUsize::new(0),
-    });
-    let store: Arc<dyn TickStore> = if one_step {
-        Arc::clone(&counted) as Arc<dyn TickStore>
+    // The same memory store either way; only what it says of its starts,
+    // and so the scheduler's path, differs.
+    let counted = if one_step {
+        FlakyCompletes::one_step(memory.clone())
     } else {
-        Arc::new(memory.clone())
+        FlakyCompletes::new(memory.clone(), Completes::Land)
     };
+    let store: Arc<dyn TickStore> = Arc::clone(&counted) as Arc<dyn TickStore>;
     // The first tick is due 1 s after the start.
     let base = DateTime::from_timestamp(1_800_000_009, 0).expect("valid");
     let calls: Arc<Mutex<BTreeMap<i64, Vec<u64>>>> = Arc::default();
@@ -273,7 +212,7 @@ async fn run(step: Step, delivery: Delivery, one_step: bool) -> Row {
     let count = |o: TickOutcome| reports.iter().filter(|r| r.outcome == o).count();
     row.abandoned = count(TickOutcome::Abandoned);
     row.fenced_out = count(TickOutcome::FencedOut);
-    row.reads_apart = counted.reads_apart.load(Ordering::SeqCst);
+    row.reads_apart = if one_step { counted.marks_read() } else { 0 };
     row
 }
 

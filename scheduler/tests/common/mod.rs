@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::DateTime;
 use lock_core::{
     async_trait, BackendError, BackendErrorKind, Error as LockError, LockName, LockOptions, Locker,
-    TickAnswer, TickRecord, TickStore, TickWrite,
+    StartCheck, StartVerdict, TickAnswer, TickRecord, TickStore, TickWrite,
 };
 use lock_memory::MemoryBackend;
 use prometheus::Registry;
@@ -37,11 +37,18 @@ pub(crate) enum Completes {
 /// [`Completes`] says, counting them. The tick store is the scheduler's
 /// second argument, apart from the `Locker`'s backend, so it is wrapped
 /// here rather than through `Intercepted`.
+///
+/// With `one_step`, it also says it makes a start's checks in the write's
+/// own step, as Postgres does (its `start_checked_many` is the trait's
+/// default over the memory store: the same checks), and counts the marks
+/// the scheduler reads apart, which it then must not.
 #[derive(Debug)]
 pub(crate) struct FlakyCompletes {
     inner: MemoryBackend,
     completes: Mutex<Completes>,
     sent: AtomicUsize,
+    one_step: bool,
+    marks_read: AtomicUsize,
 }
 
 impl FlakyCompletes {
@@ -50,7 +57,25 @@ impl FlakyCompletes {
             inner,
             completes: Mutex::new(completes),
             sent: AtomicUsize::new(0),
+            one_step: false,
+            marks_read: AtomicUsize::new(0),
         })
+    }
+
+    /// Over `inner`, landing every write, and checking starts in one step.
+    pub(crate) fn one_step(inner: MemoryBackend) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            completes: Mutex::new(Completes::Land),
+            sent: AtomicUsize::new(0),
+            one_step: true,
+            marks_read: AtomicUsize::new(0),
+        })
+    }
+
+    /// The marks read through `is_completed` so far.
+    pub(crate) fn marks_read(&self) -> usize {
+        self.marks_read.load(Ordering::SeqCst)
     }
 
     pub(crate) fn set(&self, completes: Completes) {
@@ -83,6 +108,7 @@ impl TickStore for FlakyCompletes {
         self.inner.record_completed(job, tick, keep).await
     }
     async fn is_completed(&self, job: &LockName, tick: i64) -> Result<bool, BackendError> {
+        self.marks_read.fetch_add(1, Ordering::SeqCst);
         self.inner.is_completed(job, tick).await
     }
     async fn server_time(&self) -> Result<Option<i64>, BackendError> {
@@ -115,6 +141,16 @@ impl TickStore for FlakyCompletes {
         tick: i64,
     ) -> Result<Option<TickRecord>, BackendError> {
         self.inner.tick_record(job, tick).await
+    }
+    fn checks_starts_in_one_step(&self) -> bool {
+        self.one_step
+    }
+    async fn start_checked_many(
+        &self,
+        starts: &[(LockName, i64, TickWrite, StartCheck)],
+        keep: Duration,
+    ) -> Vec<Result<StartVerdict, BackendError>> {
+        self.inner.start_checked_many(starts, keep).await
     }
 }
 
