@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use lock_core::{
     async_trait,
     backend::{AcquireAttempt, Expiry, LeaseStatus, ReleaseOutcome, ReleaseSignal, RenewRequest},
@@ -81,18 +82,24 @@ impl fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     /// A batch's statuses, with each lease found gone or taken checked for
-    /// a forced-release mark (one read per lost lease; none in the usual
+    /// a forced-release mark (one read per lost lease, all sent together, so
+    /// a batch that lost many leases at once, after a restart say, answers
+    /// in one more round trip rather than one per lease; none in the usual
     /// batch where every lease was renewed).
     async fn unless_forced_many(
         &self,
         requests: &[RenewRequest],
         found: Vec<LeaseStatus>,
     ) -> Result<Vec<LeaseStatus>, BackendError> {
-        let mut out = Vec::with_capacity(found.len());
-        for (r, st) in requests.iter().zip(found) {
-            out.push(inspect::unless_forced(&self.shared, &r.name, &r.owner, st).await?);
-        }
-        Ok(out)
+        join_all(
+            requests
+                .iter()
+                .zip(found)
+                .map(|(r, st)| inspect::unless_forced(&self.shared, &r.name, &r.owner, st)),
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
     pub(crate) fn from_parts(
