@@ -313,6 +313,8 @@ mod sessions;
 mod test_util;
 mod tick_batch;
 mod tick_checked;
+#[cfg(test)]
+mod tick_plans;
 mod tick_runs;
 mod tick_runs_batch;
 mod ticks;

@@ -1,6 +1,7 @@
 //! The batch calls of [`TickStore`](lock_core::TickStore) on Postgres: each
 //! one statement over arrays of jobs and ticks (`unnest`), whatever the
-//! batch's size.
+//! batch's size, reaching its rows by one index lookup per tick (why: see
+//! `tick_runs_batch.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -62,12 +63,7 @@ impl PostgresBackend {
         ticks: &[(LockName, i64)],
     ) -> Result<Vec<bool>, BackendError> {
         let session = self.session().await?;
-        let sql = format!(
-            "SELECT m.job, m.tick FROM {} m \
-             JOIN unnest($2::text[], $3::int8[]) AS q(job, tick) \
-             ON m.job = q.job AND m.tick = q.tick WHERE m.namespace = $1",
-            self.mark_table()
-        );
+        let sql = self.marks_read_sql();
         let ns = self.inner.config.namespace.as_str();
         let (names, at) = columns(ticks);
         let rows = match session
@@ -148,18 +144,7 @@ impl PostgresBackend {
         // Rows are written in job order, so two batches over the same jobs
         // lock them in the same order; a job's several ticks raise its row
         // once (one statement cannot update a row twice).
-        let sql = format!(
-            "WITH q AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[]) AS q(job, tick, cut)), \
-             pruned AS (DELETE FROM {m} m USING (SELECT job, max(cut) AS cut FROM q GROUP BY job) c \
-             WHERE m.namespace = $1 AND m.job = c.job AND m.tick < c.cut), \
-             marked AS (INSERT INTO {m} (namespace, job, tick) \
-             SELECT $1, job, tick FROM q ORDER BY job, tick ON CONFLICT DO NOTHING) \
-             INSERT INTO {t} AS t (namespace, job, tick) \
-             SELECT $1, job, max(tick) FROM q GROUP BY job ORDER BY job \
-             ON CONFLICT (namespace, job) DO UPDATE SET tick = GREATEST(t.tick, EXCLUDED.tick)",
-            t = self.tick_table(),
-            m = self.mark_table()
-        );
+        let sql = self.record_sql();
         let ns = self.inner.config.namespace.as_str();
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
         let (names, at) = columns(ticks);
@@ -186,4 +171,36 @@ fn columns(ticks: &[(LockName, i64)]) -> (Vec<&str>, Vec<i64>) {
         .iter()
         .map(|(job, tick)| (job.as_str(), *tick))
         .unzip()
+}
+
+/// The batch statements' texts, apart so that a test can read their plans.
+impl PostgresBackend {
+    /// The read of marks: `$1` namespace, `$2` jobs, `$3` ticks.
+    pub(crate) fn marks_read_sql(&self) -> String {
+        format!(
+            "SELECT m.job, m.tick FROM unnest($2::text[], $3::int8[]) AS q(job, tick) \
+             CROSS JOIN LATERAL (SELECT x.job, x.tick FROM {} x WHERE x.namespace = $1 \
+             AND x.job = q.job AND x.tick = q.tick LIMIT 1) m",
+            self.mark_table()
+        )
+    }
+
+    /// The record of completed ticks: `$1` namespace, `$2` jobs, `$3`
+    /// ticks, `$4` each tick's cut (marks before it go).
+    pub(crate) fn record_sql(&self) -> String {
+        format!(
+            "WITH q AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[]) AS q(job, tick, cut)), \
+             pruned AS (DELETE FROM {m} WHERE ctid = ANY(ARRAY(SELECT l.id \
+             FROM (SELECT job, max(cut) AS cut FROM q GROUP BY job) c CROSS JOIN LATERAL \
+             (SELECT m.ctid AS id FROM {m} m WHERE m.namespace = $1 AND m.job = c.job \
+             AND m.tick < c.cut OFFSET 0) l))), \
+             marked AS (INSERT INTO {m} (namespace, job, tick) \
+             SELECT $1, job, tick FROM q ORDER BY job, tick ON CONFLICT DO NOTHING) \
+             INSERT INTO {t} AS t (namespace, job, tick) \
+             SELECT $1, job, max(tick) FROM q GROUP BY job ORDER BY job \
+             ON CONFLICT (namespace, job) DO UPDATE SET tick = GREATEST(t.tick, EXCLUDED.tick)",
+            t = self.tick_table(),
+            m = self.mark_table()
+        )
+    }
 }

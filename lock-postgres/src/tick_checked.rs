@@ -138,40 +138,13 @@ impl PostgresBackend {
         // completions, off the path to the handlers. Rows another
         // statement holds are skipped, not waited for.
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
-        let (cut, prune) = match starts {
-            [(_, tick, ..)] => (
-                tick.saturating_sub(keep_ms),
-                format!(
-                    ", pruned AS (DELETE FROM {r} WHERE ctid IN (SELECT p.ctid FROM {r} p \
-                     JOIN w ON p.job = w.job WHERE p.namespace = $1 AND p.tick < $10 \
-                     FOR UPDATE OF p SKIP LOCKED))",
-                    r = self.run_table()
-                ),
-            ),
+        let (cut, lone) = match starts {
+            [(_, tick, ..)] => (tick.saturating_sub(keep_ms), true),
             // $10 is sent typed and unused: a statement may declare more
             // parameters than it reads.
-            _ => (i64::MIN, String::new()),
+            _ => (i64::MIN, false),
         };
-        // Differences are taken in numeric: a bigint one could overflow
-        // where the verdict's saturating arithmetic does not.
-        let sql = format!(
-            "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::text[], \
-             $6::int8[], $7::text[], $8::int8[], $9::bool[]) \
-             AS v(job, tick, token, replica, at, stale, tolerance, late)), \
-             c AS (SELECT v.*, n.ms AS server_ms, \
-             EXISTS (SELECT 1 FROM {m} m WHERE m.namespace = $1 AND m.job = v.job AND m.tick = v.tick) AS marked, \
-             (SELECT t.tick FROM {t} t WHERE t.namespace = $1 AND t.job = v.job) AS last \
-             FROM v CROSS JOIN (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) n), \
-             ok AS (SELECT * FROM c WHERE c.tick::numeric - c.server_ms <= c.tolerance \
-             AND NOT c.marked AND (c.last IS NULL OR NOT (c.last = c.tick OR (c.last > c.tick \
-             AND (c.late OR c.last::numeric - c.tick > c.tolerance))))), \
-             {w}{prune} \
-             SELECT c.job, c.tick, c.server_ms, c.marked, c.last, w.state, w.token, w.replica, w.at \
-             FROM c LEFT JOIN w ON w.job = c.job AND w.tick = c.tick",
-            m = self.mark_table(),
-            t = self.tick_table(),
-            w = start_insert(&self.run_table(), "ok"),
-        );
+        let sql = self.checked_sql(lone);
         session
             .query(
                 "checking ticks and writing their start records",
@@ -190,6 +163,45 @@ impl PostgresBackend {
                 ],
             )
             .await
+    }
+
+    /// The checked start's statement: `$1` namespace, `$2`..`$9` the
+    /// columns of [`Columns`], `$10` the cut below which a `lone` start
+    /// prunes its job's records.
+    pub(crate) fn checked_sql(&self, lone: bool) -> String {
+        let prune = if lone {
+            format!(
+                ", pruned AS (DELETE FROM {r} WHERE ctid IN (SELECT p.ctid FROM {r} p \
+                 WHERE p.namespace = $1 AND p.job = ($2::text[])[1] AND p.tick < $10 \
+                 AND EXISTS (SELECT 1 FROM w) FOR UPDATE OF p SKIP LOCKED))",
+                r = self.run_table()
+            )
+        } else {
+            String::new()
+        };
+        // Differences are taken in numeric: a bigint one could overflow
+        // where the verdict's saturating arithmetic does not. The lookups
+        // are scalar subqueries, one index probe per tick (an EXISTS may be
+        // planned as a hash of every mark of the namespace).
+        format!(
+            "WITH v AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::text[], \
+             $6::int8[], $7::text[], $8::int8[], $9::bool[]) \
+             AS v(job, tick, token, replica, at, stale, tolerance, late)), \
+             c AS (SELECT v.*, n.ms AS server_ms, \
+             COALESCE((SELECT true FROM {m} m WHERE m.namespace = $1 AND m.job = v.job \
+             AND m.tick = v.tick LIMIT 1), false) AS marked, \
+             (SELECT t.tick FROM {t} t WHERE t.namespace = $1 AND t.job = v.job) AS last \
+             FROM v CROSS JOIN (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms) n), \
+             ok AS (SELECT * FROM c WHERE c.tick::numeric - c.server_ms <= c.tolerance \
+             AND NOT c.marked AND (c.last IS NULL OR NOT (c.last = c.tick OR (c.last > c.tick \
+             AND (c.late OR c.last::numeric - c.tick > c.tolerance))))), \
+             {w}{prune} \
+             SELECT c.job, c.tick, c.server_ms, c.marked, c.last, w.state, w.token, w.replica, w.at \
+             FROM c LEFT JOIN w ON w.job = c.job AND w.tick = c.tick",
+            m = self.mark_table(),
+            t = self.tick_table(),
+            w = start_insert(&self.run_table(), "ok"),
+        )
     }
 }
 
