@@ -1,7 +1,7 @@
 //! Helpers of the real-process tests: the binary, guarded processes,
 //! bounded waits, unique names, the servers.
 
-#![allow(dead_code, unreachable_pub, unused_imports)]
+#![allow(dead_code, unreachable_pub, unused_imports, unused_macros)]
 
 mod metrics;
 mod proc;
@@ -36,6 +36,29 @@ pub fn exec(backend: &str, name: &str, rest: &[&str]) -> Command {
     c.args(rest);
     c
 }
+
+/// One `#[test]` per server backend, named as given (Redis, Postgres, etcd,
+/// in that order), each running `case` with that backend: a case written
+/// once, its failures still named by backend.
+macro_rules! per_backend {
+    ($case:ident: $redis:ident, $postgres:ident, $etcd:ident) => {
+        #[test]
+        fn $redis() {
+            $case($crate::common::Backend::Redis);
+        }
+
+        #[test]
+        fn $postgres() {
+            $case($crate::common::Backend::Postgres);
+        }
+
+        #[test]
+        fn $etcd() {
+            $case($crate::common::Backend::Etcd);
+        }
+    };
+}
+pub(crate) use per_backend;
 
 /// Prints and checks when a command's group was stopped by a maximum hold
 /// of `max_hold` with a kill grace of `grace`: SIGTERM seen at `termed`,
