@@ -305,12 +305,7 @@ fn max_hold_stops_the_group_with_sigterm_then_sigkill_after_the_grace() {
     let mut holder = Spawned::start(command, &name);
     let pids = tree_pids(&holder);
     let started = holder.stdout.snapshot()[0].at;
-    let termed = holder
-        .stdout
-        .wait_for(max_hold + Duration::from_secs(2), |lines| {
-            lines.iter().find(|l| l.text == "term").map(|l| l.at)
-        })
-        .expect("the command got SIGTERM");
+    let termed = termed_at(&holder, max_hold, |l| l == "term");
     // During the grace the lock is still held: nothing else runs while the
     // group does.
     let (during, _, _) =
@@ -324,14 +319,7 @@ fn max_hold_stops_the_group_with_sigterm_then_sigkill_after_the_grace() {
     let status = holder.wait_bounded(Duration::from_secs(10));
     check_max_hold("max-hold", (max_hold, grace), started, termed, gone);
     assert_eq!(status.code(), Some(76), "exit code 'lock lost'");
-    assert!(
-        holder
-            .stderr
-            .snapshot()
-            .iter()
-            .any(|l| l.text.contains("maximum hold time reached")),
-        "logged as the maximum hold"
-    );
+    assert_max_hold_logged(&holder);
     // The lock was let go: another run takes it at once.
     let (status, _, _) =
         output_bounded(exec(&url, &name, &["--", "true"]), Duration::from_secs(20));

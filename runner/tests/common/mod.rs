@@ -60,6 +60,29 @@ macro_rules! per_backend {
 }
 pub(crate) use per_backend;
 
+/// When `runner`'s command printed the line (`is_term`) it prints on
+/// SIGTERM, waited for at most 2 s past its maximum hold `max_hold`.
+pub fn termed_at(runner: &Spawned, max_hold: Duration, is_term: fn(&str) -> bool) -> Instant {
+    runner
+        .stdout
+        .wait_for(max_hold + Duration::from_secs(2), |lines| {
+            lines.iter().find(|l| is_term(&l.text)).map(|l| l.at)
+        })
+        .expect("the command got SIGTERM")
+}
+
+/// Asserts that `runner` logged the stop of its command as the maximum hold.
+pub fn assert_max_hold_logged(runner: &Spawned) {
+    assert!(
+        runner
+            .stderr
+            .snapshot()
+            .iter()
+            .any(|l| l.text.contains("maximum hold time reached")),
+        "logged as the maximum hold"
+    );
+}
+
 /// Prints and checks when a command's group was stopped by a maximum hold
 /// of `max_hold` with a kill grace of `grace`: SIGTERM seen at `termed`,
 /// the group gone at `gone`, both counted from `started`, the command's
