@@ -5,72 +5,19 @@
 //! is freed on the server, a loss is still reported, and nothing released is
 //! ever renewed. All run on tokio's paused clock.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock_core::backend::{LeaseStatus, ReleaseOutcome, RenewRequest};
-use lock_core::{
-    async_trait, BackendError, Error, LockBackend, LockName, LockOptions, Locker, LossReason,
-    OwnerToken, RenewalOutcome,
-};
-use lock_memory::{Intercept, Intercepted, MemoryBackend};
+use lock_core::{Error, LockName, LockOptions, Locker, LossReason, RenewalOutcome};
+use lock_memory::{Counting, Intercepted};
 use prometheus::Registry;
 use tokio::time::{sleep, timeout};
 
 mod common;
 use common::{locker, BOUND};
 
-/// Counts the renewals and releases that reach the in-process backend.
-#[derive(Debug, Default)]
-struct CountCalls {
-    renewals: AtomicUsize,
-    releases: AtomicUsize,
-}
-
-type Counting = Intercepted<CountCalls>;
-
-impl CountCalls {
-    fn renewals(&self) -> usize {
-        self.renewals.load(Ordering::SeqCst)
-    }
-
-    fn releases(&self) -> usize {
-        self.releases.load(Ordering::SeqCst)
-    }
-}
-
-#[async_trait]
-impl Intercept for CountCalls {
-    async fn renew(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.renewals.fetch_add(1, Ordering::SeqCst);
-        inner.renew(name, owner, ttl).await
-    }
-
-    async fn release(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        self.releases.fetch_add(1, Ordering::SeqCst);
-        inner.release(name, owner).await
-    }
-
-    async fn renew_many(
-        &self,
-        inner: &MemoryBackend,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        self.renewals.fetch_add(requests.len(), Ordering::SeqCst);
-        inner.renew_many(requests).await
-    }
-}
+/// The in-process backend, counting the renewals and releases that reach
+/// it.
+type Counted = Intercepted<Counting>;
 
 fn name(text: &str) -> LockName {
     LockName::new(text).expect("a valid name")
@@ -84,7 +31,7 @@ fn opts() -> LockOptions {
 #[tokio::test(start_paused = true)]
 async fn a_lease_released_before_the_heartbeat_saw_it_ends_for_every_handle() {
     timeout(BOUND, async {
-        let backend = Counting::default();
+        let backend = Counted::default();
         let locker = locker(&backend);
         let job = name("short/release");
         // No await between the grant and the release: the heartbeat task
@@ -134,7 +81,7 @@ async fn a_lease_released_before_the_heartbeat_saw_it_ends_for_every_handle() {
 #[tokio::test(start_paused = true)]
 async fn a_guard_dropped_before_the_heartbeat_saw_it_is_still_released() {
     timeout(BOUND, async {
-        let backend = Counting::default();
+        let backend = Counted::default();
         let locker = locker(&backend);
         let job = name("short/drop");
         let guard = locker.try_lock(&job, &opts()).await.expect("uncontended");
@@ -158,7 +105,7 @@ async fn a_guard_dropped_before_the_heartbeat_saw_it_is_still_released() {
 #[tokio::test(start_paused = true)]
 async fn a_lease_lost_on_the_server_before_the_heartbeat_saw_it_is_still_reported() {
     timeout(BOUND, async {
-        let backend = Counting::default();
+        let backend = Counted::default();
         let locker = locker(&backend);
 
         // Found by the heartbeat's first renewal: stolen.
@@ -206,7 +153,7 @@ async fn a_lease_lost_on_the_server_before_the_heartbeat_saw_it_is_still_reporte
 #[tokio::test(start_paused = true)]
 async fn leases_released_in_the_order_taken_are_never_renewed() {
     timeout(BOUND, async {
-        let backend = Counting::default();
+        let backend = Counted::default();
         let locker = locker(&backend);
         let take = |i: usize| {
             let locker = locker.clone();
@@ -293,7 +240,7 @@ async fn the_held_time_runs_from_the_grant_to_the_release() {
     timeout(BOUND, async {
         let registry = Registry::new();
         let locker = Locker::builder()
-            .with_backend(Counting::default())
+            .with_backend(Counted::default())
             .with_registry(&registry)
             .build()
             .expect("a fresh registry takes the metrics");
@@ -320,7 +267,7 @@ async fn the_held_time_runs_from_the_grant_to_the_release() {
 #[tokio::test(start_paused = true)]
 async fn a_lease_due_before_the_heartbeat_would_wake_wakes_it() {
     timeout(BOUND, async {
-        let backend = Counting::default();
+        let backend = Counted::default();
         let locker = locker(&backend);
         // The heartbeat settles into sleeping until this lease's first
         // renewal, ten seconds out.

@@ -3,54 +3,18 @@
 //! local deadline, keep the ones an answer arrives in time for, and never
 //! end a lease early. All on tokio's paused clock.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
-use lock_core::backend::{LeaseStatus, RenewRequest};
-use lock_core::{
-    async_trait, BackendError, LockBackend, LockGuard, LockName, LockOptions, Locker, LossReason,
-};
-use lock_memory::{Intercept, Intercepted, MemoryBackend};
-use tokio::sync::Notify;
+use lock_core::{LockGuard, LockName, LockOptions, Locker, LossReason};
+use lock_memory::{Counting, Intercepted};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 mod common;
 use common::{locker, BOUND};
 
-/// Makes the in-process backend's batch renewals wait while `stalled` is
-/// set until `answer` is notified, and records each batch's size.
-#[derive(Debug, Default)]
-struct Stall {
-    stalled: AtomicBool,
-    answer: Notify,
-    batches: Mutex<Vec<usize>>,
-}
-
-type Stalling = Intercepted<Stall>;
-
-impl Stall {
-    fn batches(&self) -> Vec<usize> {
-        self.batches.lock().map(|b| b.clone()).unwrap_or_default()
-    }
-}
-
-#[async_trait]
-impl Intercept for Stall {
-    async fn renew_many(
-        &self,
-        inner: &MemoryBackend,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        if let Ok(mut b) = self.batches.lock() {
-            b.push(requests.len());
-        }
-        if self.stalled.load(Ordering::SeqCst) {
-            self.answer.notified().await;
-        }
-        inner.renew_many(requests).await
-    }
-}
+/// The in-process backend, its renewals stalled from the first one on
+/// until answered, logging each batch.
+type Stalling = Intercepted<Counting>;
 
 /// 3 s TTL, renewed every second: renewals due within 125 ms (an eighth of
 /// the interval) of each other share a batch.
@@ -65,7 +29,7 @@ fn opts() -> LockOptions {
 /// when the first was taken.
 async fn stalled_leases() -> (Stalling, Locker, LockGuard, LockGuard, Instant) {
     let backend = Stalling::default();
-    backend.stalled.store(true, Ordering::SeqCst);
+    backend.stall_renewals(opts().ttl());
     let locker = locker(&backend);
     let start = Instant::now();
     let first = LockName::new("in-flight/first").expect("a valid name");
@@ -112,8 +76,7 @@ async fn an_answer_after_one_lease_ended_keeps_the_others_of_its_batch() {
 
         assert_eq!(a.lost().await, LossReason::BackendError);
         // The answer arrives between the two deadlines.
-        backend.stalled.store(false, Ordering::SeqCst);
-        backend.answer.notify_waiters();
+        backend.answer_stalled();
         sleep(Duration::from_millis(10)).await;
         assert!(b.is_held(), "renewed by the batch's late answer");
 

@@ -4,16 +4,10 @@
 //! and a hold that cannot be set must leave the lock released, not held by
 //! nobody.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use lock_core::backend::LeaseStatus;
-use lock_core::{
-    async_trait, BackendError, BackendErrorKind, Error, LockBackend, LockGuard, LockName,
-    LockOptions, Locker, OwnerToken,
-};
-use lock_memory::{Intercept, Intercepted, MemoryBackend};
-use tokio::sync::Notify;
+use lock_core::{Error, LockBackend, LockGuard, LockName, LockOptions, Locker};
+use lock_memory::{Counting, Intercepted};
 use tokio::time::{sleep, timeout};
 
 mod common;
@@ -22,42 +16,9 @@ use common::{locker, BOUND};
 const TTL: Duration = Duration::from_secs(3);
 const HOLD: Duration = Duration::from_secs(10);
 
-/// Makes the memory backend's renewals with the lease's TTL wait while
-/// `stalled` is set until `answer` is notified (a request on its way), and
-/// its renewals fail with `refuse` set.
-#[derive(Debug, Default)]
-struct Gate {
-    stalled: AtomicBool,
-    entered: Notify,
-    answer: Notify,
-    refuse: AtomicBool,
-}
-
-type Gated = Intercepted<Gate>;
-
-#[async_trait]
-impl Intercept for Gate {
-    async fn renew(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        if self.refuse.load(Ordering::SeqCst) {
-            return Err(BackendError::new(
-                BackendErrorKind::Timeout,
-                "renewal timed out (injected)",
-            ));
-        }
-        if ttl == TTL && self.stalled.load(Ordering::SeqCst) {
-            let answer = self.answer.notified();
-            self.entered.notify_one();
-            answer.await;
-        }
-        inner.renew(name, owner, ttl).await
-    }
-}
+/// The memory backend, its renewals with the lease's TTL stalled or every
+/// renewal refused as a case sets it.
+type Gated = Intercepted<Counting>;
 
 fn name() -> LockName {
     LockName::new("retained/renewed").expect("a valid name")
@@ -127,16 +88,15 @@ async fn retain_waits_for_a_manual_renewal_in_flight() {
         let opts = LockOptions::new(TTL).with_auto_renew(false);
         let guard = a.try_lock(&name(), &opts).await.expect("free");
         let clone = guard.handle();
-        backend.stalled.store(true, Ordering::SeqCst);
-        let entered = backend.entered.notified();
+        backend.stall_renewals(TTL);
+        let entered = backend.renewal_stalled();
         let renewal = tokio::spawn(async move { clone.renew().await });
         entered.await;
         let clone = guard.handle();
         let retain = tokio::spawn(guard.retain_for(HOLD));
         sleep(Duration::from_millis(200)).await;
         // The renewal's reply lands now, after `retain_for` began.
-        backend.stalled.store(false, Ordering::SeqCst);
-        backend.answer.notify_one();
+        backend.answer_stalled();
         renewal
             .await
             .expect("renewal task")
@@ -161,7 +121,7 @@ async fn a_hold_that_fails_releases_the_lock() {
         let (backend, a, b) = replicas();
         let guard = take(&a).await;
         let clone = guard.handle();
-        backend.refuse.store(true, Ordering::SeqCst);
+        backend.refuse_renewals(true);
         let refused = guard.retain_for(HOLD).await;
         assert!(matches!(refused, Err(Error::Backend(_))), "{refused:?}");
         assert!(!clone.is_held());

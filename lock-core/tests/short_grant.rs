@@ -5,14 +5,11 @@
 //! earlier, and a grant too short to use is refused and undone. All on
 //! tokio's paused clock.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use lock_core::backend::{AcquireAttempt, LeaseStatus, RenewRequest};
-use lock_core::{
-    async_trait, BackendError, Error, LockBackend, LockName, LockOptions, LossReason, OwnerToken,
-};
-use lock_memory::{Intercept, Intercepted, MemoryBackend};
+use lock_core::backend::AcquireAttempt;
+use lock_core::{Error, LockBackend, LockName, LockOptions, LossReason, OwnerToken};
+use lock_memory::{Counting, Intercepted};
 use tokio::time::{sleep_until, timeout, Instant};
 
 mod common;
@@ -20,71 +17,15 @@ use common::{locker, BOUND};
 
 const TTL: Duration = Duration::from_secs(3);
 
-/// Makes the in-process backend grant every lock as kept for only `lasts`,
-/// and records when each renewal call was made.
-#[derive(Debug)]
-struct Shorten {
-    lasts: Duration,
-    renewals: Mutex<Vec<Instant>>,
+/// The in-process backend granting every lock as kept for only `lasts`,
+/// logging its renewal calls.
+fn short_grant(lasts: Duration) -> Intercepted<Counting> {
+    Intercepted::new(Counting::default().with_grants_lasting(lasts))
 }
 
-type ShortGrant = Intercepted<Shorten>;
-
-fn short_grant(lasts: Duration) -> ShortGrant {
-    Intercepted::new(Shorten {
-        lasts,
-        renewals: Mutex::default(),
-    })
-}
-
-impl Shorten {
-    fn renewals(&self) -> Vec<Instant> {
-        self.renewals.lock().map(|r| r.clone()).unwrap_or_default()
-    }
-
-    fn note_renewal(&self) {
-        if let Ok(mut r) = self.renewals.lock() {
-            r.push(Instant::now());
-        }
-    }
-}
-
-#[async_trait]
-impl Intercept for Shorten {
-    async fn try_acquire(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        Ok(match inner.try_acquire(name, owner, ttl).await? {
-            AcquireAttempt::Acquired(lease) => {
-                AcquireAttempt::Acquired(lease.with_lasts_at_least(self.lasts))
-            }
-            other => other,
-        })
-    }
-
-    async fn renew(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        self.note_renewal();
-        inner.renew(name, owner, ttl).await
-    }
-
-    async fn renew_many(
-        &self,
-        inner: &MemoryBackend,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        self.note_renewal();
-        inner.renew_many(requests).await
-    }
+/// When each renewal call was made.
+fn renewals(backend: &Intercepted<Counting>) -> Vec<Instant> {
+    backend.renewal_calls().iter().map(|r| r.at).collect()
 }
 
 fn name(s: &str) -> LockName {
@@ -135,7 +76,7 @@ async fn a_short_grant_is_renewed_before_its_deadline_and_kept() {
             .expect("uncontended");
         sleep_until(start + Duration::from_secs(10)).await;
         assert!(guard.is_held(), "renewed every interval, never lapsed");
-        let renewals = backend.renewals();
+        let renewals = renewals(&backend);
         let first = renewals.first().map(|at| *at - start);
         // Renewals due within an eighth of the interval of each other share
         // a call, so the heartbeat may send one up to 125 ms early.
@@ -163,7 +104,7 @@ async fn a_grant_the_server_keeps_the_full_ttl_is_renewed_as_usual() {
             .expect("uncontended");
         assert_eq!(guard.remaining_validity(), Some(TTL - opts.drift()));
         sleep_until(start + Duration::from_secs(2)).await;
-        let first = backend.renewals().first().map(|at| *at - start);
+        let first = renewals(&backend).first().map(|at| *at - start);
         assert!(
             first.is_some_and(|d| d <= Duration::from_secs(1) && d >= Duration::from_millis(875)),
             "a grant longer than the TTL changes nothing: first renewal after {first:?}"

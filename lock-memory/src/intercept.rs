@@ -5,16 +5,21 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lock_core::backend::{
     AcquireAttempt, LeaseStatus, LossFeed, ReleaseOutcome, ReleaseSignal, RenewRequest,
 };
 use lock_core::{
-    async_trait, BackendError, Capabilities, ForceOutcome, Holder, HolderPage, Identity,
-    LockBackend, LockName, OwnerToken,
+    async_trait, BackendError, BackendErrorKind, Capabilities, ForceOutcome, Holder, HolderPage,
+    Identity, LockBackend, LockName, OwnerToken,
 };
+
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::MemoryBackend;
 
@@ -243,5 +248,223 @@ impl<H: Intercept> LockBackend for Intercepted<H> {
     ) -> Result<ForceOutcome, BackendError> {
         self.hooks.before_call().await;
         self.inner.force_release(name, expected_token).await
+    }
+}
+
+/// Counts the renewals and releases that reach the memory backend, logging
+/// each renewal call, and changes chosen calls as the test sets it:
+/// renewals refused, renewals of one TTL stalled until answered, one lock's
+/// release slowed, every grant kept for less than its TTL, or TTLs below a
+/// minimum refused; with none set it only counts. The lock-core and
+/// scheduler tests share this one hook, so a case says which of these it
+/// wants instead of writing an [`Intercept`] of its own.
+#[derive(Debug, Default)]
+pub struct Counting {
+    renewals: Mutex<Vec<Renewal>>,
+    releases: AtomicUsize,
+    refuse_renewals: AtomicBool,
+    /// The TTL whose renewals wait for [`Counting::answer_stalled`].
+    stall: Mutex<Option<Duration>>,
+    stalled: Notify,
+    answer: Notify,
+    min_ttl: Option<Duration>,
+    grants_last: Option<Duration>,
+    slow_release: Option<(LockName, Duration)>,
+}
+
+/// One renewal call that reached a [`Counting`] hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    /// When it was made, on tokio's clock.
+    pub at: Instant,
+    /// The TTL asked for each lease in it: one for a single `renew`.
+    pub ttls: Vec<Duration>,
+    /// Whether it was a `renew_many` batch (the heartbeat's) rather than a
+    /// single `renew` (a handle's, or a retained hold's).
+    pub batch: bool,
+}
+
+/// The guarded value even if a panicking test poisoned its lock: a count
+/// is still worth reading.
+fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Counting {
+    /// Refuses every acquire or renewal asking for less than `min` with a
+    /// configuration error, and says `min` is its minimum TTL, as etcd's
+    /// whole seconds do.
+    pub fn with_min_ttl(mut self, min: Duration) -> Self {
+        self.min_ttl = Some(min);
+        self
+    }
+
+    /// Reports every grant as kept by the server for only `lasts`
+    /// (`Lease::with_lasts_at_least`), as a backend whose locks share one
+    /// server-side lease does.
+    pub fn with_grants_lasting(mut self, lasts: Duration) -> Self {
+        self.grants_last = Some(lasts);
+        self
+    }
+
+    /// Makes each release of `name` take `delay` first: a backend slow to
+    /// answer.
+    pub fn with_slow_release(mut self, name: LockName, delay: Duration) -> Self {
+        self.slow_release = Some((name, delay));
+        self
+    }
+
+    /// The leases renewed so far: one per single renewal, one per request
+    /// of a batch.
+    pub fn renewals(&self) -> usize {
+        unpoisoned(&self.renewals)
+            .iter()
+            .map(|r| r.ttls.len())
+            .sum()
+    }
+
+    /// Every renewal call so far, in the order made.
+    pub fn renewal_calls(&self) -> Vec<Renewal> {
+        unpoisoned(&self.renewals).clone()
+    }
+
+    /// The size of each batch renewal so far, in the order made.
+    pub fn batches(&self) -> Vec<usize> {
+        unpoisoned(&self.renewals)
+            .iter()
+            .filter(|r| r.batch)
+            .map(|r| r.ttls.len())
+            .collect()
+    }
+
+    /// The releases so far.
+    pub fn releases(&self) -> usize {
+        self.releases.load(Ordering::SeqCst)
+    }
+
+    /// From now on every renewal, single or batch, fails with a timeout
+    /// (`refuse`), or none does.
+    pub fn refuse_renewals(&self, refuse: bool) {
+        self.refuse_renewals.store(refuse, Ordering::SeqCst);
+    }
+
+    /// From now on a renewal with a lease of TTL `ttl` waits until
+    /// [`Counting::answer_stalled`]: a request on its way, not yet answered.
+    pub fn stall_renewals(&self, ttl: Duration) {
+        *unpoisoned(&self.stall) = Some(ttl);
+    }
+
+    /// Resolves once a renewal stalls. Take it before starting the call
+    /// that is to stall.
+    pub fn renewal_stalled(&self) -> Notified<'_> {
+        self.stalled.notified()
+    }
+
+    /// Stops stalling renewals, and lets every stalled one through to the
+    /// memory backend.
+    pub fn answer_stalled(&self) {
+        *unpoisoned(&self.stall) = None;
+        self.answer.notify_waiters();
+    }
+
+    /// Logs a renewal call, then fails it if renewals are refused or a TTL
+    /// in it is below the minimum, else holds it while it is stalled.
+    async fn renewal(&self, ttls: Vec<Duration>, batch: bool) -> Result<(), BackendError> {
+        let stalls = unpoisoned(&self.stall).is_some_and(|s| ttls.contains(&s));
+        let refused = ttls.iter().try_for_each(|&ttl| self.refuse_below_min(ttl));
+        unpoisoned(&self.renewals).push(Renewal {
+            at: Instant::now(),
+            ttls,
+            batch,
+        });
+        if self.refuse_renewals.load(Ordering::SeqCst) {
+            return Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                "renewal timed out (injected)",
+            ));
+        }
+        refused?;
+        if stalls {
+            // Taken before `stalled` is told, so an answer right after it
+            // cannot be missed.
+            let answer = self.answer.notified();
+            self.stalled.notify_one();
+            answer.await;
+        }
+        Ok(())
+    }
+
+    fn refuse_below_min(&self, ttl: Duration) -> Result<(), BackendError> {
+        match self.min_ttl {
+            Some(min) if ttl < min => Err(BackendError::new(
+                BackendErrorKind::Config,
+                format!("a TTL of {ttl:?} is below this backend's minimum of {min:?}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Intercept for Counting {
+    fn capabilities(&self, inner: &MemoryBackend) -> Capabilities {
+        match self.min_ttl {
+            Some(min) => inner.capabilities().with_min_ttl(min),
+            None => inner.capabilities(),
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        inner: &MemoryBackend,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAttempt, BackendError> {
+        self.refuse_below_min(ttl)?;
+        Ok(
+            match (inner.try_acquire(name, owner, ttl).await?, self.grants_last) {
+                (AcquireAttempt::Acquired(lease), Some(lasts)) => {
+                    AcquireAttempt::Acquired(lease.with_lasts_at_least(lasts))
+                }
+                (attempt, _) => attempt,
+            },
+        )
+    }
+
+    async fn renew(
+        &self,
+        inner: &MemoryBackend,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<LeaseStatus, BackendError> {
+        self.renewal(vec![ttl], false).await?;
+        inner.renew(name, owner, ttl).await
+    }
+
+    async fn renew_many(
+        &self,
+        inner: &MemoryBackend,
+        requests: &[RenewRequest],
+    ) -> Result<Vec<LeaseStatus>, BackendError> {
+        self.renewal(requests.iter().map(|r| r.ttl).collect(), true)
+            .await?;
+        inner.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        inner: &MemoryBackend,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        if let Some((slow, delay)) = &self.slow_release {
+            if slow == name {
+                tokio::time::sleep(*delay).await;
+            }
+        }
+        inner.release(name, owner).await
     }
 }

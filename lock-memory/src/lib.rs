@@ -22,7 +22,7 @@ mod ticks;
 mod waiters;
 
 #[cfg(feature = "test-util")]
-pub use intercept::{Intercept, Intercepted};
+pub use intercept::{Counting, Intercept, Intercepted, Renewal};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,7 @@
 //! The limiter on the memory store and a switchable store, under tokio's
 //! paused clock: policies, the breaker, several limits, bad input.
 
+use std::future::{ready, Future};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -158,42 +159,62 @@ async fn bad_input_is_a_typed_error_never_a_panic() -> TestResult {
     Ok(())
 }
 
+/// Sends `first` a million subjects (its argument 0 to 999 999) and checks
+/// that `store`, bounded to 10 000 keys, never held more (read every
+/// thousand and at the end); then, once every bucket has refilled so that
+/// the next sweep drops them all, sends `again` 10 000 more and checks the
+/// bound again.
+async fn stays_bounded<A, B>(
+    store: &MemoryStore,
+    mut first: impl FnMut(u32) -> A,
+    mut again: impl FnMut(u32) -> B,
+) -> TestResult
+where
+    A: Future<Output = TestResult>,
+    B: Future<Output = TestResult>,
+{
+    let mut max_len = 0;
+    for i in 0..1_000_000u32 {
+        first(i).await?;
+        if i % 1000 == 0 {
+            max_len = max_len.max(store.len());
+        }
+    }
+    max_len = max_len.max(store.len());
+    assert!(max_len <= 10_000, "held {max_len} keys");
+    tokio::time::advance(Duration::from_secs(61)).await;
+    for i in 0..10_000u32 {
+        again(i).await?;
+    }
+    assert!(store.len() <= 10_000, "held {} keys", store.len());
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn memory_stays_bounded_with_a_million_keys() -> TestResult {
     timeout(CASE, async {
         let store = MemoryStore::with_max_keys(10_000);
         let cells = [Quota::per_minute(10)?.cell()];
-        let mut max_len = 0;
-        for i in 0..1_000_000u32 {
-            let key = [format!("k{i}")];
-            let subject = format!("{i:x}");
-            let d = store.decide_now(&StoreRequest {
+        let decide = |key: String, subject: String| {
+            store.decide_now(&StoreRequest {
                 subject: &subject,
-                keys: &key,
+                keys: &[key],
                 cells: &cells,
                 cost: 1,
-            });
-            assert!(d.allowed);
-            if i % 1000 == 0 {
-                max_len = max_len.max(store.len());
-            }
-        }
-        max_len = max_len.max(store.len());
-        assert!(max_len <= 10_000, "held {max_len} keys");
-        // Once every bucket has refilled, a sweep drops them all.
-        tokio::time::advance(Duration::from_secs(61)).await;
-        for i in 0..10_000u32 {
-            let key = [format!("again{i}")];
-            let subject = format!("again{i:x}");
-            let _ = store.decide_now(&StoreRequest {
-                subject: &subject,
-                keys: &key,
-                cells: &cells,
-                cost: 1,
-            });
-        }
-        assert!(store.len() <= 10_000);
-        Ok::<_, Box<dyn std::error::Error>>(())
+            })
+        };
+        stays_bounded(
+            &store,
+            |i| {
+                assert!(decide(format!("k{i}"), format!("{i:x}")).allowed);
+                ready(Ok(()))
+            },
+            |i| {
+                let _ = decide(format!("again{i}"), format!("again{i:x}"));
+                ready(Ok(()))
+            },
+        )
+        .await
     })
     .await?
 }
@@ -205,27 +226,25 @@ async fn in_process_buckets_stay_bounded_with_a_million_keys() -> TestResult {
     timeout(CASE, async {
         let store = Arc::new(MemoryStore::with_max_keys(10_000));
         let limiter = Limiter::builder("million")
-            .with_store(Arc::clone(&store) as Arc<dyn Store>)
             .with_limit(limit("m", 10, Duration::from_secs(60)))
+            .with_store(Arc::clone(&store) as Arc<dyn Store>)
             .with_metrics(metrics())
             .build()?;
-        let mut max_len = 0;
-        for i in 0..1_000_000u32 {
-            assert!(limiter.check(&format!("k{i}")).await?.allowed);
-            if i % 1000 == 0 {
-                max_len = max_len.max(store.len());
-            }
-        }
-        max_len = max_len.max(store.len());
-        assert!(max_len <= 10_000, "held {max_len} keys");
-        // Every bucket refilled: the next sweep drops them all, so the
-        // subjects seen before start again from a full bucket.
-        tokio::time::advance(Duration::from_secs(61)).await;
-        for i in 0..10_000u32 {
-            assert_eq!(limiter.check(&format!("k{i}")).await?.remaining, 9);
-        }
-        assert!(store.len() <= 10_000, "held {} keys", store.len());
-        Ok::<_, Box<dyn std::error::Error>>(())
+        let limiter = &limiter;
+        stays_bounded(
+            &store,
+            |i| async move {
+                assert!(limiter.check(&format!("k{i}")).await?.allowed);
+                Ok(())
+            },
+            // The sweep dropped every bucket, so the subjects seen before
+            // start again from a full one.
+            |i| async move {
+                assert_eq!(limiter.check(&format!("k{i}")).await?.remaining, 9);
+                Ok(())
+            },
+        )
+        .await
     })
     .await?
 }

@@ -144,20 +144,10 @@ fn holder_runs_under_a_lock(backend: Backend) {
     assert_eq!(code, Some(1), "{label}: releasing a free lock: {out}");
 }
 
-#[test]
-fn redis_status_ls_and_release() {
-    holder_runs_under_a_lock(Backend::Redis);
-}
-
-#[test]
-fn postgres_status_ls_and_release() {
-    holder_runs_under_a_lock(Backend::Postgres);
-}
-
-#[test]
-fn etcd_status_ls_and_release() {
-    holder_runs_under_a_lock(Backend::Etcd);
-}
+per_backend!(holder_runs_under_a_lock:
+    redis_status_ls_and_release,
+    postgres_status_ls_and_release,
+    etcd_status_ls_and_release);
 
 #[test]
 fn bad_input_is_refused_with_usage() {

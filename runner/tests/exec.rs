@@ -175,20 +175,10 @@ fn steal(server: &Server, name: &str, app: &str) {
     }
 }
 
-#[test]
-fn redis_steal_kills_the_whole_tree_before_the_deadline() {
-    steal_and_measure(Backend::Redis);
-}
-
-#[test]
-fn postgres_session_kill_kills_the_whole_tree_before_the_deadline() {
-    steal_and_measure(Backend::Postgres);
-}
-
-#[test]
-fn etcd_lease_revoke_kills_the_whole_tree_before_the_deadline() {
-    steal_and_measure(Backend::Etcd);
-}
+per_backend!(steal_and_measure:
+    redis_steal_kills_the_whole_tree_before_the_deadline,
+    postgres_session_kill_kills_the_whole_tree_before_the_deadline,
+    etcd_lease_revoke_kills_the_whole_tree_before_the_deadline);
 
 #[test]
 fn exit_codes_are_the_documented_ones() {
@@ -207,21 +197,38 @@ fn exit_codes_are_the_documented_ones() {
         words.next().and_then(|t| t.parse::<u64>().ok()).is_some(),
         "{stdout}"
     );
-    // Bad arguments; no backend; backend unreachable; command not found.
-    assert_eq!(code(lockrun(&["exec", "--name", &name])), Some(64));
-    assert_eq!(code(lockrun(&["exec", "--bogus"])), Some(64));
-    assert_eq!(code(exec(&url, "bad name", &["--", "true"])), Some(64));
-    assert_eq!(
-        code(lockrun(&["exec", "--name", &name, "--", "true"])),
-        Some(64)
-    );
-    // A maximum hold shorter than the TTL.
-    assert_eq!(on(&["--max-hold", "1s", "--", "true"]), Some(64));
-    assert_eq!(
-        code(exec("redis://127.0.0.1:1", &name, &["--", "true"])),
-        Some(69)
-    );
-    assert_eq!(on(&["--", "/nonexistent/cmd"]), Some(127));
+    // Each command with the code it exits with, in the order run.
+    for (what, command, expected) in [
+        (
+            "no backend and no command",
+            lockrun(&["exec", "--name", &name]),
+            64,
+        ),
+        ("an unknown flag", lockrun(&["exec", "--bogus"]), 64),
+        ("a bad name", exec(&url, "bad name", &["--", "true"]), 64),
+        (
+            "no backend",
+            lockrun(&["exec", "--name", &name, "--", "true"]),
+            64,
+        ),
+        (
+            "a maximum hold shorter than the TTL",
+            exec(&url, &name, &["--max-hold", "1s", "--", "true"]),
+            64,
+        ),
+        (
+            "the backend unreachable",
+            exec("redis://127.0.0.1:1", &name, &["--", "true"]),
+            69,
+        ),
+        (
+            "the command not found",
+            exec(&url, &name, &["--", "/nonexistent/cmd"]),
+            127,
+        ),
+    ] {
+        assert_eq!(code(command), Some(expected), "{what}");
+    }
     // Held elsewhere: 75, or the code -E asks for.
     let (mut holder, pids) = start_holder(&url, &name);
     assert_eq!(on(&["--", "true"]), Some(75));
@@ -298,12 +305,7 @@ fn max_hold_stops_the_group_with_sigterm_then_sigkill_after_the_grace() {
     let mut holder = Spawned::start(command, &name);
     let pids = tree_pids(&holder);
     let started = holder.stdout.snapshot()[0].at;
-    let termed = holder
-        .stdout
-        .wait_for(max_hold + Duration::from_secs(2), |lines| {
-            lines.iter().find(|l| l.text == "term").map(|l| l.at)
-        })
-        .expect("the command got SIGTERM");
+    let termed = termed_at(&holder, max_hold, |l| l == "term");
     // During the grace the lock is still held: nothing else runs while the
     // group does.
     let (during, _, _) =
@@ -317,14 +319,7 @@ fn max_hold_stops_the_group_with_sigterm_then_sigkill_after_the_grace() {
     let status = holder.wait_bounded(Duration::from_secs(10));
     check_max_hold("max-hold", (max_hold, grace), started, termed, gone);
     assert_eq!(status.code(), Some(76), "exit code 'lock lost'");
-    assert!(
-        holder
-            .stderr
-            .snapshot()
-            .iter()
-            .any(|l| l.text.contains("maximum hold time reached")),
-        "logged as the maximum hold"
-    );
+    assert_max_hold_logged(&holder);
     // The lock was let go: another run takes it at once.
     let (status, _, _) =
         output_bounded(exec(&url, &name, &["--", "true"]), Duration::from_secs(20));

@@ -38,10 +38,7 @@ async fn a_panicked_run_whose_completion_fails_is_unrecorded_and_keeps_its_mark(
                 ),
             }
             assert_eq!(tick_lock_held(&solo.memory).await, held, "{completes:?}");
-            solo.scheduler
-                .shutdown(Duration::from_secs(1))
-                .await
-                .expect("clean");
+            solo.shutdown().await;
         }
     })
     .await

@@ -16,76 +16,12 @@ use chrono::DateTime;
 use common::{
     first_record, outcomes, replica, tick_lock_held, Completes, FlakyCompletes, Handler, Solo,
 };
-use lock_core::backend::{AcquireAttempt, LeaseStatus, OwnerToken, RenewRequest};
-use lock_core::{
-    async_trait, BackendError, BackendErrorKind, Capabilities, Error as LockError, LockBackend,
-    LockName, LockOptions, Locker, TickRecord,
-};
-use lock_memory::{Intercept, Intercepted, MemoryBackend};
+use lock_core::{Error as LockError, LockName, LockOptions, TickRecord};
+use lock_memory::{Counting, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{Delivery, Job, RunReport, Scheduler, TickOutcome, TokioClock};
 
 const MIN_TTL: Duration = Duration::from_secs(1);
-
-/// Gives the memory backend etcd's rule: a TTL below one second is refused
-/// with a configuration error. Records the TTL of every single renewal (a
-/// retained hold is set by one).
-#[derive(Debug, Default)]
-struct WholeSeconds {
-    renewals: Mutex<Vec<Duration>>,
-}
-
-impl WholeSeconds {
-    fn refuse_short(ttl: Duration) -> Result<(), BackendError> {
-        if ttl < MIN_TTL {
-            return Err(BackendError::new(
-                BackendErrorKind::Config,
-                format!("a TTL of {ttl:?} is below this backend's minimum of {MIN_TTL:?}"),
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Intercept for WholeSeconds {
-    fn capabilities(&self, inner: &MemoryBackend) -> Capabilities {
-        inner.capabilities().with_min_ttl(MIN_TTL)
-    }
-    async fn try_acquire(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireAttempt, BackendError> {
-        Self::refuse_short(ttl)?;
-        inner.try_acquire(name, owner, ttl).await
-    }
-    async fn renew(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<LeaseStatus, BackendError> {
-        if let Ok(mut r) = self.renewals.lock() {
-            r.push(ttl);
-        }
-        Self::refuse_short(ttl)?;
-        inner.renew(name, owner, ttl).await
-    }
-    async fn renew_many(
-        &self,
-        inner: &MemoryBackend,
-        requests: &[RenewRequest],
-    ) -> Result<Vec<LeaseStatus>, BackendError> {
-        for r in requests {
-            Self::refuse_short(r.ttl)?;
-        }
-        inner.renew_many(requests).await
-    }
-}
 
 /// A tick that finishes with less than the minimum TTL left of the skew
 /// tolerance keeps its lock as a mark for the minimum TTL: another replica
@@ -95,12 +31,10 @@ impl Intercept for WholeSeconds {
 async fn a_short_mark_is_raised_to_the_backends_minimum_ttl() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let memory = MemoryBackend::new();
-        let backend = Intercepted::over(memory.clone(), WholeSeconds::default());
-        let locker = Locker::builder()
-            .with_backend(backend.clone())
-            .with_registry(&Registry::new())
-            .build()
-            .expect("locker");
+        // etcd's rule: a TTL below one second is refused with a
+        // configuration error. A retained hold is set by a single renewal.
+        let backend = Intercepted::over(memory.clone(), Counting::default().with_min_ttl(MIN_TTL));
+        let locker = common::locker(backend.clone());
         // The first tick is due 100 ms after the start: at +0.1 s.
         let base = DateTime::from_timestamp(1_800_000_000, 900_000_000).expect("valid");
         let outcomes: Arc<Mutex<Vec<TickOutcome>>> = Arc::default();
@@ -119,17 +53,18 @@ async fn a_short_mark_is_raised_to_the_backends_minimum_ttl() {
         // Past the tick and the tolerance (+0.6 s), inside the minimum TTL.
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert_eq!(*outcomes.lock().expect("log"), vec![TickOutcome::Success]);
-        let holds = backend.renewals.lock().expect("log").clone();
+        let holds: Vec<Duration> = backend
+            .renewal_calls()
+            .into_iter()
+            .filter(|r| !r.batch)
+            .flat_map(|r| r.ttls)
+            .collect();
         assert_eq!(
             holds,
             vec![MIN_TTL],
             "the mark's hold must be raised to the backend's minimum TTL"
         );
-        let other = Locker::builder()
-            .with_backend(memory.clone())
-            .with_registry(&Registry::new())
-            .build()
-            .expect("locker");
+        let other = common::locker(memory.clone());
         let tick = LockName::new("marked/1800000001000").expect("valid");
         let taken = other.try_lock(&tick, &LockOptions::new(MIN_TTL)).await;
         assert!(
@@ -240,10 +175,7 @@ async fn a_completion_whose_reply_was_lost_is_confirmed_by_its_retry() {
         assert_eq!(solo.store.sent(), 2);
         let token = solo.calls.lock().expect("log")[0];
         assert_eq!(solo.record().await, Some(TickRecord::Completed { token }));
-        solo.scheduler
-            .shutdown(Duration::from_secs(1))
-            .await
-            .expect("clean");
+        solo.shutdown().await;
     })
     .await
     .expect("the test finishes within its bound");

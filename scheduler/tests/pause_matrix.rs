@@ -26,7 +26,7 @@ mod common;
 
 use chrono::{DateTime, Utc};
 use common::{Completes, FlakyCompletes};
-use lock_core::{async_trait, LockName, Locker, TickRecord, TickStore};
+use lock_core::{async_trait, LockName, TickRecord, TickStore};
 use lock_memory::{Intercept, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{
@@ -146,11 +146,7 @@ async fn run(step: Step, delivery: Delivery, one_step: bool) -> Row {
                 },
             },
         );
-        let locker = Locker::builder()
-            .with_backend(backend)
-            .with_registry(&Registry::new())
-            .build()
-            .expect("locker");
+        let locker = common::locker(backend);
         let (log, mid) = (Arc::clone(&calls), freezer.clone());
         let job = Job::new(JOB, CRON, move |ctx| {
             let (log, mid) = (Arc::clone(&log), mid.clone());

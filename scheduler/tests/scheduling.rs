@@ -2,23 +2,20 @@
 //! configuration errors, wall-clock steps, the election on its own, and a
 //! leadership lost and won back during a run.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lock_core::backend::{OwnerToken, ReleaseOutcome};
-use lock_core::{async_trait, BackendError, LockBackend, LockName, Locker, TickStore};
-use lock_memory::{Intercept, Intercepted, MemoryBackend};
+use lock_core::{LockName, Locker, TickStore};
+use lock_memory::{Counting, Intercepted, MemoryBackend};
 use prometheus::Registry;
 use scheduler::{ElectionOptions, Error, Job, LeaderElection, Mode, Scheduler, TokioClock};
 
 fn backend() -> (Locker, Arc<dyn TickStore>, MemoryBackend) {
     let memory = MemoryBackend::new();
-    let locker = Locker::builder()
-        .with_backend(memory.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("locker");
+    let locker = common::locker(memory.clone());
     (locker, Arc::new(memory.clone()), memory)
 }
 
@@ -145,15 +142,7 @@ async fn wall_clock_steps_never_refire_a_tick() {
 #[tokio::test(start_paused = true)]
 async fn election_elects_one_and_hands_over() {
     let memory = MemoryBackend::new();
-    let lockers: Vec<Locker> = (0..3)
-        .map(|_| {
-            Locker::builder()
-                .with_backend(memory.clone())
-                .with_registry(&Registry::new())
-                .build()
-                .expect("locker")
-        })
-        .collect();
+    let lockers: Vec<Locker> = (0..3).map(|_| common::locker(memory.clone())).collect();
     let events: Arc<Mutex<Vec<String>>> = Arc::default();
     let (ttl, interval) = (Duration::from_secs(3), Duration::from_secs(1));
     let elections: Vec<LeaderElection> = lockers
@@ -198,13 +187,7 @@ async fn election_elects_one_and_hands_over() {
 async fn election_standby_takes_a_released_leadership_at_once() {
     tokio::time::timeout(Duration::from_secs(600), async {
         let memory = MemoryBackend::new();
-        let locker = || {
-            Locker::builder()
-                .with_backend(memory.clone())
-                .with_registry(&Registry::new())
-                .build()
-                .expect("locker")
-        };
+        let locker = || common::locker(memory.clone());
         let interval = Duration::from_secs(5);
         let start = |l: Locker| {
             LeaderElection::builder(l, "svc/released-leader")
@@ -321,29 +304,6 @@ async fn one_task_fires_every_job() {
     assert_eq!(ran, expected);
 }
 
-/// Makes releasing one lock of the memory backend take `delay`: a backend
-/// slow to answer, which keeps the run releasing it going.
-#[derive(Debug)]
-struct SlowRelease {
-    name: LockName,
-    delay: Duration,
-}
-
-#[async_trait]
-impl Intercept for SlowRelease {
-    async fn release(
-        &self,
-        inner: &MemoryBackend,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        if *name == self.name {
-            tokio::time::sleep(self.delay).await;
-        }
-        inner.release(name, owner).await
-    }
-}
-
 /// A leader loses its leadership mid-run and wins it back while that run is
 /// still releasing its tick lock; the new term's first tick waits for that
 /// run and then runs once, under the new term's leadership.
@@ -354,17 +314,12 @@ async fn a_tick_waiting_across_terms_runs_under_the_new_leadership() {
         let base = DateTime::from_timestamp(1_799_999_999, 0).expect("valid");
         let first_tick = LockName::new("slow/1800000000000").expect("valid");
         let memory = MemoryBackend::new();
-        let locker = Locker::builder()
-            .with_backend(Intercepted::over(
-                memory.clone(),
-                SlowRelease {
-                    name: first_tick,
-                    delay: Duration::from_secs(10),
-                },
-            ))
-            .with_registry(&Registry::new())
-            .build()
-            .expect("locker");
+        // A backend slow to answer, which keeps the run releasing the first
+        // tick's lock going.
+        let locker = common::locker(Intercepted::over(
+            memory.clone(),
+            Counting::default().with_slow_release(first_tick, Duration::from_secs(10)),
+        ));
         // (tick offset, whether the handler started under a held leadership)
         let ran: Arc<Mutex<Vec<(i64, bool)>>> = Arc::default();
         let log = Arc::clone(&ran);
@@ -432,11 +387,7 @@ async fn status_reports_each_jobs_ticks_and_who_fires() {
     let memory = MemoryBackend::new();
     let base = DateTime::from_timestamp(1_800_000_000, 0).expect("valid");
     let start = |clock: Arc<TokioClock>, mode: Mode| {
-        let locker = Locker::builder()
-            .with_backend(memory.clone())
-            .with_registry(&Registry::new())
-            .build()
-            .expect("locker");
+        let locker = common::locker(memory.clone());
         Scheduler::builder(locker, Arc::new(memory.clone()))
             .with_registry(&Registry::new())
             .with_clock(clock)

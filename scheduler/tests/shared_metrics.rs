@@ -1,22 +1,18 @@
 //! Schedulers in one process share their metrics: any number of them on the
 //! default registry, implicit or explicit, build and count into one series.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::DateTime;
-use lock_core::Locker;
 use lock_memory::MemoryBackend;
-use prometheus::Registry;
 use scheduler::{Job, Scheduler, SchedulerBuilder, TickOutcome, TokioClock};
 
 /// A replica of a per-tick service on `memory`, running `job` every second.
 fn replica(memory: &MemoryBackend, clock: &Arc<TokioClock>) -> SchedulerBuilder {
-    let locker = Locker::builder()
-        .with_backend(memory.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("locker");
+    let locker = common::locker(memory.clone());
     Scheduler::builder(locker, Arc::new(memory.clone()))
         .with_clock(Arc::clone(clock) as _)
         .with_job(Job::new("shared/job", "* * * * * *", |_| async { Ok(()) }))

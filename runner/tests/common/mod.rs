@@ -1,7 +1,7 @@
 //! Helpers of the real-process tests: the binary, guarded processes,
 //! bounded waits, unique names, the servers.
 
-#![allow(dead_code, unreachable_pub, unused_imports)]
+#![allow(dead_code, unreachable_pub, unused_imports, unused_macros)]
 
 mod metrics;
 mod proc;
@@ -35,6 +35,52 @@ pub fn exec(backend: &str, name: &str, rest: &[&str]) -> Command {
     let mut c = lockrun(&["exec", "--backend", backend, "--name", name]);
     c.args(rest);
     c
+}
+
+/// One `#[test]` per server backend, named as given (Redis, Postgres, etcd,
+/// in that order), each running `case` with that backend: a case written
+/// once, its failures still named by backend.
+macro_rules! per_backend {
+    ($case:ident: $redis:ident, $postgres:ident, $etcd:ident) => {
+        #[test]
+        fn $redis() {
+            $case($crate::common::Backend::Redis);
+        }
+
+        #[test]
+        fn $postgres() {
+            $case($crate::common::Backend::Postgres);
+        }
+
+        #[test]
+        fn $etcd() {
+            $case($crate::common::Backend::Etcd);
+        }
+    };
+}
+pub(crate) use per_backend;
+
+/// When `runner`'s command printed the line (`is_term`) it prints on
+/// SIGTERM, waited for at most 2 s past its maximum hold `max_hold`.
+pub fn termed_at(runner: &Spawned, max_hold: Duration, is_term: fn(&str) -> bool) -> Instant {
+    runner
+        .stdout
+        .wait_for(max_hold + Duration::from_secs(2), |lines| {
+            lines.iter().find(|l| is_term(&l.text)).map(|l| l.at)
+        })
+        .expect("the command got SIGTERM")
+}
+
+/// Asserts that `runner` logged the stop of its command as the maximum hold.
+pub fn assert_max_hold_logged(runner: &Spawned) {
+    assert!(
+        runner
+            .stderr
+            .snapshot()
+            .iter()
+            .any(|l| l.text.contains("maximum hold time reached")),
+        "logged as the maximum hold"
+    );
 }
 
 /// Prints and checks when a command's group was stopped by a maximum hold

@@ -193,17 +193,7 @@ fn leader_mode(backend: Backend) {
     );
 }
 
-#[test]
-fn redis_leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
-    leader_mode(Backend::Redis);
-}
-
-#[test]
-fn postgres_leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
-    leader_mode(Backend::Postgres);
-}
-
-#[test]
-fn etcd_leader_mode_runs_one_command_at_a_time_across_a_leader_kill() {
-    leader_mode(Backend::Etcd);
-}
+per_backend!(leader_mode:
+    redis_leader_mode_runs_one_command_at_a_time_across_a_leader_kill,
+    postgres_leader_mode_runs_one_command_at_a_time_across_a_leader_kill,
+    etcd_leader_mode_runs_one_command_at_a_time_across_a_leader_kill);

@@ -30,26 +30,12 @@ fn max_hold_stops_the_command_with_sigterm_then_sigkill() {
             Some((l.at, field(&l.text, "pid")?, field(&l.text, "child")?))
         })
         .expect("a tick ran within 10 s");
-    let termed = runner
-        .stdout
-        .wait_for(max_hold + Duration::from_secs(2), |lines| {
-            lines
-                .iter()
-                .find(|l| l.text.ends_with("] term"))
-                .map(|l| l.at)
-        })
-        .expect("the command got SIGTERM");
+    // The command's lines carry the `[job] ` prefix.
+    let termed = termed_at(&runner, max_hold, |l| l.ends_with("] term"));
     let gone =
         wait_all_gone(&[shell, child], Duration::from_secs(5)).expect("the group was killed");
     check_max_hold("cron max-hold", (max_hold, grace), started, termed, gone);
-    assert!(
-        runner
-            .stderr
-            .snapshot()
-            .iter()
-            .any(|l| l.text.contains("maximum hold time reached")),
-        "logged as the maximum hold"
-    );
+    assert_max_hold_logged(&runner);
     runner.signal(Signal::TERM);
     assert_eq!(runner.finish(Duration::from_secs(40)).code(), Some(0));
 }

@@ -128,17 +128,7 @@ fn three_runners(backend: Backend) {
     }
 }
 
-#[test]
-fn redis_three_runners_run_each_tick_once() {
-    three_runners(Backend::Redis);
-}
-
-#[test]
-fn postgres_three_runners_run_each_tick_once() {
-    three_runners(Backend::Postgres);
-}
-
-#[test]
-fn etcd_three_runners_run_each_tick_once() {
-    three_runners(Backend::Etcd);
-}
+per_backend!(three_runners:
+    redis_three_runners_run_each_tick_once,
+    postgres_three_runners_run_each_tick_once,
+    etcd_three_runners_run_each_tick_once);

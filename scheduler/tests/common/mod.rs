@@ -1,6 +1,6 @@
-//! What the completion tests share: a tick store whose `Completed` writes
-//! fail or lose their replies on demand, and a replica over it on tokio's
-//! paused clock.
+//! What the scheduler tests share: a locker on a registry of its own, a
+//! tick store whose `Completed` writes fail or lose their replies on
+//! demand, and a replica over it on tokio's paused clock.
 
 // Each test binary that includes this module uses only part of it.
 #![allow(dead_code)]
@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use chrono::DateTime;
 use lock_core::{
-    async_trait, BackendError, BackendErrorKind, Error as LockError, LockName, LockOptions, Locker,
-    StartCheck, StartVerdict, TickAnswer, TickRecord, TickStore, TickWrite,
+    async_trait, BackendError, BackendErrorKind, Error as LockError, LockBackend, LockName,
+    LockOptions, Locker, StartCheck, StartVerdict, TickAnswer, TickRecord, TickStore, TickWrite,
 };
 use lock_memory::MemoryBackend;
 use prometheus::Registry;
@@ -20,6 +20,16 @@ use scheduler::{Delivery, Job, RunReport, Scheduler, SchedulerMetrics, TickOutco
 
 /// The first tick every replica fires, in Unix ms.
 pub(crate) const TICK_MS: i64 = 1_800_000_000_000;
+
+/// A locker on `backend` with a fresh registry, so one replica's lock
+/// metrics never count another's.
+pub(crate) fn locker(backend: impl LockBackend + 'static) -> Locker {
+    Locker::builder()
+        .with_backend(backend)
+        .with_registry(&Registry::new())
+        .build()
+        .expect("locker")
+}
 
 /// What the tick store does with `Completed` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,11 +186,7 @@ pub(crate) fn replica(
     reports: &Arc<Mutex<Vec<RunReport>>>,
     handler: Handler,
 ) -> (Scheduler, SchedulerMetrics) {
-    let locker = Locker::builder()
-        .with_backend(memory.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("locker");
+    let locker = locker(memory.clone());
     let base = DateTime::from_timestamp(1_799_999_999, 900_000_000).expect("valid");
     let metrics = SchedulerMetrics::register(&Registry::new()).expect("registry");
     let (log, seen) = (Arc::clone(calls), Arc::clone(reports));
@@ -259,6 +265,14 @@ impl Solo {
     pub(crate) async fn record(&self) -> Option<TickRecord> {
         first_record(&self.memory).await
     }
+
+    /// Shuts the replica down, cleanly within a second.
+    pub(crate) async fn shutdown(self) {
+        self.scheduler
+            .shutdown(Duration::from_secs(1))
+            .await
+            .expect("clean");
+    }
 }
 
 /// The record of the first tick in `memory`.
@@ -280,11 +294,7 @@ pub(crate) fn outcomes(reports: &Mutex<Vec<RunReport>>) -> Vec<TickOutcome> {
 /// Whether another locker over `memory` finds the first tick's lock held
 /// (one it gets is released again).
 pub(crate) async fn tick_lock_held(memory: &MemoryBackend) -> bool {
-    let other = Locker::builder()
-        .with_backend(memory.clone())
-        .with_registry(&Registry::new())
-        .build()
-        .expect("locker");
+    let other = locker(memory.clone());
     let name = LockName::new(format!("recorded/{TICK_MS}")).expect("valid");
     match other
         .try_lock(&name, &LockOptions::new(Duration::from_secs(1)))
