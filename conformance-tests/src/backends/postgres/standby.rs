@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::server::{bindir, postgres_ids, psql};
+use super::server::{bindir, postgres_ids, psql, wait_accepting};
 use super::{PostgresFactory, Source};
 use crate::harness::free_port;
 use crate::BoxError;
@@ -243,19 +243,7 @@ impl PgNode {
     }
 
     fn wait_ready(&self) -> Result<(), BoxError> {
-        let start = Instant::now();
-        while start.elapsed() < READY_WITHIN {
-            let ok = Command::new(self.tools.bin.join("pg_isready"))
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-t", "1"])
-                .stdout(Stdio::null())
-                .status()?
-                .success();
-            if ok {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(format!("postgres on port {} did not accept connections", self.port).into())
+        wait_accepting(&self.tools.bin, self.port, READY_WITHIN)
     }
 
     /// Waits until this standby's WAL receiver reports `streaming`.
