@@ -778,12 +778,7 @@ async fn forced_in_check_renew_and_batch(ctx: Ctx, _endpoints: Vec<String>) -> R
 /// read-write permission there forces, and its holder sees `forced`. Its
 /// own server, since it enables auth.
 async fn read_only_role_inspects_but_cannot_force(ctx: Ctx) -> Result<(), Failed> {
-    let srv = server::start(server::ServerTls::default())?;
-    server::connect_when_ready(server::builder(srv.port())).await?;
-    let url = format!("http://127.0.0.1:{}", srv.port());
-    let mut root = Client::connect([url.as_str()], None).await?;
-    root.user_add("root", "rootpw", None).await?;
-    root.user_grant_role("root", "root").await?;
+    let (srv, _, mut root) = server::start_for_auth().await?;
     for (role, user, permission) in [
         ("lockrole", "locksvc", Permission::read_write("/locks/")),
         ("viewrole", "viewer", Permission::read("/locks/")),
