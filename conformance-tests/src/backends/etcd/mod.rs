@@ -222,9 +222,8 @@ impl BackendFactory for EtcdFactory {
     }
 
     async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {
-        let prefix = lock_etcd::DEFAULT_PREFIX;
         Ok(Box::new(
-            EtcdSaboteur::connect(&self.endpoints()?, prefix).await?,
+            EtcdSaboteur::connect_default(&self.endpoints()?).await?,
         ))
     }
 

@@ -99,7 +99,7 @@ pub(super) async fn bad_input_gives_typed_errors(
     ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
         format!("{got:?}")
     })?;
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let lease = sab.lease_of(&name).await?.ok_or("no key")?;
     let granted = sab
         .client()
