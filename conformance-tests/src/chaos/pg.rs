@@ -349,17 +349,8 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
             .spawn()
             .expect("the holder starts");
         let mut reports = Reports::new(child.stdout.take().expect("piped stdout"));
-        let first = reports.next(ttl * 5).await.expect("the holder reports");
-        let token: u64 = first
-            .strip_prefix("ACQUIRED ")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_else(|| panic!("expected ACQUIRED, got {first:?}"));
-        let (mut late, mut writes) = (0, 0);
-        let healthy_until = Instant::now() + ttl / 2;
-        while Instant::now() < healthy_until {
-            let line = reports.next(ttl).await.expect("a write");
-            writes += usize::from(apply(&line, &resource, &mut late));
-        }
+        let token = reports.acquired(ttl * 5).await;
+        let (mut writes, mut late) = reports.healthy_writes(ttl, &resource).await;
         let pid = setup
             .holder_of(key)
             .await
