@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::LockOptions;
+use lock_core::{LockOptions, Locker};
 use prometheus::Registry;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
@@ -80,6 +80,17 @@ impl Reports {
     }
 }
 
+/// The successor of a holder in its own process: a `Locker` connected to
+/// `url` as a user of the library would be (`scheduler::connect`, default
+/// configuration), as the holder is.
+pub(super) async fn successor_at(url: &str) -> Locker {
+    scheduler::connect(url)
+        .await
+        .expect("the successor connects")
+        .locker(&Registry::new())
+        .expect("locker")
+}
+
 /// Applies one report; returns whether it was a write, and counts late ones.
 pub(super) fn apply(line: &str, resource: &Resource, late: &mut usize) -> bool {
     let mut parts = line.split(' ');
@@ -99,11 +110,7 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let url = process_url(&ctx);
-    let successor = scheduler::connect(&url)
-        .await
-        .expect("the successor connects")
-        .locker(&Registry::new())
-        .expect("locker");
+    let successor = successor_at(&url).await;
     let opts = LockOptions::new(ttl);
     let mut row = Row::of(&ctx, "chaos_holder_pause");
     for i in 0..target.iterations {

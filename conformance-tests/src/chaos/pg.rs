@@ -34,7 +34,6 @@ use std::time::Duration;
 use libtest_mimic::{Failed, Trial};
 use lock_core::{Error, LockGuard, LockName, LockOptions, LossReason, RenewalOutcome};
 use lock_postgres::{AdvisoryKey, PostgresBackend, PostgresBuilder, PostgresConfig};
-use prometheus::Registry;
 use tokio::process::Command;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -43,7 +42,7 @@ use tokio_postgres::Client;
 use super::cases::{successor_takes, wind_down, Handover};
 use super::figures::{self, Row};
 use super::holder::{stops_saying_held, Holder, Resource, PUSH_LAG};
-use super::pause::{apply, Reports};
+use super::pause::{apply, successor_at, Reports};
 use super::procs::signal;
 use crate::backends::postgres::{
     self as pg, client_port, holder_pid, nft_installed, plain_session, terminate, Blackhole,
@@ -325,11 +324,7 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
     let default_config = PostgresBuilder::from_url(&setup.url)
         .and_then(PostgresBuilder::config)
         .expect("the default configuration builds");
-    let successor = scheduler::connect(&setup.url)
-        .await
-        .expect("the successor connects")
-        .locker(&Registry::new())
-        .expect("locker");
+    let successor = successor_at(&setup.url).await;
     let opts = LockOptions::new(ttl);
     let mut row = Row::of(&ctx, "chaos_holder_pause");
     let mut handed_over = Vec::new();
