@@ -16,6 +16,7 @@ pub mod availability;
 pub mod backends;
 pub mod cases;
 pub mod chaos;
+pub mod child_main;
 pub mod factory;
 pub mod faulty;
 pub mod harness;

@@ -6,19 +6,14 @@
 //! ways while its clients still reach it, the fault the nftables-based
 //! `etcd_cluster::chaos_minority_partition` injects on processes.
 
-use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lock_core::{Capabilities, LockBackend, TickStore};
-use lock_etcd::{EtcdBackend, EtcdBuilder};
+use lock_etcd::EtcdBuilder;
 
-use super::etcd::cluster_factory::CLUSTER_TIMING;
 use super::etcd::leader::{leader_among, wait_for_leader};
-use super::etcd::{server, EtcdSaboteur};
+use super::etcd::{DeploymentFactory, EtcdDeployment};
 use crate::harness::docker::{etcd_flags, Container, Kind, Network, Spec};
-use crate::{BackendFactory, BoxError, Saboteur, Timing};
+use crate::BoxError;
 
 /// Members in the cluster: the smallest that survives losing one.
 pub const MEMBERS: usize = 3;
@@ -209,67 +204,27 @@ impl DockerEtcdCluster {
 
 /// `docker_etcd_cluster`: replicas connected to all three members of a
 /// [`DockerEtcdCluster`], started on first use.
-#[derive(Debug, Default)]
-pub struct DockerEtcdClusterFactory {
-    cluster: OnceLock<Result<Arc<DockerEtcdCluster>, String>>,
-}
+pub type DockerEtcdClusterFactory = DeploymentFactory<DockerEtcdCluster>;
 
-impl DockerEtcdClusterFactory {
-    /// The cluster, started on first call.
-    ///
-    /// # Errors
-    ///
-    /// When it cannot be started.
-    pub fn cluster(&self) -> Result<&Arc<DockerEtcdCluster>, BoxError> {
-        self.cluster
-            .get_or_init(|| {
-                DockerEtcdCluster::start()
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| format!("etcd cluster in containers: {e}").into())
+impl EtcdDeployment for DockerEtcdCluster {
+    const ROW: &'static str = "docker_etcd_cluster";
+    const WHAT: &'static str = "etcd cluster in containers";
+    // Only this process reaches the published ports.
+    const HAS_CONNECT_URL: bool = false;
+
+    fn start() -> Result<Self, BoxError> {
+        DockerEtcdCluster::start()
     }
 
-    async fn connect(&self) -> Result<EtcdBackend, BoxError> {
-        server::connect_when_ready(self.cluster()?.builder()?).await
-    }
-}
-
-#[async_trait]
-impl BackendFactory for DockerEtcdClusterFactory {
-    fn name(&self) -> &str {
-        "docker_etcd_cluster"
+    fn builder(&self) -> Result<EtcdBuilder, BoxError> {
+        DockerEtcdCluster::builder(self)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        super::etcd::capabilities()
+    fn endpoints(&self) -> Vec<String> {
+        DockerEtcdCluster::endpoints(self)
     }
 
-    fn timing(&self) -> Timing {
-        CLUSTER_TIMING
-    }
-
-    async fn replica(&self) -> Result<Arc<dyn LockBackend>, BoxError> {
-        Ok(Arc::new(self.connect().await?))
-    }
-
-    async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {
-        let endpoints = self.cluster()?.endpoints();
-        Ok(Box::new(
-            EtcdSaboteur::connect(&endpoints, lock_etcd::DEFAULT_PREFIX).await?,
-        ))
-    }
-
-    async fn tick_store(&self) -> Result<Option<Arc<dyn TickStore>>, BoxError> {
-        Ok(Some(Arc::new(self.connect().await?)))
-    }
-
-    fn server_addr(&self) -> Option<SocketAddr> {
+    fn connect_url(&self) -> Option<String> {
         None
-    }
-
-    async fn unreachable(&self) -> Option<Arc<dyn LockBackend>> {
-        server::unreachable()
     }
 }

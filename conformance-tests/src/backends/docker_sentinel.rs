@@ -25,7 +25,7 @@ use super::redis::sentinel::{
     DATA_ARGS, DOWN_AFTER_MS, FAILOVER_TIMEOUT_MS, MASTER_NAME, QUORUM, READY_WITHIN,
     TILT_PERIOD_MS,
 };
-use super::redis::{capabilities_of, config_for, RedisSaboteur, TIMING};
+use super::redis::{config_for, sentinel_capabilities, RedisSaboteur, TIMING};
 use crate::harness::docker::{Container, Kind, Network, Spec};
 use crate::harness::poll_until;
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
@@ -457,7 +457,7 @@ impl BackendFactory for DockerSentinelFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities_of(lock_redis::RedisBuilder::new().build())
+        sentinel_capabilities()
     }
 
     fn timing(&self) -> Timing {

@@ -26,7 +26,9 @@ use tokio::process::Child;
 use tokio::time::{sleep, Instant};
 
 use super::figures::{self, Row};
-use super::procs::{keep_journal, libfaketime, process_url, signal, Journal, Line, WallClock};
+use super::procs::{
+    keep_journal, libfaketime, process_url, runs_and_writes, signal, Journal, Line, WallClock,
+};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -189,13 +191,7 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
 
 /// Checks the journal; returns what failed.
 pub(super) fn judge(lines: &[Line], failovers: &[Duration], row: &mut Row) -> Vec<String> {
-    let mut runs: BTreeMap<i64, Vec<&Line>> = BTreeMap::new();
-    for l in lines.iter().filter(|l| l.kind() == "RUN") {
-        runs.entry(l.num(1)).or_default().push(l);
-    }
-    let writes: Vec<&Line> = lines.iter().filter(|l| l.kind() == "WRITE").collect();
-    row.writes = writes.len();
-    row.after_deadline = writes.iter().filter(|w| w.num(3) == 1).count();
+    let (runs, writes) = runs_and_writes(lines, row);
     // Every write under an older token after a run under a newer one began.
     row.stale_accepts = writes
         .iter()

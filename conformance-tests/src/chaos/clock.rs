@@ -4,7 +4,6 @@
 //! keep their instants, and a scheduler must neither run an instant twice
 //! nor stop the other replicas.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{sleep, timeout};
 
 use super::figures::{self, Row};
-use super::procs::{libfaketime, process_url, signal, Journal, Line, WallClock};
+use super::procs::{libfaketime, process_url, runs_and_writes, signal, Journal, Line, WallClock};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -218,13 +217,7 @@ pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
     }
     journal.drained(Duration::from_secs(5)).await;
     let lines = journal.lines();
-    let mut runs: BTreeMap<i64, Vec<&Line>> = BTreeMap::new();
-    for l in lines.iter().filter(|l| l.kind() == "RUN") {
-        runs.entry(l.num(1)).or_default().push(l);
-    }
-    let writes: Vec<&Line> = lines.iter().filter(|l| l.kind() == "WRITE").collect();
-    row.writes = writes.len();
-    row.after_deadline = writes.iter().filter(|w| w.num(3) == 1).count();
+    let (runs, _) = runs_and_writes(&lines, &mut row);
     let duplicates: usize = runs.values().map(|v| v.len().saturating_sub(1)).sum();
     // Every whole second of true time while the plan played, but the first
     // and the last (a tick may straddle the window's edge), must have run.

@@ -8,6 +8,7 @@ use lock_core::{LeaseHandle, LockGuard, LockName, LockOptions, LossReason};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
+use super::cases::refused_for_now;
 use crate::observe::{FencedStore, GuardLog};
 use crate::Replica;
 
@@ -185,6 +186,31 @@ impl Holder {
             .expect("writer task");
         self.lost.abort();
         (released, at, n)
+    }
+
+    /// Ends a lease kept through a Sentinel failover: it must verify on the
+    /// promoted primary, and is then released ([`Holder::release`]). A
+    /// release the promoted primary refuses for now (it refuses writes while
+    /// its replica is not linked) fails closed, the key expiring with its
+    /// TTL: it is said on stderr and not failed. Whether the release was
+    /// refused, the instant the lease ended here, and the writes made.
+    pub(super) async fn release_kept(self, within: Duration) -> (bool, Instant, usize) {
+        self.handle
+            .verify()
+            .await
+            .expect("a kept lease verifies on the promoted primary");
+        let (released, at, n) = self.release(within).await;
+        let refused = match released {
+            Ok(()) => false,
+            Err(e) if refused_for_now(&e) => {
+                eprintln!(
+                    "a kept lease's release was refused for now ({e}); it expires with its TTL"
+                );
+                true
+            }
+            Err(e) => panic!("a kept lease releases: {e}"),
+        };
+        (refused, at, n)
     }
 
     /// Waits for the writer to stop (it stops at the first failed guard) and

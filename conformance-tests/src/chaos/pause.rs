@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::LockOptions;
+use lock_core::{LockOptions, Locker};
 use prometheus::Registry;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
@@ -50,6 +50,45 @@ impl Reports {
             .expect("the holder reports in time")
             .expect("the holder's stdout reads")
     }
+
+    /// The fencing token of the holder's first report, `ACQUIRED <token>`
+    /// (timed or not), which must come `within`.
+    pub(super) async fn acquired(&mut self, within: Duration) -> u64 {
+        let first = self.next(within).await.expect("the holder reports");
+        first
+            .strip_prefix("ACQUIRED ")
+            .and_then(|t| t.split(' ').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("expected ACQUIRED, got {first:?}"))
+    }
+
+    /// Applies the holder's writes to `resource` while it runs healthy, for
+    /// half of `ttl` (each must come within `ttl`); returns how many it
+    /// made and how many of those were late.
+    pub(super) async fn healthy_writes(
+        &mut self,
+        ttl: Duration,
+        resource: &Resource,
+    ) -> (usize, usize) {
+        let (mut writes, mut late) = (0, 0);
+        let healthy_until = Instant::now() + ttl / 2;
+        while Instant::now() < healthy_until {
+            let line = self.next(ttl).await.expect("a write");
+            writes += usize::from(apply(&line, resource, &mut late));
+        }
+        (writes, late)
+    }
+}
+
+/// The successor of a holder in its own process: a `Locker` connected to
+/// `url` as a user of the library would be (`scheduler::connect`, default
+/// configuration), as the holder is.
+pub(super) async fn successor_at(url: &str) -> Locker {
+    scheduler::connect(url)
+        .await
+        .expect("the successor connects")
+        .locker(&Registry::new())
+        .expect("locker")
 }
 
 /// Applies one report; returns whether it was a write, and counts late ones.
@@ -71,11 +110,7 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
     let timing = ctx.timing();
     let (ttl, tol) = (timing.ttl, timing.tolerance);
     let url = process_url(&ctx);
-    let successor = scheduler::connect(&url)
-        .await
-        .expect("the successor connects")
-        .locker(&Registry::new())
-        .expect("locker");
+    let successor = successor_at(&url).await;
     let opts = LockOptions::new(ttl);
     let mut row = Row::of(&ctx, "chaos_holder_pause");
     for i in 0..target.iterations {
@@ -94,18 +129,8 @@ pub(super) async fn holder_pause(ctx: Ctx, target: Target, holder: &Path) {
             .expect("the holder starts");
         let stdout = child.stdout.take().expect("piped stdout");
         let mut reports = Reports::new(stdout);
-        let first = reports.next(ttl * 5).await.expect("the holder reports");
-        let token: u64 = first
-            .strip_prefix("ACQUIRED ")
-            .and_then(|t| t.split(' ').next())
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_else(|| panic!("expected ACQUIRED, got {first:?}"));
-        let (mut late, mut writes) = (0, 0);
-        let healthy_until = Instant::now() + ttl / 2;
-        while Instant::now() < healthy_until {
-            let line = reports.next(ttl).await.expect("a write");
-            writes += usize::from(apply(&line, &resource, &mut late));
-        }
+        let token = reports.acquired(ttl * 5).await;
+        let (mut writes, mut late) = reports.healthy_writes(ttl, &resource).await;
         signal(&child, "STOP");
         let stopped_at = Instant::now();
         row.faults += 1;

@@ -34,7 +34,6 @@ use std::time::Duration;
 use libtest_mimic::{Failed, Trial};
 use lock_core::{Error, LockGuard, LockName, LockOptions, LossReason, RenewalOutcome};
 use lock_postgres::{AdvisoryKey, PostgresBackend, PostgresBuilder, PostgresConfig};
-use prometheus::Registry;
 use tokio::process::Command;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
@@ -43,7 +42,7 @@ use tokio_postgres::Client;
 use super::cases::{successor_takes, wind_down, Handover};
 use super::figures::{self, Row};
 use super::holder::{stops_saying_held, Holder, Resource, PUSH_LAG};
-use super::pause::{apply, Reports};
+use super::pause::{apply, successor_at, Reports};
 use super::procs::signal;
 use crate::backends::postgres::{
     self as pg, client_port, holder_pid, nft_installed, plain_session, terminate, Blackhole,
@@ -325,11 +324,7 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
     let default_config = PostgresBuilder::from_url(&setup.url)
         .and_then(PostgresBuilder::config)
         .expect("the default configuration builds");
-    let successor = scheduler::connect(&setup.url)
-        .await
-        .expect("the successor connects")
-        .locker(&Registry::new())
-        .expect("locker");
+    let successor = successor_at(&setup.url).await;
     let opts = LockOptions::new(ttl);
     let mut row = Row::of(&ctx, "chaos_holder_pause");
     let mut handed_over = Vec::new();
@@ -349,17 +344,8 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
             .spawn()
             .expect("the holder starts");
         let mut reports = Reports::new(child.stdout.take().expect("piped stdout"));
-        let first = reports.next(ttl * 5).await.expect("the holder reports");
-        let token: u64 = first
-            .strip_prefix("ACQUIRED ")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_else(|| panic!("expected ACQUIRED, got {first:?}"));
-        let (mut late, mut writes) = (0, 0);
-        let healthy_until = Instant::now() + ttl / 2;
-        while Instant::now() < healthy_until {
-            let line = reports.next(ttl).await.expect("a write");
-            writes += usize::from(apply(&line, &resource, &mut late));
-        }
+        let token = reports.acquired(ttl * 5).await;
+        let (mut writes, mut late) = reports.healthy_writes(ttl, &resource).await;
         let pid = setup
             .holder_of(key)
             .await

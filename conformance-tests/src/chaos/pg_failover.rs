@@ -330,14 +330,7 @@ async fn start_schedulers(
     let children: Vec<_> = (0..REPLICAS)
         .map(|w| journal.spawn(w, replica, &args, None))
         .collect();
-    let started = Instant::now();
-    while !journal.lines().iter().any(|l| l.kind() == "RUN") {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no tick ran within 30 s"
-        );
-        sleep(Duration::from_millis(50)).await;
-    }
+    journal.wait_first_run().await;
     (journal, children)
 }
 

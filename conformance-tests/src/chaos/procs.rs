@@ -2,13 +2,17 @@
 //! libfaketime wall-clock offset, their report lines collected with the
 //! monotonic time each ends in.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
+
+use super::figures::Row;
 
 /// The libfaketime preload library (the thread-safe build); the cases that
 /// step clocks fail without it.
@@ -158,7 +162,7 @@ impl Journal {
 
     /// Waits (up to `within`) until every child's output has been read to
     /// its end: call it once the children have exited.
-    pub(super) async fn drained(&self, within: std::time::Duration) {
+    pub(super) async fn drained(&self, within: Duration) {
         let readers = std::mem::take(&mut *self.readers.lock().expect("journal lock"));
         tokio::time::timeout(within, futures_all(readers))
             .await
@@ -215,6 +219,20 @@ pub(super) fn is_stopped(child: &Child) -> bool {
 }
 
 impl Journal {
+    /// Waits until some child reports its first `RUN`, and fails the case
+    /// if none has within 30 s: the scheduler cases inject their first fault
+    /// only once the job runs, so that a slow start is not blamed on it.
+    pub(super) async fn wait_first_run(&self) {
+        let started = tokio::time::Instant::now();
+        while !self.lines().iter().any(|l| l.kind() == "RUN") {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no tick ran within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The first line after `since` (monotonic ns) that `want` accepts,
     /// waiting up to `within` for it. Polls the journal, so waiting for one
     /// kind of line consumes no other. Panics on time out, naming `what`
@@ -222,7 +240,7 @@ impl Journal {
     pub(super) async fn wait_for(
         &self,
         since: u64,
-        within: std::time::Duration,
+        within: Duration,
         what: &str,
         want: impl Fn(&Line) -> bool,
     ) -> Line {
@@ -245,9 +263,26 @@ impl Journal {
                 let tail = &recent[recent.len().saturating_sub(20)..];
                 panic!("no {what} within {within:?}; the children said since: {tail:#?}");
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// The `RUN` lines of a scheduler journal by their tick (word 1), and its
+/// `WRITE` lines; `row` counts the writes, and those made at or after their
+/// lease's deadline (word 3 is 1).
+pub(super) fn runs_and_writes<'a>(
+    lines: &'a [Line],
+    row: &mut Row,
+) -> (BTreeMap<i64, Vec<&'a Line>>, Vec<&'a Line>) {
+    let mut runs: BTreeMap<i64, Vec<&Line>> = BTreeMap::new();
+    for l in lines.iter().filter(|l| l.kind() == "RUN") {
+        runs.entry(l.num(1)).or_default().push(l);
+    }
+    let writes: Vec<&Line> = lines.iter().filter(|l| l.kind() == "WRITE").collect();
+    row.writes = writes.len();
+    row.after_deadline = writes.iter().filter(|w| w.num(3) == 1).count();
+    (runs, writes)
 }
 
 /// Writes `lines` but the `WRITE`s to `file` beside the figures table, for

@@ -25,7 +25,7 @@ use std::time::Duration;
 use lock_core::{LockName, LockOptions, LossReason};
 use tokio::time::{sleep, Instant};
 
-use super::cases::{leak_probe, refused_for_now};
+use super::cases::leak_probe;
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
 use super::sentinel_lost_clients::{direct, through, waiter, ACK};
@@ -220,20 +220,8 @@ async fn one_kill(
                 t.writes += n;
             }
             None => {
-                holder
-                    .handle
-                    .verify()
-                    .await
-                    .expect("a kept lease verifies on the promoted primary");
-                let (released, _, n) = holder.release(TTL).await;
-                match released {
-                    Ok(()) => {}
-                    Err(e) if refused_for_now(&e) => {
-                        eprintln!("a kept lease's release was refused for now ({e}); it expires with its TTL");
-                        refused_releases += 1;
-                    }
-                    Err(e) => panic!("a kept lease releases: {e}"),
-                }
+                let (refused, _, n) = holder.release_kept(TTL).await;
+                refused_releases += usize::from(refused);
                 t.kept += 1;
                 t.writes += n;
             }

@@ -13,7 +13,7 @@ pub mod docker;
 pub mod nft;
 mod process;
 
-pub use process::{free_port, wait_for_port, ServerProcess, ServerSpec};
+pub use process::{free_port, stop_child, wait_for_port, ServerProcess, ServerSpec};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -71,6 +71,29 @@ pub fn wait_for_port(port: u16, timeout: Duration) -> Result<(), BoxError> {
     Err(format!("nothing accepted connections on {addr} within {timeout:?}").into())
 }
 
+/// Stops a server process: thaws it (a stopped process would not act on
+/// the signal) and sends it `sig` (`TERM`, or Postgres's `INT` or `QUIT`),
+/// then waits up to `within` for it to exit, killing (SIGKILL) and reaping
+/// it if it has not. Whether it exited by itself.
+pub fn stop_child(child: &mut Child, sig: &str, within: Duration) -> Result<bool, BoxError> {
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").arg("-CONT").arg(&pid).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(&pid)
+        .status();
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if child.try_wait()?.is_some() {
+            return Ok(true);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(false)
+}
+
 impl ServerProcess {
     /// Starts the server on a free port with a fresh temp dir and waits until it listens.
     pub fn start(spec: ServerSpec) -> Result<Self, BoxError> {
@@ -205,18 +228,7 @@ impl ServerProcess {
     pub fn stop(&self, within: Duration) -> Result<(), BoxError> {
         let mut slot = self.child.lock().map_err(|_| "server lock poisoned")?;
         if let Some(mut child) = slot.take() {
-            let pid = child.id().to_string();
-            let _ = Command::new("kill").arg("-CONT").arg(&pid).status();
-            let _ = Command::new("kill").arg("-TERM").arg(&pid).status();
-            let until = Instant::now() + within;
-            while Instant::now() < until {
-                if child.try_wait()?.is_some() {
-                    return Ok(());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            child.kill()?;
-            child.wait()?;
+            stop_child(&mut child, "TERM", within)?;
         }
         Ok(())
     }

@@ -136,10 +136,6 @@ fn near(a: SystemTime, b: SystemTime, slack: Duration) -> bool {
     }
 }
 
-async fn saboteur(endpoints: &[String]) -> Result<EtcdSaboteur, Failed> {
-    Ok(EtcdSaboteur::connect(endpoints, lock_etcd::DEFAULT_PREFIX).await?)
-}
-
 fn key(name: &LockName) -> String {
     format!("{}{}", lock_etcd::DEFAULT_PREFIX, name.as_str())
 }
@@ -275,7 +271,7 @@ async fn stock_client_key_is_held_by_unknown(
     let inspector = ctx.replica().await.locker;
     let name = ctx.name("stock");
     let key = key(&name);
-    let sab = saboteur(&endpoints).await?;
+    let sab = EtcdSaboteur::connect_default(&endpoints).await?;
     let mut kv = sab.client().kv_client();
     if which("etcdctl").is_some() {
         let out = tokio::process::Command::new("etcdctl")
@@ -392,7 +388,7 @@ async fn list_pages_through_many_locks(ctx: Ctx, endpoints: Vec<String>) -> Resu
         inspector.force_release(&forced, token).await? == ForceOutcome::Released,
         || "the forced release under the prefix failed".into(),
     )?;
-    let sab = saboteur(&endpoints).await?;
+    let sab = EtcdSaboteur::connect_default(&endpoints).await?;
     let marks = sab
         .client()
         .kv_client()
@@ -525,7 +521,7 @@ async fn inspection_changes_nothing(ctx: Ctx, endpoints: Vec<String>) -> Result<
     ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
         format!("acquire: {got:?}")
     })?;
-    let sab = saboteur(&endpoints).await?;
+    let sab = EtcdSaboteur::connect_default(&endpoints).await?;
     let client = sab.client();
     let the_key = key(&name);
     let read = |client: Client| {
@@ -591,7 +587,7 @@ async fn force_release_is_reported_forced(ctx: Ctx, endpoints: Vec<String>) -> R
     let (holder, _) = named_locker(&ctx, "inspect-test/forced-holder").await?;
     let waiter = ctx.replica().await.locker;
     let inspector = ctx.replica().await.locker;
-    let sab = saboteur(&endpoints).await?;
+    let sab = EtcdSaboteur::connect_default(&endpoints).await?;
     let other = ctx.name("forced-neighbour");
     let neighbour = holder.try_lock(&other, &opts).await?;
     let neighbour_lease = sab.lease_of(&other).await?.ok_or("no neighbour key")?;
@@ -778,12 +774,7 @@ async fn forced_in_check_renew_and_batch(ctx: Ctx, _endpoints: Vec<String>) -> R
 /// read-write permission there forces, and its holder sees `forced`. Its
 /// own server, since it enables auth.
 async fn read_only_role_inspects_but_cannot_force(ctx: Ctx) -> Result<(), Failed> {
-    let srv = server::start(server::ServerTls::default())?;
-    server::connect_when_ready(server::builder(srv.port())).await?;
-    let url = format!("http://127.0.0.1:{}", srv.port());
-    let mut root = Client::connect([url.as_str()], None).await?;
-    root.user_add("root", "rootpw", None).await?;
-    root.user_grant_role("root", "root").await?;
+    let (srv, _, mut root) = server::start_for_auth().await?;
     for (role, user, permission) in [
         ("lockrole", "locksvc", Permission::read_write("/locks/")),
         ("viewrole", "viewer", Permission::read("/locks/")),

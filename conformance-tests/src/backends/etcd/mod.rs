@@ -21,7 +21,7 @@ use lock_etcd::{EtcdBackend, EtcdBuilder};
 use crate::harness::{which, Availability, ServerProcess};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
-pub use cluster_factory::{cluster_factory, EtcdClusterFactory};
+pub use cluster_factory::{cluster_factory, DeploymentFactory, EtcdClusterFactory, EtcdDeployment};
 pub use cluster_frozen::add_cluster_specific;
 pub use saboteur::EtcdSaboteur;
 pub use specific::add_specific;
@@ -222,9 +222,8 @@ impl BackendFactory for EtcdFactory {
     }
 
     async fn saboteur(&self) -> Result<Box<dyn Saboteur>, BoxError> {
-        let prefix = lock_etcd::DEFAULT_PREFIX;
         Ok(Box::new(
-            EtcdSaboteur::connect(&self.endpoints()?, prefix).await?,
+            EtcdSaboteur::connect_default(&self.endpoints()?).await?,
         ))
     }
 

@@ -42,6 +42,16 @@ impl EtcdSaboteur {
         })
     }
 
+    /// [`EtcdSaboteur::connect`] with the library's default key prefix, the
+    /// one every backend of the suite locks under.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is left behind.
+    pub async fn connect_default(endpoints: &[String]) -> Result<Self, BoxError> {
+        Self::connect(endpoints, lock_etcd::DEFAULT_PREFIX).await
+    }
+
     /// The raw client, for etcd-specific tests.
     pub fn client(&self) -> Client {
         self.client.clone()

@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use etcd_client::Client;
 use lock_core::LockBackend;
 use lock_etcd::{EtcdBackend, EtcdBuilder};
 
@@ -59,6 +60,25 @@ pub fn start(tls: ServerTls<'_>) -> Result<ServerProcess, BoxError> {
         ]);
     }
     ServerProcess::start(spec(args)?)
+}
+
+/// Starts a plaintext member of its own, for a case that enables auth on
+/// it, with a client at its URL that has added what etcd requires before
+/// auth can be on: the `root` user (password `rootpw`) with the root role.
+/// The case adds its roles and users through that client, then enables
+/// auth. Returns the member, its client URL and the client.
+///
+/// # Cancel safety
+///
+/// Cancel safe: a dropped call kills the member it started.
+pub async fn start_for_auth() -> Result<(ServerProcess, String, Client), BoxError> {
+    let srv = start(ServerTls::default())?;
+    connect_when_ready(builder(srv.port())).await?;
+    let url = format!("http://127.0.0.1:{}", srv.port());
+    let mut root = Client::connect([url.as_str()], None).await?;
+    root.user_add("root", "rootpw", None).await?;
+    root.user_grant_role("root", "root").await?;
+    Ok((srv, url, root))
 }
 
 /// Starts a single-member plaintext etcd on the client port `port` (and

@@ -165,7 +165,7 @@ impl PrivatePostgres {
             other_ca: certs.other_ca,
             _cluster: cluster,
         };
-        wait_ready(&bin, started.port())?;
+        wait_accepting(&bin, started.port(), Duration::from_secs(30))?;
         let setup = format!(
             "CREATE ROLE {ROLE_WITH_PASSWORD} LOGIN PASSWORD '{PASSWORD}'; \
              CREATE ROLE {ROLE_NO_CREATE} LOGIN; \
@@ -209,9 +209,13 @@ fn make_certificate(
     Ok(certs)
 }
 
-fn wait_ready(bin: &Path, port: u16) -> Result<(), BoxError> {
+/// Waits up to `within` until the Postgres on `port` accepts connections, as
+/// `pg_isready` from `bin` sees it: a listening port alone is not enough, a
+/// server still starting up (or a standby not yet consistent) refuses
+/// sessions.
+pub(super) fn wait_accepting(bin: &Path, port: u16, within: Duration) -> Result<(), BoxError> {
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
+    while start.elapsed() < within {
         let ok = Command::new(bin.join("pg_isready"))
             .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
             .stdout(Stdio::null())
@@ -222,7 +226,7 @@ fn wait_ready(bin: &Path, port: u16) -> Result<(), BoxError> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Err(format!("the private Postgres on port {port} did not become ready").into())
+    Err(format!("postgres on port {port} did not accept connections within {within:?}").into())
 }
 
 /// Runs SQL as `postgres` through `psql`.

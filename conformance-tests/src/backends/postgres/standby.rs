@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::server::{bindir, postgres_ids, psql};
+use super::server::{bindir, postgres_ids, psql, wait_accepting};
 use super::{PostgresFactory, Source};
-use crate::harness::free_port;
+use crate::harness::{free_port, stop_child};
 use crate::BoxError;
 
 /// How long a server may take to accept connections, a standby to stream,
@@ -243,19 +243,7 @@ impl PgNode {
     }
 
     fn wait_ready(&self) -> Result<(), BoxError> {
-        let start = Instant::now();
-        while start.elapsed() < READY_WITHIN {
-            let ok = Command::new(self.tools.bin.join("pg_isready"))
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-t", "1"])
-                .stdout(Stdio::null())
-                .status()?
-                .success();
-            if ok {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(format!("postgres on port {} did not accept connections", self.port).into())
+        wait_accepting(&self.tools.bin, self.port, READY_WITHIN)
     }
 
     /// Waits until this standby's WAL receiver reports `streaming`.
@@ -305,24 +293,12 @@ impl PgNode {
             return Ok(());
         };
         let sig = match mode {
-            StopMode::Fast => "-INT",
-            StopMode::Immediate => "-QUIT",
+            StopMode::Fast => "INT",
+            StopMode::Immediate => "QUIT",
         };
-        let _ = Command::new("kill")
-            .args(["-CONT", &child.id().to_string()])
-            .status();
-        let _ = Command::new("kill")
-            .args([sig, &child.id().to_string()])
-            .status();
-        let until = Instant::now() + within;
-        while Instant::now() < until {
-            if child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if stop_child(&mut child, sig, within)? {
+            return Ok(());
         }
-        child.kill()?;
-        child.wait()?;
         Err(format!(
             "postgres on port {} did not stop within {within:?} ({mode:?}); killed",
             self.port

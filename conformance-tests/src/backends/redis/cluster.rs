@@ -8,7 +8,8 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{which, ServerProcess, ServerSpec};
+use super::server;
+use crate::harness::{which, ServerProcess};
 use crate::BoxError;
 
 /// Nodes of the deployment: three primaries and three replicas.
@@ -47,39 +48,23 @@ impl ClusterSet {
     /// `cluster_state:ok`, all agree on who serves which slot, and every
     /// replica is linked to its primary.
     pub fn start() -> Result<Self, BoxError> {
-        let program = which("redis-server").ok_or("redis-server is not on PATH")?;
+        let spec = server::spec(server::without_persistence(&[
+            "--port",
+            "{port}",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            NODE_TIMEOUT_MS,
+            "--cluster-config-file",
+            "{dir}/nodes.conf",
+            "--repl-diskless-sync-delay",
+            "0",
+        ]))?;
         let cli = which("redis-cli").ok_or("redis-cli is not on PATH")?;
         let mut nodes = Vec::with_capacity(NODES);
         for _ in 0..NODES {
             let port = port_with_free_bus()?;
-            let spec = ServerSpec {
-                program: program.clone(),
-                args: [
-                    "--port",
-                    "{port}",
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    NODE_TIMEOUT_MS,
-                    "--cluster-config-file",
-                    "{dir}/nodes.conf",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    "{dir}",
-                ]
-                .map(String::from)
-                .to_vec(),
-                run_as: None,
-                ready_timeout: Duration::from_secs(10),
-            };
-            nodes.push(ServerProcess::launch(spec, (port, port), None)?);
+            nodes.push(ServerProcess::launch(spec.clone(), (port, port), None)?);
         }
         for n in &nodes {
             n.wait_ready()?;

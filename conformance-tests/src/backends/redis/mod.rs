@@ -162,6 +162,13 @@ pub(crate) fn capabilities_of<E>(built: Result<RedisBackend, E>) -> Capabilities
     built.map_or_else(|_| Capabilities::new(Expiry::Ttl), |b| b.capabilities())
 }
 
+/// What a backend through sentinels can do: a plain builder's, since the
+/// sentinels only tell it where the primary is. The process and container
+/// deployments both report these.
+pub(crate) fn sentinel_capabilities() -> Capabilities {
+    capabilities_of(RedisBuilder::new().build())
+}
+
 /// A replica of the test profile that reaches nothing: `url` of a free port
 /// nobody listens on.
 pub(crate) fn unreachable(url: impl FnOnce(u16) -> String) -> Option<Arc<dyn LockBackend>> {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::server;
-use crate::harness::{poll_until, which, ServerProcess, ServerSpec};
+use crate::harness::{poll_until, ServerProcess};
 use crate::BoxError;
 
 /// The name the sentinels know the primary by.
@@ -297,7 +297,6 @@ pub fn start_sentinel(
     monitored: u16,
     quorum: usize,
 ) -> Result<ServerProcess, BoxError> {
-    let program = which("redis-server").ok_or("redis-server is not on PATH")?;
     std::fs::write(
         config,
         format!(
@@ -308,9 +307,8 @@ pub fn start_sentinel(
         ),
     )?;
     let config = config.to_string_lossy().into_owned();
-    let sentinel = ServerProcess::start(ServerSpec {
-        program,
-        args: [
+    let sentinel = ServerProcess::start(server::spec(
+        [
             config.as_str(),
             "--sentinel",
             "--port",
@@ -322,9 +320,7 @@ pub fn start_sentinel(
         ]
         .map(String::from)
         .to_vec(),
-        run_as: None,
-        ready_timeout: Duration::from_secs(10),
-    })?;
+    )?)?;
     // Runtime-only setting (`SENTINEL DEBUG`, Redis 7.0): no config line.
     let mut c = connect(sentinel.port())?;
     let _: String = redis::cmd("SENTINEL")

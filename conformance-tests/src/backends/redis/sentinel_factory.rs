@@ -9,7 +9,7 @@ use lock_core::{Capabilities, LockBackend, TickStore};
 use lock_redis::RedisBackend;
 
 use super::sentinel::{SentinelSet, MASTER_NAME};
-use super::{capabilities_of, config_for, unreachable, RedisSaboteur, TIMING};
+use super::{config_for, sentinel_capabilities, unreachable, RedisSaboteur, TIMING};
 use crate::harness::{which, Availability};
 use crate::{BackendFactory, BoxError, Saboteur, Timing};
 
@@ -106,7 +106,7 @@ impl BackendFactory for SentinelFactory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities_of(lock_redis::RedisBuilder::new().build())
+        sentinel_capabilities()
     }
 
     fn timing(&self) -> Timing {

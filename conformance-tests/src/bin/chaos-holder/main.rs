@@ -24,6 +24,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use conformance_tests::child_main::run_child;
 use lock_core::{LockName, LockOptions};
 use prometheus::Registry;
 
@@ -50,24 +51,7 @@ fn main() -> ExitCode {
         opts = opts.with_max_hold(h);
     }
     let timed = std::env::var("CHAOS_HOLDER_TIMES").is_ok_and(|v| v == "1");
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(hold(&url, &name, &opts, max, linger, timed)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("chaos-holder: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_child("chaos-holder", hold(&url, &name, &opts, max, linger, timed))
 }
 
 /// The command line.

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use conformance_tests::child_main::run_child;
 use conformance_tests::mono::now_ns;
 use prometheus::Registry;
 use scheduler::{
@@ -122,24 +123,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(replica(url, mode, job_ttl, run, opts)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("chaos-replica: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    run_child("chaos-replica", replica(url, mode, job_ttl, run, opts))
 }
 
 /// Stops this whole process (every thread: the handlers, the heartbeat, the

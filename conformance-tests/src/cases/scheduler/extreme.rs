@@ -118,6 +118,18 @@ impl Settings {
             .with_job(j)
             .build()
     }
+
+    /// [`Settings::build`] on the first replica of `fleet`, with the
+    /// fleet's tick store and that replica's clock.
+    fn build_on(&self, fleet: &Fleet, job: &LockName, cron: &str) -> scheduler::Result<Scheduler> {
+        self.build(
+            fleet.replicas[0].locker.clone(),
+            Arc::clone(&fleet.ticks),
+            fleet.clocks[0].clone(),
+            job,
+            cron,
+        )
+    }
 }
 
 /// Whether a build error is a configuration error that says what is wrong.
@@ -172,13 +184,7 @@ pub(crate) async fn scheduler_extreme_settings_refused_or_run(ctx: Ctx) {
     for (i, (knob, value, expect)) in trials.into_iter().enumerate() {
         let name = ctx.name(&format!("x{i}"));
         let settings = normal.clone().with(knob, value);
-        let built = settings.build(
-            fleet.replicas[0].locker.clone(),
-            Arc::clone(&fleet.ticks),
-            fleet.clocks[0].clone(),
-            &name,
-            plan.cron,
-        );
+        let built = settings.build_on(&fleet, &name, plan.cron);
         match (built, expect) {
             (Err(e), Expect::Refused) => {
                 assert!(is_clear_refusal(&e), "{knob:?} = {value:?}: {e:?}");
@@ -255,13 +261,7 @@ pub(crate) async fn scheduler_extreme_lock_ttls_refused_or_run(ctx: Ctx) {
         for (j, value) in [Duration::MAX, HUGE].into_iter().enumerate() {
             let name = ctx.name(&format!("t{i}{j}"));
             let settings = normal.clone().with(knob, value);
-            let built = settings.build(
-                fleet.replicas[0].locker.clone(),
-                Arc::clone(&fleet.ticks),
-                fleet.clocks[0].clone(),
-                &name,
-                plan.cron,
-            );
+            let built = settings.build_on(&fleet, &name, plan.cron);
             match built {
                 Err(e) => assert!(is_clear_refusal(&e), "{knob:?} = {value:?}: {e:?}"),
                 Ok(s) => {

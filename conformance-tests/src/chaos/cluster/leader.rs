@@ -211,6 +211,21 @@ pub(super) async fn settle_all(
     kept
 }
 
+/// Kills (SIGKILL) the member that leads, once the cluster has a leader
+/// (waiting up to 10 s for one), and counts the fault in `row`; returns
+/// which member it was and when it was killed. The leader-kill cases, of
+/// holders and of schedulers, inject their fault this one way.
+pub(super) async fn kill_leader(cluster: &EtcdCluster, row: &mut Row) -> (usize, Instant) {
+    let leader = cluster
+        .wait_leader(None, Duration::from_secs(10))
+        .await
+        .expect("the cluster has a leader");
+    let fault_at = Instant::now();
+    cluster.kill(leader).expect("SIGKILL the leader");
+    row.faults += 1;
+    (leader, fault_at)
+}
+
 /// Kills the leader once per iteration with [`HOLDERS`] holders and their
 /// waiters, then restarts it.
 pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target) {
@@ -222,13 +237,7 @@ pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Tar
     for i in 0..target.iterations {
         let pairs = start_pairs(&ctx, &format!("leader-kill-{i}"), &opts, ttl).await;
         sleep(ttl).await;
-        let leader = cluster
-            .wait_leader(None, Duration::from_secs(10))
-            .await
-            .expect("the cluster has a leader");
-        let fault_at = Instant::now();
-        cluster.kill(leader).expect("SIGKILL the leader");
-        row.faults += 1;
+        let (leader, fault_at) = kill_leader(&cluster, &mut row).await;
         let next = cluster
             .wait_leader(Some(leader), ELECTION_WITHIN)
             .await

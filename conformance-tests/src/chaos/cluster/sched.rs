@@ -9,8 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{sleep, Instant};
+use tokio::time::sleep;
 
+use super::leader::kill_leader;
 use crate::backends::etcd::cluster::EtcdCluster;
 use crate::chaos::cases::Target;
 use crate::chaos::churn::judge;
@@ -55,26 +56,13 @@ pub(super) async fn leader_kills(
         iterations: faults,
         ..Row::default()
     };
-    let started = Instant::now();
-    while !journal.lines().iter().any(|l| l.kind() == "RUN") {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no tick ran within 30 s"
-        );
-        sleep(Duration::from_millis(50)).await;
-    }
+    journal.wait_first_run().await;
     // Per fault, how long the job could not run: the election, then up
     // to two TTLs for a lease on the dead leader's requests to lapse.
     let mut outages = Vec::new();
     for _ in 0..faults {
         sleep(KILL_EVERY).await;
-        let leader = cluster
-            .wait_leader(None, Duration::from_secs(10))
-            .await
-            .expect("the cluster has a leader");
-        let fault_at = Instant::now();
-        cluster.kill(leader).expect("SIGKILL the leader");
-        row.faults += 1;
+        let (leader, fault_at) = kill_leader(&cluster, &mut row).await;
         cluster
             .wait_leader(Some(leader), Duration::from_secs(10))
             .await

@@ -27,7 +27,7 @@ pub(super) async fn batch_renewal_reports_each_lease(
     ctx: Ctx,
 ) -> Result<(), Failed> {
     let backend = f.connect().await?;
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     // Long enough that acquiring 300 locks on a loaded machine fits in it
     // (5 s did not, with a load average of 10 on 2 cores).
     let ttl = Duration::from_secs(10);
@@ -86,7 +86,7 @@ pub(super) async fn batch_renewal_sees_rewrites_on_the_lease(
     ctx: Ctx,
 ) -> Result<(), Failed> {
     let backend = f.connect().await?;
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let ttl = Duration::from_secs(10);
     let requests = acquire_each(&backend, &ctx, "rewrite", 3, ttl).await?;
     let lease = sab.lease_of(&requests[0].name).await?;

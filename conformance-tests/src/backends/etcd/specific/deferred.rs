@@ -90,11 +90,7 @@ pub(super) async fn deferred_backend_keeps_its_min_ttl(
     })?;
     guard.renew().await?;
     guard.release().await?;
-    let sab = EtcdSaboteur::connect(
-        &[format!("http://127.0.0.1:{port}")],
-        lock_etcd::DEFAULT_PREFIX,
-    )
-    .await?;
+    let sab = EtcdSaboteur::connect_default(&[format!("http://127.0.0.1:{port}")]).await?;
     ensure(sab.lease_of(&name).await?.is_none(), || {
         "the released key is still there".into()
     })?;

@@ -22,10 +22,6 @@ const CASE_LIMIT: Duration = Duration::from_secs(180);
 /// How many cases the residue check runs at once.
 const CASES_AT_ONCE: usize = 3;
 
-async fn saboteur_for(factory: &EtcdFactory) -> Result<EtcdSaboteur, Failed> {
-    Ok(EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?)
-}
-
 /// `etcdctl lease revoke` on the shared lease of one backend instance
 /// deletes every key on it: every lock on it, in every `Locker` over that
 /// instance, is lost at once (pushed through the loss feed at the first
@@ -36,7 +32,7 @@ pub(super) async fn theft_by_lease_revoke(f: Arc<EtcdFactory>, ctx: Ctx) -> Resu
     let a = ctx.replica().await;
     let a2 = ctx.replica_over(Arc::clone(&a.backend));
     let other = ctx.replica().await;
-    let sab = saboteur_for(&f).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let bound = ctx.opts().renew_interval() + ctx.timing().tolerance;
     // Losses pushed in one call land in the same instant; the tasks that
     // see them are scheduled a little apart.
@@ -121,7 +117,7 @@ pub(super) async fn theft_by_lease_revoke(f: Arc<EtcdFactory>, ctx: Ctx) -> Resu
 /// old holder.
 pub(super) async fn theft_by_delete_and_put(f: Arc<EtcdFactory>, ctx: Ctx) -> Result<(), Failed> {
     let a = ctx.replica().await;
-    let sab = saboteur_for(&f).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let bound = ctx.opts().renew_interval() + ctx.timing().tolerance;
     let mut kv = sab.client().kv_client();
 
@@ -296,7 +292,7 @@ pub(super) async fn no_residue_after_cases(_f: Arc<EtcdFactory>, _ctx: Ctx) -> R
     while !running.is_empty() {
         joined(running.join_next().await)?;
     }
-    let sab = EtcdSaboteur::connect(&factory.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&factory.endpoints()?).await?;
     let mut client = sab.client();
     let ticks = format!("{}#", lock_etcd::DEFAULT_PREFIX);
     let ended = Instant::now();

@@ -29,7 +29,7 @@ pub(super) async fn retain_during_renewal_keeps_the_mark(
     let backend =
         server::connect_when_ready(f.builder()?.with_request_timeout(REQUEST_TIMEOUT)).await?;
     let replica = ctx.replica_over(Arc::new(backend.clone()));
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let timing = ctx.timing();
     let opts = ctx.opts();
     let hold = timing.ttl * 2;

@@ -99,7 +99,7 @@ pub(super) async fn bad_input_gives_typed_errors(
     ensure(matches!(got, AcquireAttempt::Acquired(_)), || {
         format!("{got:?}")
     })?;
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let lease = sab.lease_of(&name).await?.ok_or("no key")?;
     let granted = sab
         .client()
@@ -156,12 +156,7 @@ pub(super) async fn rbac_user_limited_to_prefix(
     _f: Arc<EtcdFactory>,
     ctx: Ctx,
 ) -> Result<(), Failed> {
-    let srv = server::start(server::ServerTls::default())?;
-    server::connect_when_ready(server::builder(srv.port())).await?;
-    let url = format!("http://127.0.0.1:{}", srv.port());
-    let mut root = Client::connect([url.as_str()], None).await?;
-    root.user_add("root", "rootpw", None).await?;
-    root.user_grant_role("root", "root").await?;
+    let (srv, url, mut root) = server::start_for_auth().await?;
     root.role_add("lockrole").await?;
     root.role_grant_permission("lockrole", Permission::read_write("/locks/").with_prefix())
         .await?;

@@ -31,7 +31,7 @@ pub(super) async fn acquire_near_lease_lapse_gets_full_ttl(
     ctx: Ctx,
 ) -> Result<(), Failed> {
     let backend = f.connect().await?;
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let ttl = TTL.max(backend.min_ttl());
     let (a, b) = (ctx.name("lapse-a"), ctx.name("lapse-b"));
     let (oa, ob) = (OwnerToken::generate()?, OwnerToken::generate()?);
@@ -204,7 +204,7 @@ pub(super) async fn unanswered_release_frees_the_key(
     let proxy = FaultProxy::start(upstream).await?;
     let backend = server::connect_when_ready(server::builder(proxy.addr().port())).await?;
     let replica = ctx.replica_over(Arc::new(backend.clone()));
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let opts = LockOptions::new(TTL.max(backend.min_ttl()));
     let ttl = opts.ttl();
     let tolerance = ctx.timing().tolerance;
@@ -295,7 +295,7 @@ pub(super) async fn late_put_of_a_given_up_acquire_is_undone(
     let backend = f.connect().await?;
     let here = ctx.replica_over(Arc::new(backend.clone()));
     let there = ctx.replica_over(Arc::new(f.connect().await?));
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let opts = LockOptions::new(TTL.max(backend.min_ttl()));
     let tolerance = ctx.timing().tolerance;
     let (kept, given_up) = (ctx.name("late-put-kept"), ctx.name("late-put"));
@@ -360,7 +360,7 @@ pub(super) async fn shared_lease_ending_mid_acquire_is_not_held(
         server::connect_when_ready(f.builder()?.with_request_timeout(PARKED_TIMEOUT)).await?;
     let here = ctx.replica_over(Arc::new(backend.clone()));
     let there = ctx.replica_over(Arc::new(f.connect().await?));
-    let sab = EtcdSaboteur::connect(&f.endpoints()?, lock_etcd::DEFAULT_PREFIX).await?;
+    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
     let opts = LockOptions::new(TTL.max(backend.min_ttl()));
     let tolerance = ctx.timing().tolerance;
     for parked in [Parked::BeforeRecord, Parked::AfterRecord] {
