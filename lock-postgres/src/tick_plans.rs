@@ -37,9 +37,22 @@ async fn batch_statements_look_records_up_by_job_with_stale_statistics() {
         .with_namespace("fresh")
         .build()
         .expect("a backend");
-    let checked = tokio::time::timeout(Duration::from_secs(60), check_plans(&backend)).await;
+    // In a task of its own, so that the tables are dropped even when a
+    // check fails (panics) or takes too long.
+    let checking = tokio::spawn({
+        let backend = backend.clone();
+        async move { check_plans(&backend).await }
+    });
+    let abort = checking.abort_handle();
+    let checked = tokio::time::timeout(Duration::from_secs(60), checking).await;
+    abort.abort();
     let dropped = tokio::time::timeout(Duration::from_secs(20), drop_tables(&backend)).await;
-    checked.expect("the plans are read within 60 s");
+    match checked {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Ok(Err(e)) => panic!("the plan checks did not finish: {e}"),
+        Err(_) => panic!("the plans were not read within 60 s"),
+    }
     dropped.expect("the tables are dropped within 20 s");
 }
 

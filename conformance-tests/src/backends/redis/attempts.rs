@@ -4,6 +4,9 @@
 //! `redis::release_waits_for_a_queued_attempt`.
 
 use std::collections::{HashMap, HashSet};
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,12 +14,12 @@ use lock_core::backend::{AcquireAttempt, ReleaseOutcome};
 use lock_core::{LockBackend, LockName, OwnerToken};
 use lock_redis::RedisBackend;
 use redis::aio::MultiplexedConnection;
-use tokio::sync::RwLock;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
 
 use super::specific::{ensure, plain, tracing_line};
 use super::{config_for, server, RedisFactory, TTL};
+use crate::harness::ServerProcess;
 use crate::BoxError;
 
 /// Names tried at once in `concurrent_attempts_share_commands`, each by two
@@ -63,14 +66,40 @@ async fn acquiring_commands(c: &mut MultiplexedConnection) -> Result<usize, BoxE
         .count())
 }
 
+/// Runs `attempt`, counting it in `entered` once it has been polled once:
+/// an attempt enters the backend's lane (sent, or queued) in its first poll,
+/// before it waits for anything.
+async fn counted_once<F: Future>(attempt: F, entered: &AtomicUsize) -> F::Output {
+    let mut attempt = pin!(attempt);
+    let mut first = true;
+    poll_fn(|cx| {
+        let polled = attempt.as_mut().poll(cx);
+        if std::mem::take(&mut first) {
+            entered.fetch_add(1, Ordering::SeqCst);
+        }
+        polled
+    })
+    .await
+}
+
+/// The winners of a burst: each name's owner and fencing token.
+type Winners = HashMap<LockName, (OwnerToken, Option<u64>)>;
+
 /// 300 concurrent attempts on 150 names, two owners each: exactly one owner
 /// wins each name, the key holds the winner's token, fencing tokens are
-/// distinct, and the server runs far fewer commands than attempts (with and
-/// without fencing tokens). A server of its own, so that nobody else's
-/// commands are counted.
+/// distinct, and the server runs 17 commands for them (with and without
+/// fencing tokens): the 16 sent at once, the most in flight on a connection,
+/// and one script for the rest, which queue behind those. A server of its
+/// own, so that nobody else's commands are counted, and a first burst
+/// before the counted one, so that the scripts are loaded (a script's first
+/// call on a server is sent twice).
 pub(super) async fn concurrent_attempts_share_commands(
     f: Arc<RedisFactory>,
 ) -> Result<(), BoxError> {
+    /// Attempts sent at once, each its own command, before the rest queue
+    /// (`IN_FLIGHT` in lock-redis's attempts), plus the one script that
+    /// carries the queued ones.
+    const COMMANDS: usize = 16 + 1;
     let srv = server::start_plain()?;
     let url = format!("redis://127.0.0.1:{}", srv.port());
     let mut raw = plain(&url).await?;
@@ -81,35 +110,11 @@ pub(super) async fn concurrent_attempts_share_commands(
             .connect()
             .await?;
         backend.ping().await?;
+        for (name, (owner, _)) in burst(&backend, &srv, &format!("warm-up/{fenced}")).await? {
+            backend.release(&name, &owner).await?;
+        }
         record_commands(&mut raw).await?;
-        let mut tries = JoinSet::new();
-        // Every attempt waits at the gate until all are spawned, so they
-        // come together rather than as fast as this loop spawns them.
-        let gate = Arc::new(RwLock::new(()));
-        let closed = gate.write().await;
-        for i in 0..NAMES * 2 {
-            let (backend, gate) = (backend.clone(), Arc::clone(&gate));
-            let name = LockName::new(format!("attempts/{fenced}/{}", i % NAMES))?;
-            let owner = OwnerToken::generate()?;
-            tries.spawn(async move {
-                drop(gate.read().await);
-                let got = backend.try_acquire(&name, &owner, TTL).await;
-                (name, owner, got)
-            });
-        }
-        drop(closed);
-        let mut winners: HashMap<LockName, (OwnerToken, Option<u64>)> = HashMap::new();
-        while let Some(joined) = timeout(TTL, tries.join_next()).await? {
-            let (name, owner, got) = joined?;
-            match got? {
-                AcquireAttempt::Acquired(lease) => {
-                    let earlier = winners.insert(name.clone(), (owner, lease.fencing_token));
-                    ensure(earlier.is_none(), format!("{name} granted twice"))?;
-                }
-                AcquireAttempt::HeldElsewhere => {}
-                other => return Err(format!("{name}: unexpected {other:?}").into()),
-            }
-        }
+        let winners = burst(&backend, &srv, &format!("attempts/{fenced}")).await?;
         let commands = acquiring_commands(&mut raw).await?;
         ensure(
             winners.len() == NAMES,
@@ -132,9 +137,9 @@ pub(super) async fn concurrent_attempts_share_commands(
             backend.release(name, owner).await?;
         }
         ensure(
-            commands <= NAMES * 2 / 4,
+            commands <= COMMANDS,
             format!(
-                "{} attempts took {commands} commands: concurrent attempts are not sharing them",
+                "{} attempts took {commands} commands, not {COMMANDS}: concurrent attempts are not sharing them",
                 NAMES * 2
             ),
         )?;
@@ -144,6 +149,59 @@ pub(super) async fn concurrent_attempts_share_commands(
         ));
     }
     Ok(())
+}
+
+/// 300 attempts on 150 names under `prefix`, two owners each, made while the
+/// server is stopped (SIGSTOP) and let through once every one has been sent
+/// or queued, so that all of them are concurrent whatever the speed of this
+/// machine's threads (an attempt that came after a reply would take a slot
+/// of its own). Fails when a name is granted twice or an attempt errs.
+async fn burst(
+    backend: &RedisBackend,
+    srv: &ServerProcess,
+    prefix: &str,
+) -> Result<Winners, BoxError> {
+    srv.pause()?;
+    let entered = Arc::new(AtomicUsize::new(0));
+    let mut tries = JoinSet::new();
+    for i in 0..NAMES * 2 {
+        let (backend, entered) = (backend.clone(), Arc::clone(&entered));
+        let made = LockName::new(format!("{prefix}/{}", i % NAMES)).map_err(BoxError::from);
+        let owner = OwnerToken::generate().map_err(BoxError::from);
+        tries.spawn(async move {
+            let (name, owner) = (made?, owner?);
+            let got = counted_once(backend.try_acquire(&name, &owner, TTL), &entered).await;
+            Ok::<_, BoxError>((name, owner, got))
+        });
+    }
+    let all_in = timeout(TTL, async {
+        while entered.load(Ordering::SeqCst) < NAMES * 2 {
+            sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    srv.resume()?;
+    ensure(
+        all_in.is_ok(),
+        format!(
+            "{} of {} attempts reached the backend within {TTL:?}",
+            entered.load(Ordering::SeqCst),
+            NAMES * 2
+        ),
+    )?;
+    let mut winners = Winners::new();
+    while let Some(joined) = timeout(TTL, tries.join_next()).await? {
+        let (name, owner, got) = joined??;
+        match got? {
+            AcquireAttempt::Acquired(lease) => {
+                let earlier = winners.insert(name.clone(), (owner, lease.fencing_token));
+                ensure(earlier.is_none(), format!("{name} granted twice"))?;
+            }
+            AcquireAttempt::HeldElsewhere => {}
+            other => return Err(format!("{name}: unexpected {other:?}").into()),
+        }
+    }
+    Ok(winners)
 }
 
 /// Fillers stalled in flight on a stopped server (SIGSTOP), a queued
