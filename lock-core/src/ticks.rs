@@ -154,55 +154,7 @@ pub trait TickStore: fmt::Debug + Send + Sync {
         starts: &[(LockName, i64, TickWrite, StartCheck)],
         keep: Duration,
     ) -> Vec<Result<StartVerdict, BackendError>> {
-        let marks: Vec<(LockName, i64)> = starts
-            .iter()
-            .map(|(job, tick, _, _)| (job.clone(), *tick))
-            .collect();
-        let jobs: Vec<LockName> = starts.iter().map(|(job, ..)| job.clone()).collect();
-        let (server, marked, last) = futures_util::join!(
-            self.server_time(),
-            self.is_completed_many(&marks),
-            self.last_completed_many(&jobs),
-        );
-        let mut out: Vec<Option<Result<StartVerdict, BackendError>>> = Vec::new();
-        let mut writes = Vec::new();
-        for (i, ((job, tick, write, check), (marked, last))) in
-            starts.iter().zip(marked.into_iter().zip(last)).enumerate()
-        {
-            let read = server
-                .as_ref()
-                .map_err(BackendError::copied)
-                .and_then(|server| Ok((*server, marked?, last?)));
-            match read {
-                Err(e) => out.push(Some(Err(e))),
-                Ok((server, marked, last)) => match check.verdict(*tick, server, marked, last) {
-                    Some(refused) => out.push(Some(Ok(refused))),
-                    None => {
-                        out.push(None);
-                        writes.push((i, (job.clone(), *tick, write.clone())));
-                    }
-                },
-            }
-        }
-        let (at, writes): (Vec<usize>, Vec<_>) = writes.into_iter().unzip();
-        if !writes.is_empty() {
-            for (i, answer) in at
-                .into_iter()
-                .zip(self.write_ticks_many(&writes, keep).await)
-            {
-                out[i] = Some(answer.map(StartVerdict::Written));
-            }
-        }
-        out.into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| {
-                    Err(BackendError::new(
-                        BackendErrorKind::Protocol,
-                        "the tick store answered fewer writes than it was sent",
-                    ))
-                })
-            })
-            .collect()
+        start_checked_apart(self, starts, keep).await
     }
 
     /// The latest completed tick of each of `jobs`, in order: what
@@ -256,4 +208,66 @@ fn no_records() -> BackendError {
         BackendErrorKind::Config,
         "this tick store keeps no tick records (TickStore::write_tick); use a backend's own tick store",
     )
+}
+
+/// [`TickStore::start_checked_many`] made apart: the server's clock, the
+/// marks and the latest ticks read together, then the starts that pass
+/// written in one batch; two round trips. The trait's default, and what a
+/// store that makes the checks in one step only on some deployments (Redis
+/// Cluster, whose batches span slots) sends on the others. Not cancel safe
+/// in the sense of [`TickStore::write_tick`].
+pub async fn start_checked_apart<S: TickStore + ?Sized>(
+    store: &S,
+    starts: &[(LockName, i64, TickWrite, StartCheck)],
+    keep: Duration,
+) -> Vec<Result<StartVerdict, BackendError>> {
+    let marks: Vec<(LockName, i64)> = starts
+        .iter()
+        .map(|(job, tick, _, _)| (job.clone(), *tick))
+        .collect();
+    let jobs: Vec<LockName> = starts.iter().map(|(job, ..)| job.clone()).collect();
+    let (server, marked, last) = futures_util::join!(
+        store.server_time(),
+        store.is_completed_many(&marks),
+        store.last_completed_many(&jobs),
+    );
+    let mut out: Vec<Option<Result<StartVerdict, BackendError>>> = Vec::new();
+    let mut writes = Vec::new();
+    for (i, ((job, tick, write, check), (marked, last))) in
+        starts.iter().zip(marked.into_iter().zip(last)).enumerate()
+    {
+        let read = server
+            .as_ref()
+            .map_err(BackendError::copied)
+            .and_then(|server| Ok((*server, marked?, last?)));
+        match read {
+            Err(e) => out.push(Some(Err(e))),
+            Ok((server, marked, last)) => match check.verdict(*tick, server, marked, last) {
+                Some(refused) => out.push(Some(Ok(refused))),
+                None => {
+                    out.push(None);
+                    writes.push((i, (job.clone(), *tick, write.clone())));
+                }
+            },
+        }
+    }
+    let (at, writes): (Vec<usize>, Vec<_>) = writes.into_iter().unzip();
+    if !writes.is_empty() {
+        for (i, answer) in at
+            .into_iter()
+            .zip(store.write_ticks_many(&writes, keep).await)
+        {
+            out[i] = Some(answer.map(StartVerdict::Written));
+        }
+    }
+    out.into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Err(BackendError::new(
+                    BackendErrorKind::Protocol,
+                    "the tick store answered fewer writes than it was sent",
+                ))
+            })
+        })
+        .collect()
 }

@@ -25,6 +25,12 @@
 //!   of the same owner has been answered, so an abandoned acquire never takes
 //!   its lock after its release. Not in cluster mode (a script's keys must
 //!   share a slot), nor with replica acknowledgement.
+//! - **Batched tick records**: the scheduler's `Started` and `Completed`
+//!   writes of ticks that fire together go as one script call over all
+//!   their keys, each tick its own step; a `Started` write is checked (the
+//!   server's clock, the tick's mark, the job's latest completed tick) in
+//!   the same script. Not in cluster mode, where each write is a call of
+//!   its own and the checks are read first.
 //! - **Release notification**: waiters subscribe to the name's channel on one
 //!   shared subscriber connection; where pub/sub is refused or down they poll.
 //! - Scripts are sent by SHA; after `SCRIPT FLUSH` or a restart the call is
@@ -385,6 +391,7 @@ mod notify;
 mod scripts;
 mod sentinel;
 mod tick_batch;
+mod tick_writes;
 mod ticks;
 mod unfenced;
 

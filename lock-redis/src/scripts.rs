@@ -397,48 +397,118 @@ return 0
     )
 });
 
-/// One transition of a tick's record (lock-core's `TickWrite::apply`) in
-/// one step. KEYS: the record, the job's latest completed tick, the tick's
-/// mark (one slot: they share the job's hash tag). ARGV: `S` (start) or `C`
-/// (complete), the token, the start's Unix ms, the replica, what to do with
-/// a stale `Started` (`R` refuse, `A` abandon, `T` take over), keep in ms,
-/// the tick. Returns the record as it stands after the step (or false).
+/// One transition of a tick's record (lock-core's `TickWrite::apply`), as
+/// the function `write_tick`: the record, the job's latest completed tick
+/// and the tick's mark (keys sharing the job's hash tag), then `S` (start)
+/// or `C` (complete), the token, the start's Unix ms, the replica, what to do
+/// with a stale `Started` (`R` refuse, `A` abandon, `T` take over), keep in
+/// ms, the tick. Returns the record as it stands after the step (or false).
 /// Tokens are compared as Lua numbers: exact up to 2^53.
-pub(crate) static WRITE_TICK: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"
-local cur = redis.call('get', KEYS[1])
-local tok = tonumber(ARGV[2])
-local nxt = nil
-if ARGV[1] == 'S' then
-  if not cur then
-    nxt = 'S:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. ARGV[4]
-  else
-    local kind, held = string.match(cur, '^(%a):(%d+)')
-    if kind == 'S' and tonumber(held) < tok then
-      if ARGV[5] == 'A' then
-        nxt = 'A:' .. ARGV[2]
-      elseif ARGV[5] == 'T' then
-        nxt = 'S:' .. ARGV[2] .. ':' .. ARGV[3] .. ':' .. ARGV[4]
+const WRITE_TICK_LUA: &str = r"
+local function write_tick(rec, latest, mark, op, token, at, replica, stale, keep, tick)
+  local cur = redis.call('get', rec)
+  local tok = tonumber(token)
+  local nxt = nil
+  if op == 'S' then
+    if not cur then
+      nxt = 'S:' .. token .. ':' .. at .. ':' .. replica
+    else
+      local kind, held = string.match(cur, '^(%a):(%d+)')
+      if kind == 'S' and tonumber(held) < tok then
+        if stale == 'A' then
+          nxt = 'A:' .. token
+        elseif stale == 'T' then
+          nxt = 'S:' .. token .. ':' .. at .. ':' .. replica
+        end
       end
     end
-  end
-elseif cur then
-  local kind, held = string.match(cur, '^(%a):(%d+)')
-  if kind == 'S' and tonumber(held) == tok then
-    nxt = 'C:' .. ARGV[2]
-    local latest = redis.call('get', KEYS[2])
-    if (not latest) or tonumber(latest) < tonumber(ARGV[7]) then
-      redis.call('set', KEYS[2], ARGV[7])
+  elseif cur then
+    local kind, held = string.match(cur, '^(%a):(%d+)')
+    if kind == 'S' and tonumber(held) == tok then
+      nxt = 'C:' .. token
+      local last = redis.call('get', latest)
+      if (not last) or tonumber(last) < tonumber(tick) then
+        redis.call('set', latest, tick)
+      end
+      redis.call('set', mark, '1', 'PX', keep)
     end
-    redis.call('set', KEYS[3], '1', 'PX', ARGV[6])
+  end
+  if nxt then
+    redis.call('set', rec, nxt, 'PX', keep)
+    return nxt
+  end
+  return cur
+end
+";
+
+/// One transition of a tick's record in one step (see [`WRITE_TICK_LUA`]
+/// for what it does). KEYS: the record, the job's latest completed tick,
+/// the tick's mark. ARGV: the operation, the token, the start's Unix ms, the
+/// replica, the stale policy, keep in ms, the tick.
+pub(crate) static WRITE_TICK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::with_prelude(
+        WRITE_TICK_LUA,
+        r"
+return write_tick(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+",
+    )
+});
+
+/// [`WRITE_TICK`] over many ticks, each its own step in order: `KEYS` holds
+/// three keys per tick and `ARGV` seven arguments per tick, as for one.
+/// Returns each tick's record after its step (or false).
+pub(crate) static WRITE_TICKS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::with_prelude(
+        WRITE_TICK_LUA,
+        r"
+local out = {}
+for j = 1, #KEYS / 3 do
+  local k, a = 3 * (j - 1), 7 * (j - 1)
+  out[j] = write_tick(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]) or false
+end
+return out
+",
+    )
+});
+
+/// Checked `Started` writes (lock-core's `StartCheck::verdict`, then the
+/// write where the checks pass), each its own step in order, against one
+/// reading of the server's clock. `KEYS` holds three keys per tick as for
+/// [`WRITE_TICK`]; `ARGV` eight arguments per tick: the token, the start's
+/// Unix ms, the replica, the stale policy, keep in ms, the tick, the
+/// tolerance in ms, and `1` when the tick is late on the replica's clock.
+/// Returns a pair per tick: `H` and the server's clock (ahead), `M`
+/// (marked), `V` and the latest completed tick (covered), `W` and the
+/// record after the write, or `E` and a latest tick that is no number.
+pub(crate) static CHECKED_STARTS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::with_prelude(
+        WRITE_TICK_LUA,
+        r"
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for j = 1, #KEYS / 3 do
+  local k, a = 3 * (j - 1), 8 * (j - 1)
+  local tick, tol = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  if tick - now > tol then
+    out[j] = {'H', string.format('%d', now)}
+  elseif redis.call('exists', KEYS[k + 3]) == 1 then
+    out[j] = {'M', false}
+  else
+    local last = redis.call('get', KEYS[k + 2])
+    local l = last and tonumber(last)
+    if last and not l then
+      out[j] = {'E', last}
+    elseif l and (l == tick or (l > tick and (ARGV[a + 8] == '1' or l - tick > tol))) then
+      out[j] = {'V', last}
+    else
+      out[j] = {'W', write_tick(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], 'S', ARGV[a + 1],
+        ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]) or false}
+    end
   end
 end
-if nxt then
-  redis.call('set', KEYS[1], nxt, 'PX', ARGV[6])
-  return nxt
-end
-return cur
+return out
 ",
     )
 });

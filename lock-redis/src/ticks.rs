@@ -2,13 +2,18 @@
 
 use std::time::Duration;
 
+use redis::FromRedisValue;
+
+use futures_util::future::join_all;
 use lock_core::tick_record::decode;
 use lock_core::{
-    async_trait, BackendError, LockName, OnStale, TickAnswer, TickRecord, TickStore, TickWrite,
+    async_trait, start_checked_apart, BackendError, LockName, OnStale, StartCheck, StartVerdict,
+    TickAnswer, TickRecord, TickStore, TickWrite,
 };
 
+use crate::backend::Shared;
 use crate::error::protocol;
-use crate::scripts::{RECORD_TICK, WRITE_TICK};
+use crate::scripts::{Lua, RECORD_TICK, WRITE_TICK};
 use crate::RedisBackend;
 
 /// Ticks live in `<prefix>#tick:<job>` without expiry, one key per job; a
@@ -59,7 +64,7 @@ impl TickStore for RedisBackend {
     ) -> Result<(), BackendError> {
         let shared = self.shared();
         let (key, mark) = (shared.keys.tick(job), shared.keys.tick_mark(job, tick));
-        let keep_ms = keep.as_millis().max(1).to_string();
+        let keep_ms = keep_ms(keep);
         shared
             .conn
             .run("record tick", |mut c| async move {
@@ -84,73 +89,9 @@ impl TickStore for RedisBackend {
             shared.keys.tick(job),
             shared.keys.tick_mark(job, tick),
         ];
-        let keep_ms = keep.as_millis().max(1).to_string();
-        let args = match write {
-            TickWrite::Start {
-                token,
-                replica,
-                at,
-                on_stale,
-            } => {
-                let stale = match on_stale {
-                    OnStale::Refuse => "R",
-                    OnStale::Abandon => "A",
-                    OnStale::TakeOver => "T",
-                };
-                [
-                    "S".to_owned(),
-                    token.to_string(),
-                    at.to_string(),
-                    replica.clone(),
-                    stale.to_owned(),
-                    keep_ms,
-                    tick.to_string(),
-                ]
-            }
-            TickWrite::Complete { token } => [
-                "C".to_owned(),
-                token.to_string(),
-                String::new(),
-                String::new(),
-                String::new(),
-                keep_ms,
-                tick.to_string(),
-            ],
-        };
-        let after: Option<String> = match &shared.replica_ack {
-            // With replica acknowledgement a record counts only once enough
-            // replicas have it: a failover then cannot lose a Started
-            // record and let another replica start the tick again.
-            Some(ack) => {
-                let (after, acked) = crate::ack::eval_and_wait(
-                    &shared.conn,
-                    ack,
-                    "write tick record",
-                    &WRITE_TICK,
-                    &keys,
-                    &args,
-                )
-                .await?;
-                if acked < u64::from(ack.replicas()) {
-                    return Err(BackendError::unavailable(format!(
-                        "write tick record on {}: {acked} of {} replicas acknowledged it within {:?}; \
-                         not counted (check the replicas' link to the primary)",
-                        shared.conn.target(),
-                        ack.replicas(),
-                        ack.timeout()
-                    )));
-                }
-                after
-            }
-            None => {
-                shared
-                    .conn
-                    .run("write tick record", |mut c| async move {
-                        WRITE_TICK.run(&mut c, &keys, &args).await
-                    })
-                    .await?
-            }
-        };
+        let args = write_args(write, keep_ms(keep), tick);
+        let after: Option<String> =
+            run_write(shared, "write tick record", &WRITE_TICK, &keys, &args).await?;
         Ok(write.answer(parse_record(shared.conn.target(), after)?))
     }
 
@@ -168,6 +109,44 @@ impl TickStore for RedisBackend {
             })
             .await?;
         parse_record(shared.conn.target(), value)
+    }
+
+    async fn write_ticks_many(
+        &self,
+        writes: &[(LockName, i64, TickWrite)],
+        keep: Duration,
+    ) -> Vec<Result<TickAnswer, BackendError>> {
+        if writes.is_empty() {
+            return Vec::new();
+        }
+        if !self.writes_ticks_in_one_call() {
+            return join_all(
+                writes
+                    .iter()
+                    .map(|(job, tick, write)| self.write_tick(job, *tick, write, keep)),
+            )
+            .await;
+        }
+        self.write_ticks_batch(writes, keep).await
+    }
+
+    /// One script over the batch's keys, so not in cluster mode.
+    fn checks_starts_in_one_step(&self) -> bool {
+        self.writes_ticks_in_one_call()
+    }
+
+    async fn start_checked_many(
+        &self,
+        starts: &[(LockName, i64, TickWrite, StartCheck)],
+        keep: Duration,
+    ) -> Vec<Result<StartVerdict, BackendError>> {
+        if starts.is_empty() {
+            return Vec::new();
+        }
+        if !self.writes_ticks_in_one_call() {
+            return start_checked_apart(self, starts, keep).await;
+        }
+        self.start_checked_batch(starts, keep).await
     }
 
     async fn last_completed_many(
@@ -204,7 +183,86 @@ impl TickStore for RedisBackend {
     }
 }
 
-fn parse_record(target: &str, value: Option<String>) -> Result<Option<TickRecord>, BackendError> {
+/// `keep` in whole milliseconds, at least 1, as a script argument.
+pub(crate) fn keep_ms(keep: Duration) -> String {
+    keep.as_millis().max(1).to_string()
+}
+
+/// The stale policy as the tick scripts spell it.
+pub(crate) fn stale_arg(on_stale: OnStale) -> &'static str {
+    match on_stale {
+        OnStale::Refuse => "R",
+        OnStale::Abandon => "A",
+        OnStale::TakeOver => "T",
+    }
+}
+
+/// The seven arguments of one tick-record write (see `WRITE_TICK`).
+pub(crate) fn write_args(write: &TickWrite, keep_ms: String, tick: i64) -> [String; 7] {
+    match write {
+        TickWrite::Start {
+            token,
+            replica,
+            at,
+            on_stale,
+        } => [
+            "S".to_owned(),
+            token.to_string(),
+            at.to_string(),
+            replica.clone(),
+            stale_arg(*on_stale).to_owned(),
+            keep_ms,
+            tick.to_string(),
+        ],
+        TickWrite::Complete { token } => [
+            "C".to_owned(),
+            token.to_string(),
+            String::new(),
+            String::new(),
+            String::new(),
+            keep_ms,
+            tick.to_string(),
+        ],
+    }
+}
+
+/// Runs a script that writes tick records. With replica acknowledgement a
+/// write counts only once enough replicas have it: a failover then cannot
+/// lose a `Started` record and let another replica start the tick again.
+pub(crate) async fn run_write<T: FromRedisValue + Send + 'static>(
+    shared: &Shared,
+    op: &'static str,
+    script: &'static Lua,
+    keys: &[String],
+    args: &[String],
+) -> Result<T, BackendError> {
+    let Some(ack) = &shared.replica_ack else {
+        return shared
+            .conn
+            .run(
+                op,
+                |mut c| async move { script.run(&mut c, keys, args).await },
+            )
+            .await;
+    };
+    let (after, acked) =
+        crate::ack::eval_and_wait(&shared.conn, ack, op, script, keys, args).await?;
+    if acked < u64::from(ack.replicas()) {
+        return Err(BackendError::unavailable(format!(
+            "{op} on {}: {acked} of {} replicas acknowledged it within {:?}; \
+             not counted (check the replicas' link to the primary)",
+            shared.conn.target(),
+            ack.replicas(),
+            ack.timeout()
+        )));
+    }
+    Ok(after)
+}
+
+pub(crate) fn parse_record(
+    target: &str,
+    value: Option<String>,
+) -> Result<Option<TickRecord>, BackendError> {
     value
         .map(|v| decode(&v).ok_or_else(|| protocol("read tick record", target, format!("{v:?}"))))
         .transpose()

@@ -159,8 +159,9 @@
 //! server's clock, the tick's mark, the job's latest completed tick; see
 //! [`StartCheck`](lock_core::StartCheck)) and the `Started` write. A store
 //! that [makes the checks in the write's own
-//! step](lock_core::TickStore::checks_starts_in_one_step) (Postgres) gets
-//! them as one call; on the others the reads go first, then the write.
+//! step](lock_core::TickStore::checks_starts_in_one_step) (Postgres, Redis
+//! outside Cluster) gets them as one call; on the others the reads go
+//! first, then the write.
 //!
 //! # Missed ticks
 //!
