@@ -25,7 +25,7 @@ const CHECK: StartCheck = StartCheck {
 
 /// A job whose latest completed tick is `LAST` (and so marked), with ticks
 /// at every edge of the checks: the mark, a later tick within and past the
-/// tolerance, the replica's own clock past it, a tick far ahead of the
+/// tolerance and at its edge, the replica's own clock past it, a tick far ahead of the
 /// server's clock, the extremes of i64, a job never recorded, a record that
 /// refuses the write, a retry, and a stale record to abandon. One batch;
 /// every answer is the verdict on the store's own reads, or the write's
@@ -81,6 +81,10 @@ pub(in crate::cases) async fn tick_starts_checked_as_the_verdict_says(ctx: Ctx) 
         (ahead, far_ahead, start(17), CHECK),
         (end, i64::MAX, start(18), CHECK),
         (fresh, 5, start(19), CHECK),
+        // The tolerance's edge: a later tick exactly the tolerance away
+        // does not cover this one, a millisecond more does.
+        (job.clone(), LAST - 1_000, start(20), CHECK),
+        (job.clone(), LAST - 1_001, start(21), CHECK),
     ];
     let got: Vec<StartVerdict> = within(
         "start_checked_many",
@@ -128,6 +132,8 @@ pub(in crate::cases) async fn tick_starts_checked_as_the_verdict_says(ctx: Ctx) 
         }
     }
     want.push(written(19, TickAnswer::Started));
+    want.push(written(20, TickAnswer::Started));
+    want.push((21, StartVerdict::Covered { last: LAST }));
     let want: Vec<StartVerdict> = want.into_iter().map(|(_, v)| v).collect();
     assert_eq!(got, want, "verdicts in order");
 
