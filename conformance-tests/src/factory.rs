@@ -143,6 +143,17 @@ impl Replica {
             Err(e) => panic!("{what}: the lock was left held ({e})"),
         }
     }
+
+    /// Asserts that `name` is free right now: this replica takes it at its
+    /// first try, then gives it back. `expect` is the failure message.
+    pub async fn assert_free_now(&self, expect: &str, name: &LockName, ctx: &Ctx) {
+        let g = self
+            .locker
+            .try_lock(name, &ctx.opts())
+            .await
+            .unwrap_or_else(|e| panic!("{expect}: {e:?}"));
+        g.release().await.expect("release");
+    }
 }
 
 /// What a case gets: the factory, a unique name prefix, and helpers.

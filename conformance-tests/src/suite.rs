@@ -166,6 +166,22 @@ impl Suite {
         self.trials.push(trial);
     }
 
+    /// Adds, for trials that cannot run here because `why`, what
+    /// [`unavailable`](crate::harness::unavailable) stands in for them.
+    pub fn push_unavailable(&mut self, name: &str, why: &str) {
+        self.trials.extend(crate::harness::unavailable(name, why));
+    }
+
+    /// Whether `binary` is on `PATH`; if not, adds what
+    /// [`Suite::push_unavailable`] stands in for the trials of `name`.
+    pub fn has_binary(&mut self, binary: &str, name: &str) -> bool {
+        if crate::harness::which(binary).is_some() {
+            return true;
+        }
+        self.push_unavailable(name, &format!("{binary} is not on PATH; CI must test it"));
+        false
+    }
+
     /// The random id of this run.
     pub fn run_id(&self) -> &str {
         &self.run_id

@@ -91,17 +91,9 @@ pub(super) async fn cancelled_acquire_leaves_nothing(ctx: Ctx) {
     guard.release().await.expect("release");
     // Give a stray background acquire, if there were one, the time to land.
     sleep(timing.ttl / 2).await;
-    let g = c
-        .locker
-        .try_lock(&name, &ctx.opts())
-        .await
-        .expect("no residue from the cancelled waiter");
-    g.release().await.expect("release");
-    let g = b
-        .locker
-        .try_lock(&name, &ctx.opts())
-        .await
-        .expect("the cancelled replica's local claim is gone");
-    g.release().await.expect("release");
+    c.assert_free_now("no residue from the cancelled waiter", &name, &ctx)
+        .await;
+    b.assert_free_now("the cancelled replica's local claim is gone", &name, &ctx)
+        .await;
     super::no_warnings_after(&b, &[name], "a given-up waiting acquire").await;
 }

@@ -106,12 +106,7 @@ pub(super) async fn expiry_is_detected(ctx: Ctx) {
     }
     // The name is free again for anyone.
     let b = ctx.replica().await;
-    let g = b
-        .locker
-        .try_lock(&name, &ctx.opts())
-        .await
-        .expect("free after expiry");
-    g.release().await.expect("release");
+    b.assert_free_now("free after expiry", &name, &ctx).await;
 }
 
 /// After its lease vanished and a successor took the lock, the old holder

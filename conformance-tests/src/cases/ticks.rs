@@ -1,9 +1,10 @@
 //! The tick store's batch calls: each item answered as its single call
 //! answers it, in order, whether the backend overrides them or not.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::LockName;
+use lock_core::{LockName, TickStore};
 
 use crate::Ctx;
 
@@ -25,14 +26,18 @@ async fn within<T>(what: &str, call: impl std::future::Future<Output = T>) -> T 
         .unwrap_or_else(|_| panic!("{what} did not answer within {CALL_WITHIN:?}"))
 }
 
+/// The row's tick store, or `None` where the backend keeps none.
+async fn store(ctx: &Ctx) -> Option<Arc<dyn TickStore>> {
+    within("tick_store", ctx.factory().tick_store())
+        .await
+        .expect("tick store connects")
+}
+
 /// Batches of reads over jobs with and without marks (and a job never
 /// recorded) answer item by item what the single calls answer, in order;
 /// an empty batch answers nothing.
 pub(super) async fn tick_store_batch_reads_match_single_calls(ctx: Ctx) {
-    let Some(store) = within("tick_store", ctx.factory().tick_store())
-        .await
-        .expect("tick store connects")
-    else {
+    let Some(store) = store(&ctx).await else {
         return;
     };
     let (a, b, never) = (
@@ -106,10 +111,7 @@ pub(super) async fn tick_store_batch_reads_match_single_calls(ctx: Ctx) {
 /// and one older than its stored latest, marks every tick and only ever
 /// raises each job's latest completed tick, as the single calls would.
 pub(super) async fn tick_store_batch_records_match_single_calls(ctx: Ctx) {
-    let Some(store) = within("tick_store", ctx.factory().tick_store())
-        .await
-        .expect("tick store connects")
-    else {
+    let Some(store) = store(&ctx).await else {
         return;
     };
     let (a, b, c) = (
@@ -176,10 +178,7 @@ pub(super) async fn tick_store_batch_records_match_single_calls(ctx: Ctx) {
 pub(super) async fn tick_store_batches_past_one_request(ctx: Ctx) {
     const JOBS: usize = 200;
     const TWICE: usize = 100;
-    let Some(store) = within("tick_store", ctx.factory().tick_store())
-        .await
-        .expect("tick store connects")
-    else {
+    let Some(store) = store(&ctx).await else {
         return;
     };
     let jobs: Vec<LockName> = (0..JOBS)

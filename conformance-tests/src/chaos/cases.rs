@@ -5,6 +5,7 @@ use std::time::Duration;
 use lock_core::{BackendErrorKind, Error, LockGuard, LockName, LockOptions, Locker};
 use tokio::time::{sleep, sleep_until, Instant};
 
+use super::case_timing;
 use super::figures::Row;
 use super::holder::{Holder, Resource};
 use crate::proxy::FaultProxy;
@@ -119,6 +120,25 @@ pub(super) async fn wind_down(
     row.leaked += leak_probe(h.locker, h.name, h.opts).await;
 }
 
+/// Waits for `name` through `replica`'s locker, as `opts` say: the guard,
+/// when it was granted, and its fencing token. `expect` is the failure
+/// message should it not be granted.
+pub(super) async fn granted(
+    replica: &Replica,
+    name: &LockName,
+    opts: &LockOptions,
+    expect: &str,
+) -> (LockGuard, Instant, u64) {
+    let guard = replica
+        .locker
+        .lock(name, opts)
+        .await
+        .unwrap_or_else(|e| panic!("{expect}: {e:?}"));
+    let at = Instant::now();
+    let token = guard.handle().fencing_token().expect("the backend fences");
+    (guard, at, token)
+}
+
 /// The successor takes `name` (waiting out the old lease), writes once under
 /// its token, and returns when it acquired and its guard.
 pub(super) async fn successor_takes(
@@ -127,14 +147,10 @@ pub(super) async fn successor_takes(
     opts: &LockOptions,
     wait: Duration,
     resource: &Resource,
-) -> (Instant, lock_core::LockGuard) {
-    let guard = successor
-        .locker
-        .lock(name, &opts.clone().with_acquire_timeout(wait))
-        .await
-        .expect("the successor acquires after the fault");
-    let at = Instant::now();
-    let token = guard.handle().fencing_token().expect("the backend fences");
+) -> (Instant, LockGuard) {
+    let opts = opts.clone().with_acquire_timeout(wait);
+    let expect = "the successor acquires after the fault";
+    let (guard, at, token) = granted(successor, name, &opts, expect).await;
     assert!(resource.write(token), "the successor's write is accepted");
     (at, guard)
 }
@@ -143,9 +159,7 @@ pub(super) async fn successor_takes(
 /// The holder must abort before the successor acquires after the thaw, make
 /// no write after its deadline, and no call may hang past the op timeout.
 pub(super) async fn server_stall(ctx: Ctx, target: Target) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let holder_rep = ctx.replica().await;
     let probe_rep = ctx.replica().await;
     let successor = ctx.replica().await;
@@ -200,9 +214,7 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
 /// reaches the server directly. The holder aborts by its deadline, the
 /// successor acquires after it, and after healing the old lease stays lost.
 pub(super) async fn partition(ctx: Ctx, target: Target) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let proxy = proxy_to_server(&ctx).await;
     let successor = ctx.replica().await;
     let mut row = Row::of(&ctx, "chaos_partition");

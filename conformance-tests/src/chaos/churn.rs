@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tokio::process::Child;
-use tokio::time::{sleep, Instant};
+use tokio::time::sleep;
 
 use super::figures::{self, Row};
 use super::procs::{
@@ -43,30 +43,6 @@ const LEAD_FOR: Duration = Duration::from_millis(3_000);
 struct Slot {
     child: Child,
     who: usize,
-}
-
-/// Waits up to `within` for a line after `since` (monotonic ns) matching
-/// `want`. Polls the journal, so waiting for one kind of line never
-/// consumes another; the line's own time is what gets measured.
-async fn wait_for(
-    journal: &Journal,
-    since: u64,
-    within: Duration,
-    what: &str,
-    want: impl Fn(&Line) -> bool,
-) -> Line {
-    let until = Instant::now() + within;
-    loop {
-        if let Some(line) = journal
-            .lines()
-            .into_iter()
-            .find(|l| l.mono >= since && want(l))
-        {
-            return line;
-        }
-        assert!(Instant::now() < until, "no {what} within {within:?}");
-        sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn is_leader(line: &Line, who: Option<usize>) -> bool {
@@ -105,11 +81,10 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
     };
     let mut failovers = Vec::new();
     let elect_within = ttl * 4 + Duration::from_secs(10);
-    let mut leader = wait_for(&journal, 0, elect_within, "first leader", |l| {
-        is_leader(l, None)
-    })
-    .await
-    .who;
+    let mut leader = journal
+        .wait_for(0, elect_within, "first leader", |l| is_leader(l, None))
+        .await
+        .who;
     for k in 0..faults {
         sleep(LEAD_FOR).await;
         let slot = slots
@@ -130,14 +105,14 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
             let resumed_at = now_ns();
             signal(&slots[slot].child, "CONT");
             let old = leader;
-            let demoted = wait_for(
-                &journal,
-                fault_at,
-                ttl * 2 + Duration::from_secs(2),
-                "the demotion",
-                |l| l.who == old && l.kind() == "LEADER" && l.num(1) == 0,
-            )
-            .await;
+            let demoted = journal
+                .wait_for(
+                    fault_at,
+                    ttl * 2 + Duration::from_secs(2),
+                    "the demotion",
+                    |l| l.who == old && l.kind() == "LEADER" && l.num(1) == 0,
+                )
+                .await;
             row.abort.push(Duration::from_nanos(
                 demoted.mono.saturating_sub(resumed_at),
             ));
@@ -148,11 +123,12 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
         // A new term: another replica, or the old one once it has stepped
         // down and won again.
         let old = leader;
-        let next = wait_for(&journal, fault_at, elect_within, "a new leader", |l| {
-            is_leader(l, Some(old))
-                || (is_leader(l, None) && demoted_at.is_some_and(|d| l.mono > d))
-        })
-        .await;
+        let next = journal
+            .wait_for(fault_at, elect_within, "a new leader", |l| {
+                is_leader(l, Some(old))
+                    || (is_leader(l, None) && demoted_at.is_some_and(|d| l.mono > d))
+            })
+            .await;
         let failover = Duration::from_nanos(next.mono.saturating_sub(fault_at));
         failovers.push(failover);
         row.detection.push(failover);
@@ -161,14 +137,11 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
     // Let the run under way finish (the leader reports its next outcome),
     // then stop everyone and read their output to the end.
     let last = leader;
-    wait_for(
-        &journal,
-        now_ns(),
-        elect_within,
-        "the leader's next outcome",
-        |l| l.who == last && l.kind() == "OUTCOME",
-    )
-    .await;
+    journal
+        .wait_for(now_ns(), elect_within, "the leader's next outcome", |l| {
+            l.who == last && l.kind() == "OUTCOME"
+        })
+        .await;
     for slot in &mut slots {
         let _ = slot.child.start_kill();
         let _ = slot.child.wait().await;
@@ -180,13 +153,7 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
         // The whole journal, for whoever reads the failure.
         keep_journal(&lines, &format!("chaos-churn-{}.log", ctx.factory().name()));
     }
-    let summary = format!("{row:?} {verdict:?}");
-    figures::record(row);
-    assert!(
-        verdict.is_empty(),
-        "leader churn: {}\n{summary}",
-        verdict.join("; ")
-    );
+    figures::record_verdict(row, &verdict, "leader churn");
 }
 
 /// Checks the journal; returns what failed.

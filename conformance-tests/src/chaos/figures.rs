@@ -82,6 +82,28 @@ pub fn record(row: Row) {
     }
 }
 
+/// Records a case's row after saying `summary` of it on stderr, then fails
+/// the case if a holder wrote unsafely (a stale write accepted, a write
+/// after its deadline) or a lock was left behind.
+pub fn record_safe(case: &str, row: Row, summary: &str) {
+    eprintln!("{} {case}: {summary}", row.backend);
+    let safe = row.stale_accepts == 0 && row.after_deadline == 0 && row.leaked == 0;
+    record(row);
+    assert!(safe, "unsafe writes or leaks: {summary}");
+}
+
+/// Records a case's row, then fails the case if `verdict` names any
+/// violation; `what` leads the failure message.
+pub fn record_verdict(row: Row, verdict: &[String], what: &str) {
+    let summary = format!("{row:?} {verdict:?}");
+    record(row);
+    assert!(
+        verdict.is_empty(),
+        "{what}: {}\n{summary}",
+        verdict.join("; ")
+    );
+}
+
 fn ms(d: Duration) -> u128 {
     d.as_millis()
 }

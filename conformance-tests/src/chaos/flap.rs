@@ -9,6 +9,7 @@ use lock_core::{backend::Expiry, Error, LeaseHandle, LockName, LockOptions, Loss
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, sleep_until, Instant};
 
+use super::case_timing;
 use super::cases::{proxy_to_server, replica_through};
 use super::figures::{self, Row};
 use super::holder::{stops_saying_held, Resource, PUSH_LAG};
@@ -202,9 +203,7 @@ async fn worker(
 
 /// X4 on the backend behind `ctx`.
 pub(super) async fn flap(ctx: Ctx, target: Target) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let proxy = proxy_to_server(&ctx).await;
     let direct = ctx.replica().await;
     let mut replicas = Vec::new();

@@ -40,7 +40,7 @@ use std::time::Duration;
 use libtest_mimic::{Failed, Trial};
 
 use crate::backends::{etcd, redis};
-use crate::harness::{in_ci, which};
+use crate::harness::{unavailable, which};
 use crate::{BackendFactory, BoxError, Ctx};
 
 pub use cases::Target;
@@ -101,6 +101,15 @@ type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
 /// A case's body, boxed so that the registration loop can hold any of them.
 type Body = Box<dyn FnOnce(Ctx) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
+/// A Redis Cluster case over a cluster of its own.
+type ClusterCase = fn(Ctx, Arc<redis::ClusterFactory>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A case's lease TTL, its slack on time bounds, and its lock options.
+fn case_timing(ctx: &Ctx) -> (Duration, Duration, lock_core::LockOptions) {
+    let timing = ctx.timing();
+    (timing.ttl, timing.tolerance, ctx.opts())
+}
+
 fn redis_prefix(run_id: &str) -> String {
     format!("lock-chaos:{run_id}:")
 }
@@ -140,15 +149,10 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
             scheme: backend,
         };
         if which(binary).is_none() {
-            let msg = format!("{backend}: {binary} is not on PATH");
-            if in_ci() {
-                out.push(Trial::test(
-                    format!("{backend}::chaos_server_available"),
-                    move || Err(msg.into()),
-                ));
-            } else {
-                eprintln!("!!! SKIPPING {backend} CHAOS CASES: {msg}");
-            }
+            out.extend(unavailable(
+                &format!("{backend}::chaos_server_available"),
+                &format!("{backend}: {binary} is not on PATH"),
+            ));
             continue;
         }
         let mut add = |case: &'static str, body: Body| {
@@ -296,33 +300,25 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
         }
     }
     if which("redis-server").is_some() && which("redis-cli").is_some() {
-        // A cluster of its own, since the case moves a slot.
-        let id = run_id.to_owned();
-        out.push(Trial::test(
-            "redis_cluster::chaos_cluster_slot_migration",
-            move || {
+        // A cluster of its own per case, since the cases move a slot or
+        // stop a primary.
+        let cases = crate::trial_table![(ctx, f) as ClusterCase;
+            "chaos_cluster_slot_migration" => redis_cluster_slots::slot_migration,
+            "chaos_cluster_primary_lost" => redis_cluster_lost::primary_lost,
+        ];
+        for (case, body) in cases {
+            let id = run_id.to_owned();
+            out.push(Trial::test(format!("redis_cluster::{case}"), move || {
                 let factory = Arc::new(redis::ClusterFactory::new(&redis_prefix(&id)));
                 let body_factory = Arc::clone(&factory);
-                run_on(factory, &id, "chaos_cluster_slot_migration", move |ctx| {
-                    redis_cluster_slots::slot_migration(ctx, body_factory)
-                })
-            },
+                run_on(factory, &id, case, move |ctx| body(ctx, body_factory))
+            }));
+        }
+    } else {
+        out.extend(unavailable(
+            "redis_cluster::chaos_server_available",
+            "redis_cluster: redis-server or redis-cli is not on PATH",
         ));
-        let id = run_id.to_owned();
-        out.push(Trial::test(
-            "redis_cluster::chaos_cluster_primary_lost",
-            move || {
-                let factory = Arc::new(redis::ClusterFactory::new(&redis_prefix(&id)));
-                let body_factory = Arc::clone(&factory);
-                run_on(factory, &id, "chaos_cluster_primary_lost", move |ctx| {
-                    redis_cluster_lost::primary_lost(ctx, body_factory)
-                })
-            },
-        ));
-    } else if in_ci() {
-        out.push(Trial::test("redis_cluster::chaos_server_available", || {
-            Err("redis_cluster: redis-server or redis-cli is not on PATH".into())
-        }));
     }
     out.extend(cluster::trials(run_id, bins));
     #[cfg(feature = "docker")]

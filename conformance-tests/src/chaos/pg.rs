@@ -39,6 +39,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_postgres::Client;
 
+use super::case_timing;
 use super::cases::{successor_takes, wind_down, Handover};
 use super::figures::{self, Row};
 use super::holder::{stops_saying_held, Holder, Resource, PUSH_LAG};
@@ -48,7 +49,7 @@ use crate::backends::postgres::{
     self as pg, client_port, holder_pid, nft_installed, plain_session, terminate, Blackhole,
     Frozen, PostgresFactory,
 };
-use crate::harness::in_ci;
+use crate::harness::unavailable;
 use crate::proxy::FaultProxy;
 use crate::{BackendFactory, Ctx, Replica};
 
@@ -63,7 +64,12 @@ const INSPECTOR: &str = "lock-ct-chaos-inspector";
 pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
     let factory = match pg::private_factory(run_id) {
         Ok(f) => f,
-        Err(e) => return unavailable(format!("postgres: {e}")),
+        Err(e) => {
+            let why = format!("postgres: {e}");
+            return unavailable("postgres::chaos_server_available", &why)
+                .into_iter()
+                .collect();
+        }
     };
     let iterations = figures::iterations(SMOKE_ITERATIONS);
     let holder = bins.holder.clone();
@@ -83,14 +89,10 @@ pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
             partition(f, ctx, iterations)
         }));
     } else {
-        let msg = "postgres::chaos_partition: nft is not installed (apt-get install nftables)";
-        if in_ci() {
-            out.push(Trial::test("postgres::chaos_partition", move || {
-                Err(msg.into())
-            }));
-        } else {
-            eprintln!("!!! SKIPPING {msg}");
-        }
+        out.extend(unavailable(
+            "postgres::chaos_partition",
+            "nft is not installed (apt-get install nftables)",
+        ));
     }
     out.push(trial(
         "chaos_session_kill",
@@ -150,17 +152,6 @@ pub(super) fn trials(run_id: &str, bins: &super::Bins) -> Vec<Trial> {
     // On a primary and standby of its own: it stops the primary.
     out.push(super::pg_failover::trial(run_id, bins));
     out
-}
-
-fn unavailable(msg: String) -> Vec<Trial> {
-    if in_ci() {
-        vec![Trial::test("postgres::chaos_server_available", move || {
-            Err(msg.into())
-        })]
-    } else {
-        eprintln!("!!! SKIPPING postgres CHAOS CASES: {msg}");
-        Vec::new()
-    }
 }
 
 fn trial<F, Fut>(case: &'static str, factory: &Arc<PostgresFactory>, run_id: &str, body: F) -> Trial
@@ -457,9 +448,7 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
 /// The session itself may stay: it is healthy again, and a slow server is
 /// no reason to drop the other locks a process holds on it.
 async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let setup = Setup::new(&f).await;
     let op_timeout = setup.config.statement_timeout();
     let (_, successor) = replica_at(&f, &ctx, &setup.url).await;
@@ -567,9 +556,7 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
 /// on the silent peer: within that timeout of the cut, strictly after the
 /// abort.
 async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let setup = Setup::new(&f).await;
     let upstream = SocketAddr::from(([127, 0, 0, 1], setup.port));
     let proxy = FaultProxy::start(upstream).await.expect("proxy starts");

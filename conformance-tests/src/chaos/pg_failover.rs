@@ -38,6 +38,7 @@ use lock_postgres::PostgresBackend;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
+use super::case_timing;
 use super::cases::{wind_down, Handover};
 use super::churn::judge;
 use super::figures::{self, Row};
@@ -93,17 +94,7 @@ pub(super) fn trial(run_id: &str, bins: &super::Bins) -> Trial {
 /// with the suite's configuration.
 async fn replica_at(f: &PostgresFactory, ctx: &Ctx) -> (Arc<PostgresBackend>, Replica) {
     let url = f.url().expect("the pair's URL");
-    let config = f
-        .builder_for(&url)
-        .and_then(|b| Ok(b.config()?))
-        .expect("the configuration builds");
-    let backend = Arc::new(
-        PostgresBackend::connect(config)
-            .await
-            .expect("the replica connects to the primary"),
-    );
-    let replica = ctx.replica_over(backend.clone());
-    (backend, replica)
+    super::pg::replica_at(f, ctx, &url).await
 }
 
 /// Tries `name` every [`RETRY_EVERY`] until granted (any error, a refused
@@ -154,9 +145,7 @@ async fn failover(
     iterations: usize,
     replica: PathBuf,
 ) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let (journal, mut children) = start_schedulers(&ctx, &replica, iterations, ttl).await;
     let mut row = Row::of(&ctx, "chaos_failover");
     let (mut outages, mut stops) = (Vec::new(), Vec::new());

@@ -21,7 +21,7 @@ use std::time::Duration;
 use lock_core::{LockName, LossReason};
 use tokio::time::{sleep, Instant};
 
-use super::cases::leak_probe;
+use super::cases::{granted, leak_probe};
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
 use super::Target;
@@ -91,14 +91,9 @@ async fn waiter(
     resource: Arc<Resource>,
     acquisitions: Acquisitions,
 ) -> Waited {
-    let guard = replica
-        .locker
-        .lock(&name, &opts)
-        .await
-        .expect("the waiter acquires once the holder lets go");
-    let start = Instant::now();
+    let expect = "the waiter acquires once the holder lets go";
+    let (guard, start, token) = granted(&replica, &name, &opts, expect).await;
     let handle = guard.handle();
-    let token = handle.fencing_token().expect("the backend fences");
     acquisitions
         .lock()
         .expect("acquisitions")

@@ -37,14 +37,9 @@ pub(super) async fn waiter(
     opts: LockOptions,
     resource: Arc<Resource>,
 ) -> Waited {
-    let guard = rep
-        .locker
-        .lock(&name, &opts)
-        .await
-        .expect("the waiter is granted the lock on the promoted primary");
-    let granted = Instant::now();
+    let expect = "the waiter is granted the lock on the promoted primary";
+    let (guard, granted, token) = super::cases::granted(&rep, &name, &opts, expect).await;
     let handle = guard.handle();
-    let token = handle.fencing_token().expect("the backend fences");
     let (mut accepted, mut refused) = (0, 0);
     let mut first_write = None;
     for _ in 0..WAITER_WRITES {

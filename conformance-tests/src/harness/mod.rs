@@ -12,8 +12,10 @@ pub mod certs;
 pub mod docker;
 pub mod nft;
 mod process;
+mod trial;
 
-pub use process::{free_port, stop_child, wait_for_port, ServerProcess, ServerSpec};
+pub use process::{free_port, wait_for_port, ServerProcess, ServerSpec};
+pub use trial::{push_bounded, run_bounded, unavailable, TrialBody};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -40,6 +42,17 @@ pub enum Availability<T> {
     Ready(T),
     /// It could not be had, for this reason.
     Missing(String),
+}
+
+impl<T> Availability<T> {
+    /// The same answer, a ready value turned by `f` (a factory into an
+    /// `Arc<dyn BackendFactory>`, say).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Availability<U> {
+        match self {
+            Self::Ready(t) => Availability::Ready(f(t)),
+            Self::Missing(why) => Availability::Missing(why),
+        }
+    }
 }
 
 /// Asks `check` every `every` until it says yes, for up to `within`

@@ -75,7 +75,7 @@ pub fn wait_for_port(port: u16, timeout: Duration) -> Result<(), BoxError> {
 /// the signal) and sends it `sig` (`TERM`, or Postgres's `INT` or `QUIT`),
 /// then waits up to `within` for it to exit, killing (SIGKILL) and reaping
 /// it if it has not. Whether it exited by itself.
-pub fn stop_child(child: &mut Child, sig: &str, within: Duration) -> Result<bool, BoxError> {
+fn stop_child(child: &mut Child, sig: &str, within: Duration) -> Result<bool, BoxError> {
     let pid = child.id().to_string();
     let _ = Command::new("kill").arg("-CONT").arg(&pid).status();
     let _ = Command::new("kill")
@@ -138,7 +138,8 @@ impl ServerProcess {
         wait_for_port(self.port, self.spec.ready_timeout).map_err(|e| self.with_log(e))
     }
 
-    fn with_log(&self, e: BoxError) -> BoxError {
+    /// `e` with the server's log so far appended, for a failure to start.
+    pub fn with_log(&self, e: BoxError) -> BoxError {
         let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
         format!("{e}; server log:\n{log}").into()
     }
@@ -223,14 +224,15 @@ impl ServerProcess {
         self.signal("CONT")
     }
 
-    /// Stops the server gracefully (SIGTERM), killing it if it has not
-    /// exited within `within`, and reaps it.
-    pub fn stop(&self, within: Duration) -> Result<(), BoxError> {
+    /// Stops the server with `sig` (`TERM`, or Postgres's `INT` or `QUIT`),
+    /// killing it if it has not exited within `within`, and reaps it.
+    /// Whether it exited by itself (or was not running).
+    pub fn stop(&self, sig: &str, within: Duration) -> Result<bool, BoxError> {
         let mut slot = self.child.lock().map_err(|_| "server lock poisoned")?;
-        if let Some(mut child) = slot.take() {
-            stop_child(&mut child, "TERM", within)?;
+        match slot.take() {
+            Some(mut child) => stop_child(&mut child, sig, within),
+            None => Ok(true),
         }
-        Ok(())
     }
 
     /// Whether the server process is running (neither killed nor stopped).

@@ -1,8 +1,7 @@
 //! A private 3-member etcd cluster on loopback: three processes with their
-//! own data dirs, client and peer ports, and control over each member (stop,
-//! kill, pause, restart, cut its peer traffic), plus which one leads.
+//! own data dirs, client and peer ports, and control over each member (kill,
+//! pause, restart, cut its peer traffic), plus which one leads.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -34,31 +33,15 @@ pub struct EtcdCluster {
     members: Vec<ServerProcess>,
 }
 
-fn distinct_ports(n: usize) -> Result<Vec<u16>, BoxError> {
-    let mut seen = BTreeSet::new();
-    let mut ports = Vec::with_capacity(n);
-    for _ in 0..n * 20 {
-        if ports.len() == n {
-            break;
-        }
-        let p = free_port()?;
-        if seen.insert(p) {
-            ports.push(p);
-        }
-    }
-    if ports.len() == n {
-        Ok(ports)
-    } else {
-        Err(format!("could not find {n} distinct free ports").into())
-    }
-}
-
 impl EtcdCluster {
     /// Starts three members from `PATH` and waits until each serves clients
     /// (which an etcd member does only once the cluster has a leader).
     pub fn start() -> Result<Self, BoxError> {
         let program = which("etcd").ok_or("etcd is not on PATH")?;
-        let ports = distinct_ports(MEMBERS * 2)?;
+        // Distinct: free_port never hands out a port twice.
+        let ports = (0..MEMBERS * 2)
+            .map(|_| free_port())
+            .collect::<Result<Vec<_>, _>>()?;
         let (client, peer) = ports.split_at(MEMBERS);
         let initial: Vec<String> = (0..MEMBERS)
             .map(|i| format!("m{i}=http://127.0.0.1:{}", peer[i]))
@@ -166,11 +149,6 @@ impl EtcdCluster {
             .collect::<Result<_, BoxError>>()?;
         let url = format!("etcd://{}", hosts.join(","));
         Ok(with_timeouts(EtcdBuilder::from_url(&url)?))
-    }
-
-    /// Stops member `i` gracefully (SIGTERM; SIGKILL after 5 s).
-    pub fn stop(&self, i: usize) -> Result<(), BoxError> {
-        self.member(i)?.stop(Duration::from_secs(5))
     }
 
     /// Kills member `i` (SIGKILL).

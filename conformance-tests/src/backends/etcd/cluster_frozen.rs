@@ -18,7 +18,7 @@ use tokio::time::{sleep, Instant};
 
 use super::cluster::{EtcdCluster, MEMBERS};
 use super::{server, TTL};
-use crate::harness::{in_ci, which};
+use crate::harness::run_bounded;
 use crate::Suite;
 
 /// Clients, each with its own connections and its own first member, so
@@ -39,13 +39,7 @@ const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Adds the trial; a missing `etcd` fails it under `CI=true`, as elsewhere.
 pub fn add_cluster_specific(suite: &mut Suite) {
-    if which("etcd").is_none() {
-        if in_ci() {
-            suite.push(Trial::test(
-                "etcd_cluster::frozen_member_is_passed_over",
-                || Err("etcd is not on PATH; CI must test etcd clusters".into()),
-            ));
-        }
+    if !suite.has_binary("etcd", "etcd_cluster::frozen_member_is_passed_over") {
         return;
     }
     let run_id = suite.run_id().to_owned();
@@ -58,18 +52,9 @@ pub fn add_cluster_specific(suite: &mut Suite) {
 
 fn run(run_id: &str) -> Result<(), Failed> {
     let cluster = Arc::new(EtcdCluster::start().map_err(|e| format!("no cluster: {e}"))?);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let body = frozen_member_is_passed_over(Arc::clone(&cluster), run_id.to_owned());
-    let outcome = rt.block_on(async {
-        tokio::time::timeout(TRIAL_TIMEOUT, body)
-            .await
-            .unwrap_or_else(|_| Err(format!("did not finish within {TRIAL_TIMEOUT:?}").into()))
-    });
+    let outcome = run_bounded(body, TRIAL_TIMEOUT);
     cluster.resume_all();
-    rt.shutdown_timeout(Duration::from_secs(5));
     outcome
 }
 

@@ -39,25 +39,13 @@ const GRANULARITY: Duration = Duration::from_secs(1);
 
 type Case = fn(Ctx, Vec<String>) -> BoxedCase;
 
-const CASES: &[(&str, Case)] = &[
-    ("inspect_describe_follows_the_holder", |c, e| {
-        Box::pin(describe_follows_the_holder(c, e))
-    }),
-    ("inspect_stock_client_key_is_held_by_unknown", |c, e| {
-        Box::pin(stock_client_key_is_held_by_unknown(c, e))
-    }),
-    ("inspect_list_pages_through_1000_locks", |c, e| {
-        Box::pin(list_pages_through_many_locks(c, e))
-    }),
-    ("inspect_changes_nothing", |c, e| {
-        Box::pin(inspection_changes_nothing(c, e))
-    }),
-    ("inspect_force_release_is_reported_forced", |c, e| {
-        Box::pin(force_release_is_reported_forced(c, e))
-    }),
-    ("inspect_forced_in_check_renew_and_batch", |c, e| {
-        Box::pin(forced_in_check_renew_and_batch(c, e))
-    }),
+const CASES: &[(&str, Case)] = &crate::trial_table![(c, e) as Case;
+    "inspect_describe_follows_the_holder" => describe_follows_the_holder,
+    "inspect_stock_client_key_is_held_by_unknown" => stock_client_key_is_held_by_unknown,
+    "inspect_list_pages_through_1000_locks" => list_pages_through_many_locks,
+    "inspect_changes_nothing" => inspection_changes_nothing,
+    "inspect_force_release_is_reported_forced" => force_release_is_reported_forced,
+    "inspect_forced_in_check_renew_and_batch" => forced_in_check_renew_and_batch,
 ];
 
 /// Adds the cases on the single-server row, over `factory` (shared with the
@@ -111,7 +99,7 @@ pub(super) fn add_cluster(suite: &mut Suite) {
 
 /// Runs one trial's body under the trial timeout.
 fn run(body: BoxedCase) -> Result<(), Failed> {
-    super::specific::run(body, TRIAL_TIMEOUT)
+    crate::harness::run_bounded(body, TRIAL_TIMEOUT)
 }
 
 /// A `Locker` over a new connection of the case's row that names itself

@@ -63,10 +63,7 @@ impl std::fmt::Debug for EtcdFactory {
 /// The factory for this run: `etcd_env` over `ETCD_ENDPOINTS` when it is
 /// set, else `etcd` over a private server, else missing.
 pub fn factory() -> Availability<Arc<dyn BackendFactory>> {
-    match find() {
-        Availability::Ready(f) => Availability::Ready(f),
-        Availability::Missing(why) => Availability::Missing(why),
-    }
+    find().map(|f| f as Arc<dyn BackendFactory>)
 }
 
 /// [`factory`], as the concrete type (for its endpoints).

@@ -19,7 +19,7 @@ use libtest_mimic::{Failed, Trial};
 
 use super::EtcdFactory;
 pub(super) use crate::cases::hold_in_job;
-use crate::harness::{in_ci, which};
+use crate::harness::run_bounded;
 use crate::{BackendFactory, Ctx, Suite};
 
 /// Longest an etcd-specific trial may run.
@@ -32,22 +32,12 @@ const RESIDUE_TIMEOUT: Duration = Duration::from_secs(900);
 /// Adds the etcd-specific trials. They always use private servers (never
 /// `ETCD_ENDPOINTS`), because they pause servers and enable auth.
 pub fn add_specific(suite: &mut Suite) {
-    if which("etcd").is_none() {
-        if in_ci() {
-            suite.push(Trial::test("etcd::private_server_available", || {
-                Err("etcd is not on PATH; CI must test etcd".into())
-            }));
-        } else {
-            eprintln!("!!! SKIPPING the etcd-specific trials: etcd is not on PATH. Set CI=true to make this a failure.");
-        }
+    if !suite.has_binary("etcd", "etcd::private_server_available") {
         return;
     }
     let shared = Arc::new(EtcdFactory::private());
     let run_id = suite.run_id().to_owned();
-    let add_with = |suite: &mut Suite,
-                    name: &str,
-                    limit: Duration,
-                    body: fn(Arc<EtcdFactory>, Ctx) -> BoxedCase| {
+    let add = |suite: &mut Suite, name: &str, limit: Duration, body: Body| {
         let factory = Arc::clone(&shared);
         let ctx = Ctx::new(
             Arc::clone(&shared) as Arc<dyn BackendFactory>,
@@ -55,90 +45,41 @@ pub fn add_specific(suite: &mut Suite) {
             name,
         );
         suite.push(Trial::test(format!("etcd::{name}"), move || {
-            run(body(factory, ctx), limit)
+            run_bounded(body(factory, ctx), limit)
         }));
     };
-    let add = |suite: &mut Suite, name: &str, body: fn(Arc<EtcdFactory>, Ctx) -> BoxedCase| {
-        add_with(suite, name, TRIAL_TIMEOUT, body)
-    };
-    add(suite, "theft_by_lease_revoke", |f, c| {
-        Box::pin(faults::theft_by_lease_revoke(f, c))
-    });
-    add(suite, "theft_by_delete_and_put", |f, c| {
-        Box::pin(faults::theft_by_delete_and_put(f, c))
-    });
-    add(suite, "paused_server_holder_aborts_first", |f, c| {
-        Box::pin(faults::paused_server_holder_aborts_first(f, c))
-    });
-    add(suite, "abandoned_lock_frees_after_ttl", |f, c| {
-        Box::pin(crash::abandoned_lock_frees_after_ttl(f, c))
-    });
-    add(suite, "bad_input_gives_typed_errors", |f, c| {
-        Box::pin(security::bad_input_gives_typed_errors(f, c))
-    });
-    add(suite, "rbac_user_limited_to_prefix", |f, c| {
-        Box::pin(security::rbac_user_limited_to_prefix(f, c))
-    });
-    add(suite, "tls_with_test_certificate", |f, c| {
-        Box::pin(security::tls_with_test_certificate(f, c))
-    });
-    add(suite, "batch_renewal_reports_each_lease", |f, c| {
-        Box::pin(batch::batch_renewal_reports_each_lease(f, c))
-    });
-    add(suite, "batch_renewal_sees_rewrites_on_the_lease", |f, c| {
-        Box::pin(batch::batch_renewal_sees_rewrites_on_the_lease(f, c))
-    });
-    add(suite, "retain_during_renewal_keeps_the_mark", |f, c| {
-        Box::pin(retain::retain_during_renewal_keeps_the_mark(f, c))
-    });
-    add(suite, "tick_store_keeps_the_maximum", |f, c| {
-        Box::pin(ticks::tick_store_keeps_the_maximum(f, c))
-    });
-    add(suite, "acquire_near_lease_lapse_gets_full_ttl", |f, c| {
-        Box::pin(shared::acquire_near_lease_lapse_gets_full_ttl(f, c))
-    });
-    add(
-        suite,
-        "acquire_soon_after_another_reuses_its_proof",
-        |f, c| Box::pin(shared::acquire_soon_after_another_reuses_its_proof(f, c)),
-    );
-    add(suite, "unanswered_release_frees_the_key", |f, c| {
-        Box::pin(shared::unanswered_release_frees_the_key(f, c))
-    });
-    add(suite, "late_put_of_a_given_up_acquire_is_undone", |f, c| {
-        Box::pin(shared::late_put_of_a_given_up_acquire_is_undone(f, c))
-    });
-    add(
-        suite,
-        "shared_lease_ending_mid_acquire_is_not_held",
-        |f, c| Box::pin(shared::shared_lease_ending_mid_acquire_is_not_held(f, c)),
-    );
-    add(suite, "deferred_backend_keeps_its_min_ttl", |f, c| {
-        Box::pin(deferred::deferred_backend_keeps_its_min_ttl(f, c))
-    });
+    let table = crate::trial_table![(f, c) as Body;
+        "theft_by_lease_revoke" => faults::theft_by_lease_revoke,
+        "theft_by_delete_and_put" => faults::theft_by_delete_and_put,
+        "paused_server_holder_aborts_first" => faults::paused_server_holder_aborts_first,
+        "abandoned_lock_frees_after_ttl" => crash::abandoned_lock_frees_after_ttl,
+        "bad_input_gives_typed_errors" => security::bad_input_gives_typed_errors,
+        "rbac_user_limited_to_prefix" => security::rbac_user_limited_to_prefix,
+        "tls_with_test_certificate" => security::tls_with_test_certificate,
+        "batch_renewal_reports_each_lease" => batch::batch_renewal_reports_each_lease,
+        "batch_renewal_sees_rewrites_on_the_lease" => batch::batch_renewal_sees_rewrites_on_the_lease,
+        "retain_during_renewal_keeps_the_mark" => retain::retain_during_renewal_keeps_the_mark,
+        "tick_store_keeps_the_maximum" => ticks::tick_store_keeps_the_maximum,
+        "acquire_near_lease_lapse_gets_full_ttl" => shared::acquire_near_lease_lapse_gets_full_ttl,
+        "acquire_soon_after_another_reuses_its_proof" => shared::acquire_soon_after_another_reuses_its_proof,
+        "unanswered_release_frees_the_key" => shared::unanswered_release_frees_the_key,
+        "late_put_of_a_given_up_acquire_is_undone" => shared::late_put_of_a_given_up_acquire_is_undone,
+        "shared_lease_ending_mid_acquire_is_not_held" => shared::shared_lease_ending_mid_acquire_is_not_held,
+        "deferred_backend_keeps_its_min_ttl" => deferred::deferred_backend_keeps_its_min_ttl,
+    ];
+    for (name, body) in table {
+        add(suite, name, TRIAL_TIMEOUT, body);
+    }
     super::inspect::add_single(suite, &shared);
-    add_with(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
+    add(suite, "no_residue_after_cases", RESIDUE_TIMEOUT, |f, c| {
         Box::pin(faults::no_residue_after_cases(f, c))
     });
 }
 
 pub(super) type BoxedCase = std::pin::Pin<Box<dyn Future<Output = Result<(), Failed>> + Send>>;
 
-/// Runs one trial's body on a runtime of its own, failing it past `limit`.
-pub(super) fn run(body: BoxedCase, limit: Duration) -> Result<(), Failed> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let outcome = rt.block_on(async {
-        match tokio::time::timeout(limit, body).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("did not finish within {limit:?}").into()),
-        }
-    });
-    rt.shutdown_timeout(Duration::from_secs(5));
-    outcome
-}
+/// A trial body over the shared private server.
+type Body = fn(Arc<EtcdFactory>, Ctx) -> BoxedCase;
 
 /// Turns a boolean check into a trial failure that says what went wrong.
 pub(super) fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {

@@ -13,7 +13,7 @@ use lock_core::{
 use lock_postgres::PostgresBackend;
 use tokio::time::{timeout, Instant};
 
-use super::specific::{backend_as, hold, locker, name};
+use super::specific::{acquire_free, backend_as, hold, locker, name};
 use super::{holder_pid, plain_session, PostgresFactory, OP_TIMEOUT, TTL};
 use crate::harness::{which, ServerProcess, ServerSpec};
 use crate::proxy::FaultProxy;
@@ -209,12 +209,13 @@ pub(super) async fn transaction_pooler_is_refused(f: Arc<PostgresFactory>) -> Re
     let second = PostgresBackend::connect(config).await?;
     let token = OwnerToken::generate()?;
     let m: LockName = name(&f, "pooled-renew");
-    if !matches!(
-        second.try_acquire(&m, &token, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("setup: acquire through the pooler failed".into());
-    }
+    acquire_free(
+        &second,
+        &m,
+        &token,
+        "setup: acquire through the pooler failed",
+    )
+    .await?;
     let p = second.session_pid().await?;
     pin.batch_execute("BEGIN").await?;
     let pinned: i32 = pin.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);

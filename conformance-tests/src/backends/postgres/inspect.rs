@@ -23,30 +23,16 @@ use crate::{BoxError, Suite};
 const INTERVAL: Duration = Duration::from_millis(500);
 
 pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
-    add(suite, f, "inspect_describe_follows_the_lease", |f| {
-        Box::pin(describe_follows_the_lease(f))
-    });
-    add(suite, f, "inspect_stock_lock_is_held_by_unknown", |f| {
-        Box::pin(stock_lock_is_held_by_unknown(f))
-    });
-    add(suite, f, "inspect_list_pages_through_1000_locks", |f| {
-        Box::pin(list_pages_through_1000_locks(f))
-    });
-    add(suite, f, "inspect_without_holder_records", |f| {
-        Box::pin(inspect_without_holder_records(f))
-    });
-    add(suite, f, "inspect_with_select_only", |f| {
-        Box::pin(inspect_with_select_only(f))
-    });
-    add(
-        suite,
-        f,
-        "force_release_of_a_holder_that_does_not_renew",
-        |f| Box::pin(force_release_of_a_holder_that_does_not_renew(f)),
-    );
-    add(suite, f, "force_release_frees_only_the_named_lease", |f| {
-        Box::pin(force_release_frees_only_the_named_lease(f))
-    });
+    let table = crate::trial_table![
+        "inspect_describe_follows_the_lease" => describe_follows_the_lease,
+        "inspect_stock_lock_is_held_by_unknown" => stock_lock_is_held_by_unknown,
+        "inspect_list_pages_through_1000_locks" => list_pages_through_1000_locks,
+        "inspect_without_holder_records" => inspect_without_holder_records,
+        "inspect_with_select_only" => inspect_with_select_only,
+        "force_release_of_a_holder_that_does_not_renew" => force_release_of_a_holder_that_does_not_renew,
+        "force_release_frees_only_the_named_lease" => force_release_frees_only_the_named_lease,
+    ];
+    add(suite, f, &table);
 }
 
 fn locker_as(backend: Arc<dyn LockBackend>, who: &str) -> Result<Locker, BoxError> {

@@ -13,7 +13,7 @@ use lock_postgres::{AdvisoryKey, PostgresBackend};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::timeout;
 
-use super::specific::name;
+use super::specific::{acquire_free, name};
 use super::{holder_pid, plain_session, PostgresFactory, TTL};
 use crate::BoxError;
 
@@ -51,12 +51,7 @@ pub(super) async fn psql_pairs_interoperate(f: Arc<PostgresFactory>) -> Result<(
         "t",
         "psql unlocks",
     )?;
-    if !matches!(
-        ours.try_acquire(&n, &token, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("we could not acquire the freed pair".into());
-    }
+    acquire_free(&ours, &n, &token, "we could not acquire the freed pair").await?;
     expect(
         psql.ask(&format!("SELECT {pair};")).await?,
         "f",
@@ -150,12 +145,7 @@ pub(super) async fn golden_keys_on_the_server(f: Arc<PostgresFactory>) -> Result
     let n = LockName::new("job")?;
     let golden = AdvisoryKey::new(-711_063_049, 1_043_648_169);
     let token = OwnerToken::generate()?;
-    if !matches!(
-        backend.try_acquire(&n, &token, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("the golden name was held".into());
-    }
+    acquire_free(&backend, &n, &token, "the golden name was held").await?;
     let inspector = plain_session(&url, f.application_name()).await?;
     let pid = backend.lock_session_pid(&n).await?;
     let rows = inspector

@@ -127,37 +127,17 @@ impl PrivatePostgres {
             format!("host all {ROLE_WITH_PASSWORD} 127.0.0.1/32 scram-sha-256\n{old}"),
         )?;
         let certs = make_certificate(cluster.path(), &data, uid, gid)?;
-        let spec = ServerSpec {
-            program: bin.join("postgres"),
-            args: [
-                "-D",
-                &data.to_string_lossy(),
-                "-p",
-                "{port}",
-                "-k",
-                "{dir}",
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "ssl=on",
-                "-c",
-                "fsync=off",
-                "-c",
-                "max_connections=300",
-                "-c",
-                "shared_buffers=32MB",
-                // The shared lock table holds max_locks_per_transaction ×
-                // (max_connections + max_prepared_transactions) locks of all
-                // sessions: 76,800 here, so one session can hold the bench's
-                // 10,000 leases (and their floor's 10,000) at once.
-                "-c",
-                "max_locks_per_transaction=256",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-            run_as: Some((uid, gid)),
-            ready_timeout: Duration::from_secs(30),
-        };
+        let settings = [
+            "ssl=on",
+            "max_connections=300",
+            "shared_buffers=32MB",
+            // The shared lock table holds max_locks_per_transaction ×
+            // (max_connections + max_prepared_transactions) locks of all
+            // sessions: 76,800 here, so one session can hold the bench's
+            // 10,000 leases (and their floor's 10,000) at once.
+            "max_locks_per_transaction=256",
+        ];
+        let spec = server_spec(&bin, &data, (uid, gid), &settings);
         let server = ServerProcess::start(spec)?;
         let started = Started {
             server,
@@ -174,6 +154,34 @@ impl PrivatePostgres {
         );
         psql(&bin, started.port(), &setup)?;
         Ok(started)
+    }
+}
+
+/// How to start `postgres` from `bin` on the data dir `data` as `run_as`:
+/// on the spec's port, loopback only, its socket in the spec's dir, without
+/// fsync (nothing of a test server needs to survive a crash), and with
+/// `settings` (`name=value`) on top.
+pub(super) fn server_spec(
+    bin: &Path,
+    data: &Path,
+    run_as: (u32, u32),
+    settings: &[&str],
+) -> ServerSpec {
+    let mut args: Vec<String> = ["-D", &data.to_string_lossy(), "-p", "{port}", "-k", "{dir}"]
+        .map(str::to_owned)
+        .to_vec();
+    for setting in ["listen_addresses=127.0.0.1", "fsync=off"]
+        .iter()
+        .chain(settings)
+    {
+        args.push("-c".to_owned());
+        args.push((*setting).to_owned());
+    }
+    ServerSpec {
+        program: bin.join("postgres"),
+        args,
+        run_as: Some(run_as),
+        ready_timeout: Duration::from_secs(30),
     }
 }
 

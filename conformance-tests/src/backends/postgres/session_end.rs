@@ -15,34 +15,22 @@ use lock_postgres::PostgresBackend;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::server::ROLE_IDLER;
-use super::specific::{add, backend_as, hold, locker, name};
+use super::specific::{acquire_free, add, backend_as, hold, locker, name};
 use super::{plain_session, terminate, PostgresFactory, OP_TIMEOUT, TTL};
 use crate::proxy::FaultProxy;
 use crate::{BoxError, Suite};
 
 /// The trials of this module.
 pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
-    add(suite, f, "terminate_backend_aborts_the_job", |f| {
-        Box::pin(terminate_backend_aborts_the_job(f))
-    });
-    add(suite, f, "idle_session_timeout_is_detected", |f| {
-        Box::pin(idle_session_timeout_is_detected(f))
-    });
-    add(suite, f, "slow_release_keeps_the_session", |f| {
-        Box::pin(slow_release_keeps_the_session(f))
-    });
-    add(suite, f, "second_release_answers_after_the_first", |f| {
-        Box::pin(second_release_answers_after_the_first(f))
-    });
-    add(
-        suite,
-        f,
-        "failed_unlock_ends_the_session_after_its_leases",
-        |f| Box::pin(failed_unlock_ends_the_session_after_its_leases(f)),
-    );
-    add(suite, f, "session_end_marks_every_lease_lost_first", |f| {
-        Box::pin(session_end_marks_every_lease_lost_first(f))
-    });
+    let table = crate::trial_table![
+        "terminate_backend_aborts_the_job" => terminate_backend_aborts_the_job,
+        "idle_session_timeout_is_detected" => idle_session_timeout_is_detected,
+        "slow_release_keeps_the_session" => slow_release_keeps_the_session,
+        "second_release_answers_after_the_first" => second_release_answers_after_the_first,
+        "failed_unlock_ends_the_session_after_its_leases" => failed_unlock_ends_the_session_after_its_leases,
+        "session_end_marks_every_lease_lost_first" => session_end_marks_every_lease_lost_first,
+    ];
+    add(suite, f, &table);
 }
 
 /// How long a failed release may take to settle in the background: its
@@ -131,12 +119,7 @@ async fn second_release_answers_after_the_first(f: Arc<PostgresFactory>) -> Resu
     let q = backend_as(&f, "postgres").await?;
     let n = name(&f, "second-release");
     let owner = OwnerToken::generate()?;
-    if !matches!(
-        p.try_acquire(&n, &owner, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("setup: the name was not free".into());
-    }
+    acquire_free(&p, &n, &owner, "setup: the name was not free").await?;
     p.stall_next_release(&n);
     p.delay_next_unlock(&n, OP_TIMEOUT / 2);
     if p.release(&n, &owner).await.is_ok() {

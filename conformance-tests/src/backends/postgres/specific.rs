@@ -1,11 +1,8 @@
 //! Postgres-specific trials (`postgres::<name>`), run against the private server.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use libtest_mimic::{Failed, Trial};
 use lock_core::{
     backend::{AcquireAttempt, ReleaseOutcome},
     Error, LeaseHandle, LockBackend, LockMetrics, LockName, LockOptions, Locker, OwnerToken,
@@ -17,133 +14,76 @@ use tokio::sync::oneshot;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::{faults, input, interop, partition, plain_session, session_end, PostgresFactory, TTL};
-use crate::harness::in_ci;
+use crate::harness::{push_bounded, TrialBody};
 use crate::{BoxError, Suite};
 
-type Body = fn(Arc<PostgresFactory>) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
-
+/// Longest a Postgres-specific trial may run.
 const TRIAL_TIMEOUT: Duration = Duration::from_secs(150);
 
-fn run(factory: Arc<PostgresFactory>, body: Body) -> Result<(), Failed> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let outcome = rt.block_on(async move {
-        match timeout(TRIAL_TIMEOUT, body(factory)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Failed::from(e.to_string())),
-            Err(_) => Err(Failed::from(format!(
-                "did not finish within {TRIAL_TIMEOUT:?}"
-            ))),
-        }
-    });
-    rt.shutdown_timeout(Duration::from_secs(5));
-    outcome
-}
-
-pub(super) fn add(suite: &mut Suite, factory: &Arc<PostgresFactory>, name: &str, body: Body) {
-    let f = Arc::clone(factory);
-    let full = format!("{}::{name}", lock_core_name(&f));
-    suite.push(Trial::test(full, move || run(f, body)));
-}
-
-fn lock_core_name(f: &PostgresFactory) -> &str {
+/// Adds `table`'s trials as `<row>::<name>` on `factory`'s row.
+pub(super) fn add(
+    suite: &mut Suite,
+    factory: &Arc<PostgresFactory>,
+    table: &[(&str, TrialBody<Arc<PostgresFactory>>)],
+) {
     use crate::BackendFactory;
-    f.name()
+    push_bounded(suite, factory.name(), factory, TRIAL_TIMEOUT, table);
 }
 
 /// The Postgres-specific trials.
 pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
-    add(suite, f, "psql_pairs_interoperate", |f| {
-        Box::pin(interop::psql_pairs_interoperate(f))
-    });
-    add(suite, f, "golden_keys_on_the_server", |f| {
-        Box::pin(interop::golden_keys_on_the_server(f))
-    });
-    add(suite, f, "two_lockers_one_backend_exclude", |f| {
-        Box::pin(two_lockers_one_backend_exclude(f))
-    });
-    add(suite, f, "tick_store_keeps_the_maximum", |f| {
-        Box::pin(tick_store_keeps_the_maximum(f))
-    });
-    add(suite, f, "release_wakes_a_subscriber", |f| {
-        Box::pin(release_wakes_a_subscriber(f))
-    });
+    let first = crate::trial_table![
+        "psql_pairs_interoperate" => interop::psql_pairs_interoperate,
+        "golden_keys_on_the_server" => interop::golden_keys_on_the_server,
+        "two_lockers_one_backend_exclude" => two_lockers_one_backend_exclude,
+        "tick_store_keeps_the_maximum" => tick_store_keeps_the_maximum,
+        "release_wakes_a_subscriber" => release_wakes_a_subscriber,
+    ];
+    add(suite, f, &first);
     session_end::register(suite, f);
     super::inspect::register(suite, f);
     super::tick_tables::register(suite, f);
-    add(suite, f, "one_session_end_loses_only_its_leases", |f| {
-        Box::pin(super::sessions::one_session_end_loses_only_its_leases(f))
-    });
-    add(suite, f, "standby_is_refused", |f| {
-        Box::pin(super::standby_refused::standby_is_refused(f))
-    });
-    add(suite, f, "release_waiters_stay_bounded", |f| {
-        Box::pin(super::waiters::release_waiters_stay_bounded(f))
-    });
-    add(
-        suite,
-        f,
-        "release_is_announced_only_while_waited_for",
-        |f| {
-            Box::pin(super::waiters::release_is_announced_only_while_waited_for(
-                f,
-            ))
-        },
-    );
-    add(suite, f, "tls_verify_full", |f| {
-        Box::pin(input::tls_verify_full(f))
-    });
-    add(suite, f, "tls_require_with_root_verifies", |f| {
-        Box::pin(input::tls_require_with_root_verifies(f))
-    });
-    add(suite, f, "bad_input_gets_typed_errors", |f| {
-        Box::pin(input::bad_input_gets_typed_errors(f))
-    });
-    add(suite, f, "server_keepalive_follows_max_ttl", |f| {
-        Box::pin(faults::server_keepalive_follows_max_ttl(f))
-    });
-    add(
-        suite,
-        f,
-        "slow_session_setup_is_bounded_by_connect_timeout",
-        |f| Box::pin(faults::slow_session_setup_is_bounded_by_connect_timeout(f)),
-    );
-    add(suite, f, "frozen_session_fails_closed", |f| {
-        Box::pin(faults::frozen_session_fails_closed(f))
-    });
-    if super::nft_installed() {
-        add(suite, f, "partitioned_holder_aborts_first", |f| {
-            Box::pin(partition::partitioned_holder_aborts_first(f))
-        });
-    } else if in_ci() {
-        suite.push(Trial::test(
-            "postgres::partitioned_holder_aborts_first",
-            || Err("nft is not installed; CI must test the partition case".into()),
-        ));
-    } else {
-        eprintln!("!!! SKIPPING postgres::partitioned_holder_aborts_first: nft is not installed (apt-get install nftables). Set CI=true to make this a failure.");
-    }
-    if faults::pgbouncer_installed() {
-        add(suite, f, "transaction_pooler_is_refused", |f| {
-            Box::pin(faults::transaction_pooler_is_refused(f))
-        });
-    } else if in_ci() {
-        suite.push(Trial::test(
-            "postgres::transaction_pooler_is_refused",
-            || Err("pgbouncer is not installed; CI must test pooler detection".into()),
-        ));
-    } else {
-        eprintln!("!!! SKIPPING postgres::transaction_pooler_is_refused: pgbouncer is not installed (apt-get install pgbouncer). Set CI=true to make this a failure.");
+    let rest = crate::trial_table![
+        "one_session_end_loses_only_its_leases" => super::sessions::one_session_end_loses_only_its_leases,
+        "standby_is_refused" => super::standby_refused::standby_is_refused,
+        "release_waiters_stay_bounded" => super::waiters::release_waiters_stay_bounded,
+        "release_is_announced_only_while_waited_for" => super::waiters::release_is_announced_only_while_waited_for,
+        "tls_verify_full" => input::tls_verify_full,
+        "tls_require_with_root_verifies" => input::tls_require_with_root_verifies,
+        "bad_input_gets_typed_errors" => input::bad_input_gets_typed_errors,
+        "server_keepalive_follows_max_ttl" => faults::server_keepalive_follows_max_ttl,
+        "slow_session_setup_is_bounded_by_connect_timeout" => faults::slow_session_setup_is_bounded_by_connect_timeout,
+        "frozen_session_fails_closed" => faults::frozen_session_fails_closed,
+    ];
+    add(suite, f, &rest);
+    // Each needs a tool the machine may lack; without it, what
+    // `push_unavailable` stands in for it.
+    let needs_tool = crate::trial_table![
+        "partitioned_holder_aborts_first" => partition::partitioned_holder_aborts_first,
+        "transaction_pooler_is_refused" => faults::transaction_pooler_is_refused,
+    ];
+    let missing = [
+        (!super::nft_installed()).then_some(
+            "nft is not installed (apt-get install nftables); CI must test the partition case",
+        ),
+        (!faults::pgbouncer_installed()).then_some(
+            "pgbouncer is not installed (apt-get install pgbouncer); CI must test pooler detection",
+        ),
+    ];
+    for (trial, missing) in needs_tool.into_iter().zip(missing) {
+        match missing {
+            None => add(suite, f, &[trial]),
+            Some(why) => suite.push_unavailable(&format!("postgres::{}", trial.0), why),
+        }
     }
 }
 
 /// The check that nothing of the run is left on the server; registered last.
 pub(super) fn register_leftover_check(suite: &mut Suite, f: &Arc<PostgresFactory>) {
-    add(suite, f, "no_leftovers_after_suite", |f| {
-        Box::pin(no_leftovers_after_suite(f))
-    });
+    let table = crate::trial_table![
+        "no_leftovers_after_suite" => no_leftovers_after_suite,
+    ];
+    add(suite, f, &table);
 }
 
 pub(super) fn locker(backend: Arc<dyn LockBackend>) -> Result<Locker, BoxError> {
@@ -152,6 +92,20 @@ pub(super) fn locker(backend: Arc<dyn LockBackend>) -> Result<Locker, BoxError> 
         .with_backend_arc(backend)
         .with_metrics(metrics)
         .build()?)
+}
+
+/// Acquires `name` for `owner` through `backend` for [`TTL`]; `taken` is
+/// the error should it be held already (a case's precondition).
+pub(super) async fn acquire_free(
+    backend: &dyn LockBackend,
+    name: &LockName,
+    owner: &OwnerToken,
+    taken: &str,
+) -> Result<(), BoxError> {
+    match backend.try_acquire(name, owner, TTL).await? {
+        AcquireAttempt::Acquired(_) => Ok(()),
+        _ => Err(taken.into()),
+    }
 }
 
 pub(super) async fn backend_as(
@@ -245,12 +199,7 @@ async fn release_wakes_a_subscriber(f: Arc<PostgresFactory>) -> Result<(), BoxEr
     let b = backend_as(&f, "postgres").await?;
     let n = name(&f, "notified");
     let token = OwnerToken::generate()?;
-    if !matches!(
-        a.try_acquire(&n, &token, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("setup: the lock was held".into());
-    }
+    acquire_free(&a, &n, &token, "setup: the lock was held").await?;
     let mut signal = b
         .subscribe_release(&n)
         .await?

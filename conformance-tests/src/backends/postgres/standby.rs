@@ -11,15 +11,15 @@
 //! removed on drop, whether or not the case passed.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::server::{bindir, postgres_ids, psql, wait_accepting};
+use super::server::{bindir, postgres_ids, psql, server_spec, wait_accepting};
 use super::{PostgresFactory, Source};
-use crate::harness::{free_port, stop_child};
+use crate::harness::{free_port, ServerProcess};
 use crate::BoxError;
 
 /// How long a server may take to accept connections, a standby to stream,
@@ -104,8 +104,7 @@ impl Tools {
 /// (immediate, then SIGKILL) and its dir removed on drop.
 #[derive(Debug)]
 pub struct PgNode {
-    child: Option<Child>,
-    port: u16,
+    server: ServerProcess,
     tools: Tools,
     data: PathBuf,
     dir: TempDir,
@@ -115,42 +114,28 @@ impl PgNode {
     /// Starts `postgres` on an existing data dir and waits until it accepts
     /// connections (a hot standby does once it is consistent).
     fn start(tools: Tools, dir: TempDir, port: u16) -> Result<Self, BoxError> {
-        use std::os::unix::process::CommandExt;
         let data = dir.path().join("data");
-        let log = std::fs::File::create(dir.path().join("server.log"))?;
-        std::os::unix::fs::chown(
-            dir.path().join("server.log"),
-            Some(tools.uid),
-            Some(tools.gid),
-        )?;
-        let child = Command::new(tools.bin.join("postgres"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-k"])
-            .arg(dir.path())
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
-            .args(["-c", "max_connections=60", "-c", "shared_buffers=16MB"])
-            .args(["-c", "wal_level=replica", "-c", "max_wal_senders=4"])
-            .args(["-c", "hot_standby=on", "-c", "wal_keep_size=64MB"])
+        let settings = [
+            "max_connections=60",
+            "shared_buffers=16MB",
+            "wal_level=replica",
+            "max_wal_senders=4",
+            "hot_standby=on",
+            "wal_keep_size=64MB",
             // A standby sends its replay position often, so that the
             // primary's view of it (and the case's wait) is fresh.
-            .args(["-c", "wal_receiver_status_interval=1s"])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .uid(tools.uid)
-            .gid(tools.gid)
-            .spawn()
-            .map_err(|e| format!("cannot start postgres: {e}"))?;
+            "wal_receiver_status_interval=1s",
+        ];
+        let spec = server_spec(&tools.bin, &data, (tools.uid, tools.gid), &settings);
+        // The pair's fixed port, and no second listener.
+        let server = ServerProcess::launch(spec, (port, port), Some(dir.path()))?;
         let node = Self {
-            child: Some(child),
-            port,
+            server,
             tools,
             data,
             dir,
         };
-        node.wait_ready().map_err(|e| node.with_log(e))?;
+        node.wait_ready().map_err(|e| node.server.with_log(e))?;
         Ok(node)
     }
 
@@ -187,7 +172,7 @@ impl PgNode {
         let dir = tools.dir()?;
         let data = dir.path().join("data");
         let data = data.to_string_lossy();
-        let from = primary.port.to_string();
+        let from = primary.port().to_string();
         tools.run(
             "pg_basebackup",
             &[
@@ -210,18 +195,18 @@ impl PgNode {
         )?;
         let node = Self::start(tools, dir, port)?;
         node.wait_streaming(READY_WITHIN)
-            .map_err(|e| node.with_log(e))?;
+            .map_err(|e| node.server.with_log(e))?;
         Ok(node)
     }
 
     /// The loopback port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// The postmaster's PID while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.pid()
     }
 
     /// Runs SQL as `postgres` on this server.
@@ -230,7 +215,7 @@ impl PgNode {
     ///
     /// `psql`'s error text.
     pub fn psql(&self, sql: &str) -> Result<String, BoxError> {
-        psql(&self.tools.bin, self.port, sql)
+        psql(&self.tools.bin, self.port(), sql)
     }
 
     /// Whether the server is a standby (`pg_is_in_recovery()`).
@@ -243,7 +228,7 @@ impl PgNode {
     }
 
     fn wait_ready(&self) -> Result<(), BoxError> {
-        wait_accepting(&self.tools.bin, self.port, READY_WITHIN)
+        wait_accepting(&self.tools.bin, self.port(), READY_WITHIN)
     }
 
     /// Waits until this standby's WAL receiver reports `streaming`.
@@ -257,7 +242,7 @@ impl PgNode {
             if start.elapsed() > within {
                 return Err(format!(
                     "the standby on port {} did not stream within {within:?} (status {:?})",
-                    self.port,
+                    self.port(),
                     status.trim()
                 )
                 .into());
@@ -277,7 +262,7 @@ impl PgNode {
             self.dir.path(),
         )?;
         if self.in_recovery()? {
-            return Err(format!("the server on port {} is still a standby", self.port).into());
+            return Err(format!("the server on port {} is still a standby", self.port()).into());
         }
         Ok(())
     }
@@ -287,28 +272,20 @@ impl PgNode {
     ///
     /// # Errors
     ///
-    /// If it could not be signalled or reaped.
-    pub fn stop(&mut self, mode: StopMode, within: Duration) -> Result<(), BoxError> {
-        let Some(mut child) = self.child.take() else {
-            return Ok(());
-        };
+    /// If it could not be signalled or reaped, or had to be killed.
+    pub fn stop(&self, mode: StopMode, within: Duration) -> Result<(), BoxError> {
         let sig = match mode {
             StopMode::Fast => "INT",
             StopMode::Immediate => "QUIT",
         };
-        if stop_child(&mut child, sig, within)? {
+        if self.server.stop(sig, within)? {
             return Ok(());
         }
         Err(format!(
             "postgres on port {} did not stop within {within:?} ({mode:?}); killed",
-            self.port
+            self.port()
         )
         .into())
-    }
-
-    fn with_log(&self, e: BoxError) -> BoxError {
-        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
-        format!("{e}; server log:\n{log}").into()
     }
 }
 
@@ -351,14 +328,8 @@ impl PgPair {
     /// the server's log).
     pub fn start() -> Result<Self, BoxError> {
         let tools = Tools::find()?;
-        let first = free_port()?;
-        let mut second = free_port()?;
-        for _ in 0..10 {
-            if second != first {
-                break;
-            }
-            second = free_port()?;
-        }
+        // Distinct: free_port never hands out a port twice.
+        let (first, second) = (free_port()?, free_port()?);
         let primary = PgNode::primary(tools, first)?;
         let standby = PgNode::standby_of(&primary, second)?;
         Ok(Self {
@@ -436,7 +407,7 @@ impl PgPair {
     pub fn stop_primary(&mut self, mode: StopMode) -> Result<(Instant, Instant), BoxError> {
         let old = self.primary;
         let sent = Instant::now();
-        let mut node = self.nodes[old].take().ok_or("no primary runs")?;
+        let node = self.nodes[old].take().ok_or("no primary runs")?;
         node.stop(mode, READY_WITHIN)?;
         Ok((sent, Instant::now()))
     }

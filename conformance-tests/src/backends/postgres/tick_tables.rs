@@ -17,12 +17,11 @@ use crate::{BoxError, Suite};
 const KEEP: Duration = Duration::from_secs(60);
 
 pub(super) fn register(suite: &mut Suite, f: &Arc<PostgresFactory>) {
-    add(suite, f, "tick_batch_creates_missing_tables", |f| {
-        Box::pin(tick_batch_creates_missing_tables(f))
-    });
-    add(suite, f, "tick_records_old_ones_pruned", |f| {
-        Box::pin(tick_records_old_ones_pruned(f))
-    });
+    let table = crate::trial_table![
+        "tick_batch_creates_missing_tables" => tick_batch_creates_missing_tables,
+        "tick_records_old_ones_pruned" => tick_records_old_ones_pruned,
+    ];
+    add(suite, f, &table);
 }
 
 /// A store on tables of a name of its own, and a session that drops them

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use lock_core::{backend::AcquireAttempt, Error, LockBackend, LockOptions, OwnerToken};
+use lock_core::{Error, LockBackend, LockOptions, OwnerToken};
 use tokio::time::{sleep, timeout, Instant};
 
-use super::specific::{backend_as, locker, name};
+use super::specific::{acquire_free, backend_as, locker, name};
 use super::{plain_session, terminate, PostgresFactory, TTL};
 use crate::BoxError;
 
@@ -31,12 +31,7 @@ pub(super) async fn release_waiters_stay_bounded(f: Arc<PostgresFactory>) -> Res
     let waiter = Arc::new(backend_as(&f, "postgres").await?);
     let held = name(&f, "waited");
     let token = OwnerToken::generate()?;
-    if !matches!(
-        holder.try_acquire(&held, &token, TTL).await?,
-        AcquireAttempt::Acquired(_)
-    ) {
-        return Err("setup: a fresh name was held".into());
-    }
+    acquire_free(&holder, &held, &token, "setup: a fresh name was held").await?;
 
     let live = waiter
         .subscribe_release(&held)
@@ -169,13 +164,8 @@ pub(super) async fn release_is_announced_only_while_waited_for(
     let payload = format!("{}:{}", key.key1, key.key2);
     let cycle = || async {
         let token = OwnerToken::generate()?;
-        if !matches!(
-            holder.try_acquire(&n, &token, TTL).await?,
-            AcquireAttempt::Acquired(_)
-        ) {
-            return Err::<_, BoxError>("the lock was not free".into());
-        }
-        Ok(token)
+        acquire_free(&holder, &n, &token, "the lock was not free").await?;
+        Ok::<_, BoxError>(token)
     };
 
     let token = cycle().await?;

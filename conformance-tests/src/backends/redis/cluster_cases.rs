@@ -3,76 +3,28 @@
 //! acquire.
 
 use std::collections::BTreeSet;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Failed, Trial};
 use lock_core::backend::{AcquireAttempt, LeaseStatus, RenewRequest};
 use lock_core::{LockBackend, LockName, OwnerToken};
 use lock_redis::cluster_key_slot;
 use redis::cluster_async::ClusterConnection;
 
 use super::cluster_factory::ClusterFactory;
+use super::specific::{ensure, TRIAL_TIMEOUT};
 use super::TTL;
+use crate::harness::push_bounded;
 use crate::{BoxError, Saboteur, Suite};
-
-type Body = fn(Arc<ClusterFactory>) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
-
-macro_rules! body {
-    ($f:path) => {
-        (|f| Box::pin($f(f))) as Body
-    };
-}
 
 /// Adds the cluster trials, run against `factory`'s cluster.
 pub(super) fn register(suite: &mut Suite, factory: &Arc<ClusterFactory>) {
-    let tests: [(&str, Body); 3] = [
-        (
-            "key_layout_matches_server_slots",
-            body!(key_layout_matches_server_slots),
-        ),
-        (
-            "renew_many_by_slot_keeps_order",
-            body!(renew_many_by_slot_keeps_order),
-        ),
-        (
-            "acquire_regrants_own_token",
-            body!(acquire_regrants_own_token),
-        ),
+    let table = crate::trial_table![
+        "key_layout_matches_server_slots" => key_layout_matches_server_slots,
+        "renew_many_by_slot_keeps_order" => renew_many_by_slot_keeps_order,
+        "acquire_regrants_own_token" => acquire_regrants_own_token,
     ];
-    for (name, body) in tests {
-        let factory = Arc::clone(factory);
-        suite.push(Trial::test(format!("redis_cluster::{name}"), move || {
-            run(factory, body)
-        }));
-    }
-}
-
-fn run(factory: Arc<ClusterFactory>, body: Body) -> Result<(), Failed> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let outcome =
-        rt.block_on(
-            async move { tokio::time::timeout(Duration::from_secs(120), body(factory)).await },
-        );
-    rt.shutdown_timeout(Duration::from_secs(2));
-    match outcome {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string().into()),
-        Err(_) => Err("did not finish within 120 s".into()),
-    }
-}
-
-fn ensure(ok: bool, what: impl Into<String>) -> Result<(), BoxError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(what.into().into())
-    }
+    push_bounded(suite, "redis_cluster", factory, TRIAL_TIMEOUT, &table);
 }
 
 /// A plain cluster client (not the library's) for reading what is stored.

@@ -6,12 +6,9 @@
 //! release does to its holder, its guarded job and a waiter.
 
 use std::collections::BTreeSet;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use libtest_mimic::{Failed, Trial};
 use lock_core::backend::AcquireAttempt;
 use lock_core::{
     ForceOutcome, Identity, LockBackend, LockMetrics, LockName, LockOptions, Locker, LossReason,
@@ -26,8 +23,9 @@ use tokio::time::{sleep, timeout, Instant};
 
 use super::cluster_factory::ClusterFactory;
 use super::sentinel_factory::SentinelFactory;
-use super::specific::{ensure, TOLERANCE};
+use super::specific::{ensure, TOLERANCE, TRIAL_TIMEOUT};
 use super::{RedisFactory, TTL};
+use crate::harness::push_bounded;
 use crate::{BoxError, Suite};
 
 /// How many locks the listing case holds at once.
@@ -101,14 +99,6 @@ impl Raw {
     }
 }
 
-type Body = fn(Deployment) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
-
-macro_rules! body {
-    ($f:path) => {
-        (|d| Box::pin($f(d))) as Body
-    };
-}
-
 impl Deployment {
     /// Whether its backends draw fencing tokens.
     fn fenced(&self) -> bool {
@@ -118,45 +108,31 @@ impl Deployment {
 
 /// Adds the inspection trials for `deployment`, as `<row>::inspect_<case>`.
 pub(super) fn register(suite: &mut Suite, deployment: &Deployment) {
-    let mut tests: Vec<(&str, Body)> = vec![
-        (
-            "inspect_describe_follows_the_lease",
-            body!(describe_follows_the_lease),
-        ),
-        (
-            "inspect_stock_client_key_is_held_by_unknown",
-            body!(stock_client_key_is_held_by_unknown),
-        ),
-        (
-            "inspect_list_pages_find_each_lock_once",
-            body!(list_pages_find_each_lock_once),
-        ),
+    let row = deployment.row();
+    let every = crate::trial_table![
+        "inspect_describe_follows_the_lease" => describe_follows_the_lease,
+        "inspect_stock_client_key_is_held_by_unknown" => stock_client_key_is_held_by_unknown,
+        "inspect_list_pages_find_each_lock_once" => list_pages_find_each_lock_once,
     ];
+    push_bounded(suite, row, deployment, TRIAL_TIMEOUT, &every);
     if deployment.fenced() {
-        tests.push((
-            "inspect_force_release_aborts_the_holder",
-            body!(force_release_aborts_the_holder),
-        ));
-        tests.push((
-            "inspect_force_release_wrong_token_is_refused",
-            body!(force_release_wrong_token_is_refused),
-        ));
+        let fenced = crate::trial_table![
+            "inspect_force_release_aborts_the_holder" => force_release_aborts_the_holder,
+            "inspect_force_release_wrong_token_is_refused" => force_release_wrong_token_is_refused,
+        ];
+        push_bounded(suite, row, deployment, TRIAL_TIMEOUT, &fenced);
     } else {
-        tests.push((
-            "inspect_force_release_is_unsupported",
-            body!(force_release_is_unsupported),
-        ));
+        let unfenced = crate::trial_table![
+            "inspect_force_release_is_unsupported" => force_release_is_unsupported,
+        ];
+        push_bounded(suite, row, deployment, TRIAL_TIMEOUT, &unfenced);
     }
     if let Deployment::Single(_) = deployment {
         // ACL users are made on the private server only.
-        tests.push(("inspect_read_only_acl_user", body!(read_only_acl_user)));
-    }
-    for (name, body) in tests {
-        let deployment = deployment.clone();
-        suite.push(Trial::test(
-            format!("{}::{name}", deployment.row()),
-            move || run(deployment, body),
-        ));
+        let single = crate::trial_table![
+            "inspect_read_only_acl_user" => read_only_acl_user,
+        ];
+        push_bounded(suite, row, deployment, TRIAL_TIMEOUT, &single);
     }
 }
 
@@ -194,21 +170,6 @@ pub(super) fn operator_acl_rules(prefix: &str) -> Vec<String> {
         rules.push(format!("+{cmd}"));
     }
     rules
-}
-
-fn run(deployment: Deployment, body: Body) -> Result<(), Failed> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let outcome =
-        rt.block_on(async move { timeout(Duration::from_secs(120), body(deployment)).await });
-    rt.shutdown_timeout(Duration::from_secs(2));
-    match outcome {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string().into()),
-        Err(_) => Err("did not finish within 120 s".into()),
-    }
 }
 
 /// A `Locker` over `backend` naming itself `identity`, with its own metrics.

@@ -314,10 +314,7 @@ impl RedisRun {
         }
         suite.add_server_backend(
             "redis_sentinel",
-            match sentinel {
-                Availability::Ready(f) => Availability::Ready(f as Arc<dyn BackendFactory>),
-                Availability::Missing(why) => Availability::Missing(why),
-            },
+            sentinel.map(|f| f as Arc<dyn BackendFactory>),
         );
         let cluster = cluster_factory(&prefix);
         if let Availability::Ready(f) = &cluster {
@@ -327,10 +324,7 @@ impl RedisRun {
         }
         suite.add_server_backend(
             "redis_cluster",
-            match cluster {
-                Availability::Ready(f) => Availability::Ready(f as Arc<dyn BackendFactory>),
-                Availability::Missing(why) => Availability::Missing(why),
-            },
+            cluster.map(|f| f as Arc<dyn BackendFactory>),
         );
         if crate::harness::which("redis-server").is_some() {
             suite.push(sentinel_trial(

@@ -1,12 +1,9 @@
 //! Redis-specific tests, as `redis::<test>` trials: what other clients,
 //! operators and server faults can do to a lock, seen through the library.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use libtest_mimic::{Failed, Trial};
 use lock_core::{
     backend::{LeaseStatus, RenewRequest},
     Error, LockBackend, LockMetrics, LockName, LockOptions, Locker, LossReason, OwnerToken,
@@ -17,93 +14,35 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::{access, attempts, faults, resent, RedisFactory, TTL};
+use crate::harness::push_bounded;
 use crate::{BoxError, Suite};
 
 /// Slack on upper time bounds, as in the conformance profile.
 pub(super) const TOLERANCE: Duration = Duration::from_millis(350);
 
-pub(super) type Body =
-    fn(Arc<RedisFactory>) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
-
-macro_rules! body {
-    ($f:path) => {
-        (|f| Box::pin($f(f))) as Body
-    };
-}
+/// Longest a Redis-specific trial may run.
+pub(super) const TRIAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Adds every Redis-specific trial, run against `factory`'s private server
 /// (or servers of their own, for the tests that pause or restart one).
 pub(super) fn register(suite: &mut Suite, factory: &Arc<RedisFactory>) {
-    let tests: [(&str, Body); 14] = [
-        (
-            "resent_acquire_is_granted_again",
-            body!(resent::resent_acquire_is_granted_again),
-        ),
-        ("theft_by_plain_set", body!(theft_by_plain_set)),
-        (
-            "concurrent_attempts_share_commands",
-            body!(attempts::concurrent_attempts_share_commands),
-        ),
-        (
-            "release_waits_for_a_queued_attempt",
-            body!(attempts::release_waits_for_a_queued_attempt),
-        ),
-        (
-            "expiry_by_del_and_pexpire",
-            body!(expiry_by_del_and_pexpire),
-        ),
-        (
-            "renewal_survives_script_flush",
-            body!(faults::renewal_survives_script_flush),
-        ),
-        (
-            "renew_many_reports_each_lease",
-            body!(renew_many_reports_each_lease),
-        ),
-        (
-            "release_notifies_subscribers",
-            body!(release_notifies_subscribers),
-        ),
-        (
-            "paused_server_gives_timeouts",
-            body!(faults::paused_server_gives_timeouts),
-        ),
-        (
-            "restart_reports_expired",
-            body!(faults::restart_reports_expired),
-        ),
-        ("tls_self_signed", body!(access::tls_self_signed)),
-        (
-            "acl_user_limited_to_prefix",
-            body!(access::acl_user_limited_to_prefix),
-        ),
-        ("bad_input_errors", body!(access::bad_input_errors)),
-        (
-            "tick_store_keeps_the_maximum",
-            body!(tick_store_keeps_the_maximum),
-        ),
+    let table = crate::trial_table![
+        "resent_acquire_is_granted_again" => resent::resent_acquire_is_granted_again,
+        "theft_by_plain_set" => theft_by_plain_set,
+        "concurrent_attempts_share_commands" => attempts::concurrent_attempts_share_commands,
+        "release_waits_for_a_queued_attempt" => attempts::release_waits_for_a_queued_attempt,
+        "expiry_by_del_and_pexpire" => expiry_by_del_and_pexpire,
+        "renewal_survives_script_flush" => faults::renewal_survives_script_flush,
+        "renew_many_reports_each_lease" => renew_many_reports_each_lease,
+        "release_notifies_subscribers" => release_notifies_subscribers,
+        "paused_server_gives_timeouts" => faults::paused_server_gives_timeouts,
+        "restart_reports_expired" => faults::restart_reports_expired,
+        "tls_self_signed" => access::tls_self_signed,
+        "acl_user_limited_to_prefix" => access::acl_user_limited_to_prefix,
+        "bad_input_errors" => access::bad_input_errors,
+        "tick_store_keeps_the_maximum" => tick_store_keeps_the_maximum,
     ];
-    for (name, body) in tests {
-        let factory = Arc::clone(factory);
-        suite.push(Trial::test(format!("redis::{name}"), move || {
-            run(factory, body)
-        }));
-    }
-}
-
-fn run(factory: Arc<RedisFactory>, body: Body) -> Result<(), Failed> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let outcome =
-        rt.block_on(async move { timeout(Duration::from_secs(120), body(factory)).await });
-    rt.shutdown_timeout(Duration::from_secs(2));
-    match outcome {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string().into()),
-        Err(_) => Err("did not finish within 120 s".into()),
-    }
+    push_bounded(suite, "redis", factory, TRIAL_TIMEOUT, &table);
 }
 
 /// A `Locker` over `backend` with its own metrics.

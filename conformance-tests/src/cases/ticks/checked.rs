@@ -6,7 +6,7 @@
 
 use lock_core::{LockName, OnStale, StartCheck, StartVerdict, TickAnswer, TickRecord, TickWrite};
 
-use super::{within, KEEP};
+use super::{store, within, KEEP};
 use crate::Ctx;
 
 fn start(token: u64) -> TickWrite {
@@ -31,10 +31,7 @@ const CHECK: StartCheck = StartCheck {
 /// every answer is the verdict on the store's own reads, or the write's
 /// answer, and no refused start leaves a record.
 pub(in crate::cases) async fn tick_starts_checked_as_the_verdict_says(ctx: Ctx) {
-    let Some(store) = within("tick_store", ctx.factory().tick_store())
-        .await
-        .expect("tick store connects")
-    else {
+    let Some(store) = store(&ctx).await else {
         return;
     };
     const LAST: i64 = 1_000_000_000;

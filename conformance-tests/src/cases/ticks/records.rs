@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lock_core::{LockName, OnStale, TickAnswer, TickRecord, TickStore, TickWrite};
 
-use super::{within, KEEP};
+use super::{store, within, KEEP};
 use crate::Ctx;
 
 fn start(token: u64, replica: &str, on_stale: OnStale) -> TickWrite {
@@ -62,12 +62,6 @@ async fn is_completed(store: &Arc<dyn TickStore>, job: &LockName, tick: i64) -> 
     within("is_completed", store.is_completed(job, tick))
         .await
         .expect("is_completed answers")
-}
-
-async fn store(ctx: &Ctx) -> Option<Arc<dyn TickStore>> {
-    within("tick_store", ctx.factory().tick_store())
-        .await
-        .expect("tick store connects")
 }
 
 /// Start onto nothing wins; a lower token, another replica's write with the

@@ -20,6 +20,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use super::leader::{settle_all, start_pairs, HOLDERS};
 use crate::backends::docker_cluster::{DockerEtcdCluster, DockerEtcdClusterFactory};
 use crate::backends::etcd::server;
+use crate::chaos::case_timing;
 use crate::chaos::cases::Target;
 use crate::chaos::figures::{self, Row};
 use crate::harness::docker;
@@ -68,9 +69,7 @@ fn run(run_id: &str, target: Target) -> Result<(), Failed> {
 /// Cuts the leader off once per iteration with [`HOLDERS`] holders and
 /// their waiters, then heals it.
 async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Target) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let mut row = Row::of(&ctx, CASE);
     let (mut kept, mut lost, mut elections) = (0, 0, Vec::new());
     for i in 0..target.iterations {

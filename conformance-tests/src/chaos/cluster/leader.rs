@@ -15,7 +15,8 @@ use tokio::time::{sleep, sleep_until, Instant};
 
 use super::watch::RenewWatch;
 use crate::backends::etcd::cluster::EtcdCluster;
-use crate::chaos::cases::{wind_down, Handover, Target};
+use crate::chaos::case_timing;
+use crate::chaos::cases::{granted, wind_down, Handover, Target};
 use crate::chaos::figures::Row;
 use crate::chaos::holder::{Holder, Resource};
 use crate::{Ctx, Replica};
@@ -35,13 +36,8 @@ pub(super) fn waiter(
     resource: Arc<Resource>,
 ) -> JoinHandle<(Instant, LockGuard)> {
     tokio::spawn(async move {
-        let guard = replica
-            .locker
-            .lock(&name, &opts)
-            .await
-            .expect("the waiter acquires once the holder lets go");
-        let at = Instant::now();
-        let token = guard.handle().fencing_token().expect("the backend fences");
+        let expect = "the waiter acquires once the holder lets go";
+        let (guard, at, token) = granted(&replica, &name, &opts, expect).await;
         assert!(resource.write(token), "the waiter's write is accepted");
         (at, guard)
     })
@@ -229,9 +225,7 @@ pub(super) async fn kill_leader(cluster: &EtcdCluster, row: &mut Row) -> (usize,
 /// Kills the leader once per iteration with [`HOLDERS`] holders and their
 /// waiters, then restarts it.
 pub(super) async fn leader_kill(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let mut row = Row::of(&ctx, "chaos_leader_kill");
     let (mut kept, mut lost, mut elections) = (0, 0, Vec::new());
     for i in 0..target.iterations {

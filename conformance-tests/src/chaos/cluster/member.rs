@@ -19,6 +19,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 
 use super::watch::RenewWatch;
 use crate::backends::etcd::cluster::{EtcdCluster, MEMBERS};
+use crate::chaos::case_timing;
 use crate::chaos::cases::{leak_probe, Target};
 use crate::chaos::figures::Row;
 use crate::chaos::holder::{Holder, Resource};
@@ -38,9 +39,7 @@ const PROBE_TRIES: usize = 2;
 /// Kills or freezes a follower once per iteration while [`HOLDERS`] holders
 /// renew through clients connected to all three members.
 pub(super) async fn member_fault(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target, pause: bool) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let case = if pause {
         "chaos_member_pause"
     } else {

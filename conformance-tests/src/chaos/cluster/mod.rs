@@ -27,7 +27,7 @@ use libtest_mimic::{Failed, Trial};
 use super::{figures, Bins, Target};
 use crate::backends::etcd::cluster::EtcdCluster;
 use crate::backends::etcd::EtcdClusterFactory;
-use crate::harness::{in_ci, nft, which};
+use crate::harness::{nft, unavailable, which};
 use crate::Ctx;
 
 /// The trials on deployments in containers (the `docker` feature): the etcd
@@ -81,15 +81,10 @@ pub(super) fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
         None
     };
     if let Some(why) = missing {
-        if in_ci() {
-            let msg = format!("etcd_cluster: {why}");
-            return vec![Trial::test(
-                "etcd_cluster::chaos_server_available",
-                move || Err(msg.into()),
-            )];
-        }
-        eprintln!("!!! SKIPPING etcd_cluster CHAOS CASES: {why}");
-        return Vec::new();
+        let why = format!("etcd_cluster: {why}");
+        return unavailable("etcd_cluster::chaos_server_available", &why)
+            .into_iter()
+            .collect();
     }
     let target = Target {
         // The request timeout of the test profile.

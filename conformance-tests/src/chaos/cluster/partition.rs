@@ -18,6 +18,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use super::watch::RenewWatch;
 use crate::backends::etcd::cluster::{EtcdCluster, MEMBERS};
 use crate::backends::etcd::server;
+use crate::chaos::case_timing;
 use crate::chaos::cases::{successor_takes, wind_down, Handover, Target};
 use crate::chaos::figures::Row;
 use crate::chaos::holder::{Holder, Resource};
@@ -29,9 +30,7 @@ const MIXED_ATTEMPTS: usize = 5;
 /// Cuts one follower away once per iteration (the leader stays with the
 /// majority, so the case is about the minority's clients, not an election).
 pub(super) async fn minority(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target) {
-    let timing = ctx.timing();
-    let (ttl, tol) = (timing.ttl, timing.tolerance);
-    let opts = ctx.opts();
+    let (ttl, tol, opts) = case_timing(&ctx);
     let mut row = Row::of(&ctx, "chaos_minority_partition");
     let (mut mixed_ok, mut mixed_refused) = (0, 0);
     for i in 0..target.iterations {
