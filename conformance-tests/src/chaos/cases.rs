@@ -120,6 +120,43 @@ pub(super) async fn wind_down(
     row.leaked += leak_probe(h.locker, h.name, h.opts).await;
 }
 
+/// Tries `name` through `replica` while a fault holds, which must refuse
+/// it (`refused` says what a grant would mean); how long the call blocked,
+/// also counted in `row.max_blocked`.
+pub(super) async fn refused_during_fault(
+    row: &mut Row,
+    replica: &Replica,
+    name: &LockName,
+    opts: &LockOptions,
+    refused: &str,
+) -> Duration {
+    let call_at = Instant::now();
+    let probe = replica.locker.try_lock(name, opts).await;
+    let blocked = call_at.elapsed();
+    assert!(probe.is_err(), "{refused}");
+    row.max_blocked = row.max_blocked.max(Some(blocked));
+    blocked
+}
+
+/// Ends an iteration whose `holder` lost its lease to `succ`: waits up to
+/// `ttl` for the lost holder's writer to stop and checks that its guard
+/// cannot release (how long that took goes to `max_blocked`), then
+/// [`wind_down`] with the late writes `resource` logged.
+pub(super) async fn lost_holder_winds_down(
+    row: &mut Row,
+    holder: Holder,
+    ttl: Duration,
+    h: Handover<'_>,
+    succ: LockGuard,
+    resource: &Resource,
+    since: Instant,
+) {
+    let (writes, release_took) = holder.writes_after_loss(ttl).await;
+    row.max_blocked = row.max_blocked.max(Some(release_took));
+    let late = resource.log.after_deadline();
+    wind_down(row, h, succ, resource, since, (writes, late)).await;
+}
+
 /// Waits for `name` through `replica`'s locker, as `opts` say: the guard,
 /// when it was granted, and its fencing token. `expect` is the failure
 /// message should it not be granted.
@@ -175,11 +212,8 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
         let thaw_at = fault_at + ttl * 3 / 2;
         // A call made while the server is frozen must give up in time.
         let probe_name = ctx.name(&format!("stall-probe-{i}"));
-        let call_at = Instant::now();
-        let probe = probe_rep.locker.try_lock(&probe_name, &opts).await;
-        let blocked = call_at.elapsed();
-        assert!(probe.is_err(), "nothing is granted by a frozen server");
-        row.max_blocked = row.max_blocked.max(Some(blocked));
+        let refused = "nothing is granted by a frozen server";
+        let blocked = refused_during_fault(&mut row, &probe_rep, &probe_name, &opts, refused).await;
         let lost = holder.lost_by(thaw_at).await;
         sleep_until(thaw_at).await;
         server.resume().expect("SIGCONT the server");
@@ -246,11 +280,8 @@ pub(super) async fn partition(ctx: Ctx, target: Target) {
             holder.handle.assert_held().is_err(),
             "the old lease stays lost after healing"
         );
-        let (writes, release_took) = holder.writes_after_loss(ttl).await;
-        row.max_blocked = row.max_blocked.max(Some(release_took));
-        let late = resource.log.after_deadline();
         let h = Handover::new(&successor.locker, &name, &opts);
-        wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
+        lost_holder_winds_down(&mut row, holder, ttl, h, succ, &resource, acquired_at).await;
     }
     row.iterations = target.iterations;
     row.finish();

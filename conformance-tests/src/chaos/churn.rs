@@ -27,7 +27,8 @@ use tokio::time::sleep;
 
 use super::figures::{self, Row};
 use super::procs::{
-    keep_journal, libfaketime, process_url, runs_and_writes, signal, Journal, Line, WallClock,
+    keep_journal, libfaketime, process_url, replica_args, runs_and_writes, signal, Journal, Line,
+    WallClock,
 };
 use super::Target;
 use crate::mono::now_ns;
@@ -56,13 +57,7 @@ pub(super) async fn leader_churn(ctx: Ctx, target: Target, replica: &Path) {
     let url = process_url(&ctx);
     let faults = target.iterations + 1;
     let run_ms = (LEAD_FOR + ttl * 4) * (u32::try_from(faults).unwrap_or(8) + 2);
-    let args = vec![
-        url,
-        "leader".to_owned(),
-        ttl.as_millis().to_string(),
-        ttl.as_millis().to_string(),
-        run_ms.as_millis().to_string(),
-    ];
+    let args = replica_args(url, "leader", ttl, run_ms);
     let clocks = [Some(WallClock::new(lib, SKEW_S)), None, None];
     let (journal, _feed) = Journal::new();
     let mut next_label = 0;

@@ -11,7 +11,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{sleep, timeout};
 
 use super::figures::{self, Row};
-use super::procs::{libfaketime, process_url, runs_and_writes, signal, Journal, Line, WallClock};
+use super::procs::{
+    libfaketime, process_url, replica_args, runs_and_writes, signal, Journal, Line, WallClock,
+};
 use super::Target;
 use crate::mono::now_ns;
 use crate::Ctx;
@@ -181,13 +183,7 @@ pub(super) async fn scheduler_clock_step(ctx: Ctx, replica: &Path) {
     let phase = Duration::from_secs(3);
     let plan = [-STEP_S, 0, STEP_S, 0];
     let run_for = phase * (u32::try_from(plan.len()).unwrap_or(4) + 2) + STARVE * 2;
-    let args = vec![
-        url,
-        "per-tick".to_owned(),
-        ttl.as_millis().to_string(),
-        ttl.as_millis().to_string(),
-        run_for.as_millis().to_string(),
-    ];
+    let args = replica_args(url, "per-tick", ttl, run_for);
     let clock = WallClock::new(lib, 0);
     let (journal, _feed) = Journal::new();
     let children: Vec<_> = (0..3)

@@ -12,6 +12,7 @@ use tokio::time::{sleep, Instant};
 
 use super::case_timing;
 use super::figures::{self, Row};
+use super::key_int;
 use super::Target;
 use crate::backends::redis::{config_for, server};
 use crate::proxy::FaultProxy;
@@ -245,11 +246,7 @@ async fn one_failover(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Tria
     proxy.set_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, replica.port())));
     proxy.reset_all();
     let switched_at = Instant::now();
-    let gone: i64 = redis::cmd("EXISTS")
-        .arg(&key)
-        .query_async(&mut q)
-        .await
-        .expect("EXISTS");
+    let gone: i64 = key_int(&mut q, "EXISTS", &key).await;
     assert_eq!(
         gone, 0,
         "the promoted replica has the key: nothing was lost"
@@ -306,11 +303,7 @@ async fn one_failover(ctx: &Ctx, target: Target, prefix: &str, i: usize) -> Tria
         .await
         .expect("the successor still holds");
     succ.release().await.expect("the successor releases");
-    let leaked: i64 = redis::cmd("EXISTS")
-        .arg(&key)
-        .query_async(&mut q)
-        .await
-        .expect("EXISTS");
+    let leaked: i64 = key_int(&mut q, "EXISTS", &key).await;
     let s = stores.lock().expect("stores");
     Trial {
         detection: lost_at.saturating_duration_since(switched_at),
@@ -334,11 +327,7 @@ pub(super) async fn failover(ctx: Ctx, target: Target, prefix: String) {
         (Vec::new(), Vec::new(), 0, 0);
     for i in 0..target.iterations {
         let t = one_failover(&ctx, target, &prefix, i).await;
-        row.faults += 1;
-        row.writes += t.writes;
-        row.after_deadline += t.late;
-        row.stale_accepts += t.stale_independent;
-        row.leaked += t.leaked;
+        row.count_fault(t.writes, t.late, t.stale_independent, t.leaked);
         row.detection.push(t.detection);
         row.abort.push(t.abort);
         if let Some(o) = t.overlap {

@@ -53,6 +53,16 @@ pub struct Row {
 }
 
 impl Row {
+    /// Counts one more fault and what came of it: the guarded writes, those
+    /// made after a deadline, the stale ones accepted, and locks left held.
+    pub(crate) fn count_fault(&mut self, writes: usize, late: usize, stale: usize, leaked: usize) {
+        self.faults += 1;
+        self.writes += writes;
+        self.after_deadline += late;
+        self.stale_accepts += stale;
+        self.leaked += leaked;
+    }
+
     /// An empty row for `case` on the backend `ctx` runs against.
     pub(crate) fn of(ctx: &Ctx, case: &str) -> Self {
         Self {

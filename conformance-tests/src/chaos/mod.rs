@@ -102,12 +102,33 @@ type MakeFactory = fn(&str) -> Result<Arc<dyn BackendFactory>, BoxError>;
 type Body = Box<dyn FnOnce(Ctx) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 /// A Redis Cluster case over a cluster of its own.
-type ClusterCase = fn(Ctx, Arc<redis::ClusterFactory>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+type ClusterCase = fn(
+    Ctx,
+    Arc<redis::ClusterFactory>,
+) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 
 /// A case's lease TTL, its slack on time bounds, and its lock options.
 fn case_timing(ctx: &Ctx) -> (Duration, Duration, lock_core::LockOptions) {
     let timing = ctx.timing();
     (timing.ttl, timing.tolerance, ctx.opts())
+}
+
+/// `cmd key` on a plain Redis connection, for commands that answer an
+/// integer (`EXISTS`, `PTTL`).
+async fn key_int(c: &mut impl ::redis::aio::ConnectionLike, cmd: &str, key: &str) -> i64 {
+    ::redis::cmd(cmd)
+        .arg(key)
+        .query_async(c)
+        .await
+        .unwrap_or_else(|e| panic!("{cmd} {key}: {e}"))
+}
+
+/// `factory`'s cluster, started off the runtime's threads on first use.
+async fn cluster_of(
+    factory: &Arc<redis::ClusterFactory>,
+) -> Result<Arc<redis::cluster::ClusterSet>, BoxError> {
+    let f = Arc::clone(factory);
+    tokio::task::spawn_blocking(move || f.set().map(Arc::clone)).await?
 }
 
 fn redis_prefix(run_id: &str) -> String {
@@ -311,7 +332,11 @@ pub fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
             out.push(Trial::test(format!("redis_cluster::{case}"), move || {
                 let factory = Arc::new(redis::ClusterFactory::new(&redis_prefix(&id)));
                 let body_factory = Arc::clone(&factory);
-                run_on(factory, &id, case, move |ctx| body(ctx, body_factory))
+                run_on(factory, &id, case, move |ctx| async move {
+                    if let Err(e) = body(ctx, body_factory).await {
+                        panic!("{case}: {e}");
+                    }
+                })
             }));
         }
     } else {

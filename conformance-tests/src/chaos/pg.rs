@@ -40,7 +40,9 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tokio_postgres::Client;
 
 use super::case_timing;
-use super::cases::{successor_takes, wind_down, Handover};
+use super::cases::{
+    lost_holder_winds_down, refused_during_fault, successor_takes, wind_down, Handover,
+};
 use super::figures::{self, Row};
 use super::holder::{stops_saying_held, Holder, Resource, PUSH_LAG};
 use super::pause::{apply, successor_at, Reports};
@@ -489,11 +491,9 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         row.faults += 1;
         let thaw_at = fault_at + ttl * 3 / 2;
         let waiter = successor_waits(&successor, &name, &opts, ttl * 4, &resource);
-        let call_at = Instant::now();
-        let probe = holder_rep.locker.try_lock(&probe_name, &opts).await;
-        let blocked = call_at.elapsed();
-        assert!(probe.is_err(), "nothing is granted by a frozen session");
-        row.max_blocked = row.max_blocked.max(Some(blocked));
+        let refused = "nothing is granted by a frozen session";
+        let blocked =
+            refused_during_fault(&mut row, &holder_rep, &probe_name, &opts, refused).await;
         let lost = holder.lost_by(thaw_at).await;
         assert_eq!(
             setup.holder_of(key).await,
@@ -626,11 +626,8 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             renewed,
             "the old holder renewed after its loss"
         );
-        let (writes, release_took) = holder.writes_after_loss(ttl).await;
-        row.max_blocked = row.max_blocked.max(Some(release_took));
-        let late = resource.log.after_deadline();
         let h = Handover::new(&successor.locker, &name, &opts);
-        wind_down(&mut row, h, succ, &resource, acquired_at, (writes, late)).await;
+        lost_holder_winds_down(&mut row, holder, ttl, h, succ, &resource, acquired_at).await;
         row.leaked += usize::from(setup.holder_of(key).await.is_some());
     }
     row.iterations = iterations;

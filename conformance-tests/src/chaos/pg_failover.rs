@@ -43,7 +43,7 @@ use super::cases::{wind_down, Handover};
 use super::churn::judge;
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
-use super::procs::{process_url, Journal, Line};
+use super::procs::{process_url, replica_args, Journal, Line};
 use crate::backends::postgres::standby::{pair_factory, PgPair, StopMode};
 use crate::backends::postgres::{PostgresFactory, OP_TIMEOUT};
 use crate::mono::now_ns;
@@ -308,13 +308,7 @@ async fn start_schedulers(
     ttl: Duration,
 ) -> (Journal, Vec<tokio::process::Child>) {
     let run_for = PER_FAILOVER * (u32::try_from(iterations).unwrap_or(8) + 2);
-    let args = vec![
-        process_url(ctx),
-        "per-tick".to_owned(),
-        ttl.as_millis().to_string(),
-        ttl.as_millis().to_string(),
-        run_for.as_millis().to_string(),
-    ];
+    let args = replica_args(process_url(ctx), "per-tick", ttl, run_for);
     let (journal, _feed) = Journal::new();
     let children: Vec<_> = (0..REPLICAS)
         .map(|w| journal.spawn(w, replica, &args, None))

@@ -99,6 +99,25 @@ pub(super) fn process_url(ctx: &crate::Ctx) -> String {
         .expect("the server has a URL for other processes")
 }
 
+/// The `chaos-replica` command line: the server's `url`, the `mode`
+/// (`per-tick` or `leader`), `ttl` as both the job's and the election's
+/// TTL, and how long to run.
+pub(super) fn replica_args(
+    url: String,
+    mode: &str,
+    ttl: Duration,
+    run_for: Duration,
+) -> Vec<String> {
+    let ttl_ms = ttl.as_millis().to_string();
+    vec![
+        url,
+        mode.to_owned(),
+        ttl_ms.clone(),
+        ttl_ms,
+        run_for.as_millis().to_string(),
+    ]
+}
+
 /// Every line of every child, in arrival order, plus a feed of the same.
 #[derive(Debug)]
 pub(super) struct Journal {

@@ -37,16 +37,9 @@ const PROMOTED_WITHIN: Duration = Duration::from_secs(30);
 /// fails: well inside the TTL, as a heartbeat would keep retrying.
 const CONVERGED_WITHIN: Duration = Duration::from_secs(5);
 
-/// The case body; panics (fails the trial) on any violation.
-pub(super) async fn primary_lost(ctx: Ctx, factory: Arc<ClusterFactory>) {
-    if let Err(e) = run(&ctx, factory).await {
-        panic!("chaos_cluster_primary_lost: {e}");
-    }
-}
-
-async fn run(ctx: &Ctx, factory: Arc<ClusterFactory>) -> Result<(), BoxError> {
-    let f = Arc::clone(&factory);
-    let set = tokio::task::spawn_blocking(move || f.set().map(Arc::clone)).await??;
+/// The case body; an error names the violation.
+pub(super) async fn primary_lost(ctx: Ctx, factory: Arc<ClusterFactory>) -> Result<(), BoxError> {
+    let set = super::cluster_of(&factory).await?;
     let holder = factory.connect().await?;
     let idle = factory.connect().await?;
     let contender = factory.connect().await?;

@@ -19,16 +19,9 @@ use crate::{BoxError, Ctx};
 
 const TTL: Duration = Duration::from_secs(3);
 
-/// The case body; panics (fails the trial) on any violation.
-pub(super) async fn slot_migration(ctx: Ctx, factory: Arc<ClusterFactory>) {
-    if let Err(e) = run(&ctx, factory).await {
-        panic!("chaos_cluster_slot_migration: {e}");
-    }
-}
-
-async fn run(ctx: &Ctx, factory: Arc<ClusterFactory>) -> Result<(), BoxError> {
-    let f = Arc::clone(&factory);
-    let set = tokio::task::spawn_blocking(move || f.set().map(Arc::clone)).await??;
+/// The case body; an error names the violation.
+pub(super) async fn slot_migration(ctx: Ctx, factory: Arc<ClusterFactory>) -> Result<(), BoxError> {
+    let set = super::cluster_of(&factory).await?;
     let holder = factory.connect().await?;
     let contender = factory.connect().await?;
     let name = ctx.name("migrated");

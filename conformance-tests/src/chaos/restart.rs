@@ -10,6 +10,7 @@ use tokio::time::{sleep, Instant};
 use super::case_timing;
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
+use super::key_int;
 use super::Target;
 use crate::{Ctx, Replica};
 
@@ -121,11 +122,7 @@ pub(super) async fn restart(ctx: Ctx, target: Target, prefix: String) {
         // any later one.
         sleep(interval * 2).await;
         let mut c = plain(&ctx).await;
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .expect("EXISTS");
+        let exists: i64 = key_int(&mut c, "EXISTS", &key).await;
         assert_eq!(exists, 0, "the lost key was re-created after the restart");
         let old_token = holder.token;
         let (old, writes) = holder.writes(ttl).await;
@@ -146,11 +143,7 @@ pub(super) async fn restart(ctx: Ctx, target: Target, prefix: String) {
         }
         row.stale_accepts += resource.stale_accepted(token, acquired_at);
         succ.release().await.expect("the successor releases");
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .expect("EXISTS");
+        let exists: i64 = key_int(&mut c, "EXISTS", &key).await;
         row.leaked += usize::try_from(exists).unwrap_or(1);
     }
     row.iterations = target.iterations;

@@ -280,12 +280,8 @@ pub(super) async fn sentinel_failover(ctx: Ctx, target: Target, factory: Arc<Sen
     let mut switch_took = Vec::new();
     for i in 0..target.iterations {
         let t = one_failover(&ctx, &factory, target, i).await;
-        row.faults += 1;
-        row.writes += t.writes;
-        row.after_deadline += t.late;
-        row.stale_accepts += t.stale;
+        row.count_fault(t.writes, t.late, t.stale, t.leaked);
         row.overlaps += t.overlaps;
-        row.leaked += t.leaked;
         row.abort.extend(t.abort);
         row.detection.extend(t.detection);
         row.reconnect.extend(t.reconnect);

@@ -28,6 +28,7 @@ use tokio::time::{sleep, Instant};
 use super::cases::leak_probe;
 use super::figures::{self, Row};
 use super::holder::{Holder, Resource};
+use super::key_int;
 use super::sentinel_lost_clients::{direct, through, waiter, ACK};
 use super::Target;
 use crate::backends::redis::sentinel::SentinelSet;
@@ -115,11 +116,7 @@ async fn one_kill(
             "the victim's refusal took {took:?} (bound {bound:?})"
         );
         t.victim_refused_in = Some(took);
-        let left: i64 = redis::cmd("EXISTS")
-            .arg(&victim_key)
-            .query_async(&mut p)
-            .await
-            .expect("EXISTS");
+        let left: i64 = key_int(&mut p, "EXISTS", &victim_key).await;
         assert_eq!(left, 0, "the refused lock was not released again");
     } else {
         let v = Holder::start(&victim_rep, &victim_name, &opts, Arc::clone(&resource)).await;

@@ -21,7 +21,7 @@ use super::leader::{settle_all, start_pairs, HOLDERS};
 use crate::backends::docker_cluster::{DockerEtcdCluster, DockerEtcdClusterFactory};
 use crate::backends::etcd::server;
 use crate::chaos::case_timing;
-use crate::chaos::cases::Target;
+use crate::chaos::cases::{refused_during_fault, Target};
 use crate::chaos::figures::{self, Row};
 use crate::harness::docker;
 use crate::Ctx;
@@ -95,14 +95,8 @@ async fn leader_partition(ctx: Ctx, cluster: Arc<DockerEtcdCluster>, target: Tar
         elections.push(fault_at.elapsed());
         // The cut-off member commits nothing: no grant through it.
         let probe = ctx.name(&format!("leader-partition-probe-{i}"));
-        let call_at = Instant::now();
-        let refused = pinned.locker.try_lock(&probe, &opts).await;
-        let took = call_at.elapsed();
-        row.max_blocked = row.max_blocked.max(Some(took));
-        assert!(
-            refused.is_err(),
-            "the cut-off old leader granted {probe:?} without a quorum"
-        );
+        let refused = format!("the cut-off old leader granted {probe:?} without a quorum");
+        let took = refused_during_fault(&mut row, &pinned, &probe, &opts, &refused).await;
         assert!(
             took <= target.op_timeout * 2 + tol,
             "a call through the cut-off member blocked {took:?}"

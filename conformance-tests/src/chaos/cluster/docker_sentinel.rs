@@ -37,6 +37,7 @@ use crate::backends::docker_sentinel::{self, DockerSentinelFactory, DockerSentin
 use crate::backends::redis::config_for;
 use crate::chaos::cases::{wind_down, Handover, Target};
 use crate::chaos::figures::{self, Row};
+use crate::chaos::key_int;
 use crate::harness::docker;
 use crate::Ctx;
 
@@ -209,11 +210,7 @@ async fn one_cut(
             .await
             .expect("a direct connection to a replica");
         let asked = Instant::now();
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .expect("PTTL on a replica");
+        let pttl: i64 = key_int(&mut c, "PTTL", &key).await;
         assert!(
             pttl > 0,
             "the 1 s holder's key is not on the replica ({pttl})"

@@ -17,8 +17,9 @@ use std::time::Duration;
 use lock_core::Error;
 use tokio::time::{sleep, sleep_until, Instant};
 
+use super::follower_for_round;
 use super::watch::RenewWatch;
-use crate::backends::etcd::cluster::{EtcdCluster, MEMBERS};
+use crate::backends::etcd::cluster::EtcdCluster;
 use crate::chaos::case_timing;
 use crate::chaos::cases::{leak_probe, Target};
 use crate::chaos::figures::Row;
@@ -48,11 +49,7 @@ pub(super) async fn member_fault(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Ta
     let mut row = Row::of(&ctx, case);
     let (mut failovers, mut failed_calls, mut lost) = (Vec::new(), 0, 0);
     for i in 0..target.iterations {
-        let leader = cluster
-            .wait_leader(None, Duration::from_secs(10))
-            .await
-            .expect("the cluster has a leader");
-        let victim = (leader + 1 + i % 2) % MEMBERS;
+        let victim = follower_for_round(&cluster, i).await;
         // Fresh clients, each with a connection to every member.
         let mut holders = Vec::new();
         for h in 0..HOLDERS {

@@ -149,6 +149,16 @@ pub(super) fn trials(run_id: &str, bins: &Bins) -> Vec<Trial> {
     out
 }
 
+/// The member to fault in round `i`: once the cluster has a leader, one of
+/// the two followers, the other one each round.
+async fn follower_for_round(cluster: &EtcdCluster, i: usize) -> usize {
+    let leader = cluster
+        .wait_leader(None, Duration::from_secs(10))
+        .await
+        .expect("the cluster has a leader");
+    (leader + 1 + i % 2) % crate::backends::etcd::cluster::MEMBERS
+}
+
 /// Runs one case against a fresh cluster; thaws every member afterwards so
 /// that a failed case never leaves one frozen.
 fn run<F, Fut>(run_id: &str, case: &str, body: F) -> Result<(), Failed>

@@ -15,6 +15,7 @@ use std::time::Duration;
 use lock_core::Error;
 use tokio::time::{sleep, sleep_until, Instant};
 
+use super::follower_for_round;
 use super::watch::RenewWatch;
 use crate::backends::etcd::cluster::{EtcdCluster, MEMBERS};
 use crate::backends::etcd::server;
@@ -34,11 +35,7 @@ pub(super) async fn minority(ctx: Ctx, cluster: Arc<EtcdCluster>, target: Target
     let mut row = Row::of(&ctx, "chaos_minority_partition");
     let (mut mixed_ok, mut mixed_refused) = (0, 0);
     for i in 0..target.iterations {
-        let leader = cluster
-            .wait_leader(None, Duration::from_secs(10))
-            .await
-            .expect("the cluster has a leader");
-        let minority = (leader + 1 + i % 2) % MEMBERS;
+        let minority = follower_for_round(&cluster, i).await;
         let majority: Vec<usize> = (0..MEMBERS).filter(|m| *m != minority).collect();
         let pinned = connect(&ctx, &cluster, &[minority]).await;
         let successor = connect(&ctx, &cluster, &majority).await;
