@@ -1,9 +1,7 @@
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{Error, LockName, LockOptions};
 
-use crate::faulty::FaultyBackend;
 use crate::Ctx;
 
 /// Bad names and options are clear errors, and never reach the backend.
@@ -19,11 +17,7 @@ pub(super) async fn bad_input_is_rejected(ctx: Ctx) {
         Err(Error::InvalidName { .. })
     ));
 
-    let faulty = FaultyBackend::new(
-        ctx.factory().replica().await.expect("replica"),
-        Duration::ZERO,
-    );
-    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let (faulty, a) = super::faulty_replica(&ctx, Duration::ZERO).await;
     let name = ctx.name("input");
     let ttl = ctx.timing().ttl;
     let bad_options = [

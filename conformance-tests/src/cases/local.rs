@@ -34,11 +34,7 @@ async fn run_noting_entry(
 /// A name held through a `Locker` is denied locally to its clones, without
 /// any backend call.
 pub(super) async fn in_process_guard(ctx: Ctx) {
-    let faulty = FaultyBackend::new(
-        ctx.factory().replica().await.expect("replica"),
-        Duration::ZERO,
-    );
-    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let (faulty, a) = super::faulty_replica(&ctx, Duration::ZERO).await;
     let name = ctx.name("local");
     let guard = a
         .locker
@@ -182,11 +178,7 @@ pub(super) async fn fail_closed_when_server_unreachable(ctx: Ctx) {
 /// `backend_error` no later than its local deadline.
 pub(super) async fn backend_failure_mid_job_aborts_before_deadline(ctx: Ctx) {
     let timing = ctx.timing();
-    let faulty = FaultyBackend::new(
-        ctx.factory().replica().await.expect("replica"),
-        Duration::ZERO,
-    );
-    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let (faulty, a) = super::faulty_replica(&ctx, Duration::ZERO).await;
     let name = ctx.name("mid-job");
     let opts = ctx.opts();
     let started = Instant::now();

@@ -2,14 +2,13 @@
 //! nothing is acquired after it, and a slow backend cannot hold it past its
 //! deadline.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::backend::Expiry;
 use lock_core::{Error, LossReason};
 use tokio::time::{timeout, Instant};
 
-use crate::faulty::{Fault, FaultyBackend};
+use crate::faulty::Fault;
 use crate::Ctx;
 
 /// Held guards, a guard dropped just before (its release only queued), a
@@ -117,8 +116,7 @@ pub(super) async fn locker_shutdown_releases_every_lease(ctx: Ctx) {
 pub(super) async fn locker_shutdown_is_bounded_by_its_deadline(ctx: Ctx) {
     let timing = ctx.timing();
     let stall = timing.ttl * 4;
-    let faulty = FaultyBackend::new(ctx.factory().replica().await.expect("replica"), stall);
-    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let (faulty, a) = super::faulty_replica(&ctx, stall).await;
     let name = ctx.name("slow");
     let guard = a.locker.try_lock(&name, &ctx.opts()).await.expect("free");
     let handle = guard.handle();

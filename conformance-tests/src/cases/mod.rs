@@ -326,3 +326,17 @@ pub(super) async fn no_warnings_after(
             .join(" | ")
     );
 }
+
+/// A replica over a fresh backend of the row behind a [`FaultyBackend`]
+/// whose stalls last `stall`, and the handle that sets its fault.
+///
+/// [`FaultyBackend`]: crate::faulty::FaultyBackend
+pub(super) async fn faulty_replica(
+    ctx: &Ctx,
+    stall: Duration,
+) -> (crate::faulty::FaultyBackend, crate::Replica) {
+    let backend = ctx.factory().replica().await.expect("replica");
+    let faulty = crate::faulty::FaultyBackend::new(backend, stall);
+    let replica = ctx.replica_over(std::sync::Arc::new(faulty.clone()));
+    (faulty, replica)
+}

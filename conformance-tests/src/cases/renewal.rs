@@ -1,11 +1,10 @@
 use lock_core::{Error, LossReason, RenewalOutcome};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{sleep, Instant};
 
 use super::assert_between;
-use crate::faulty::{Fault, FaultyBackend};
+use crate::faulty::Fault;
 use crate::Ctx;
 
 /// The heartbeat keeps a lease for 3.5 × TTL; nobody else gets it meanwhile.
@@ -72,11 +71,7 @@ pub(super) async fn deadline_without_heartbeat(ctx: Ctx) {
 /// `backend_error` at its local deadline, and the job's token fires then.
 pub(super) async fn stalled_renewal_fails_closed_at_deadline(ctx: Ctx) {
     let timing = ctx.timing();
-    let faulty = FaultyBackend::new(
-        ctx.factory().replica().await.expect("replica"),
-        timing.ttl * 10,
-    );
-    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let (faulty, a) = super::faulty_replica(&ctx, timing.ttl * 10).await;
     let name = ctx.name("stalled");
     let opts = ctx.opts();
     let before = Instant::now();
@@ -100,8 +95,7 @@ pub(super) async fn stalled_renewal_fails_closed_at_deadline(ctx: Ctx) {
 /// permission) loses the lease at once instead of at its deadline.
 pub(super) async fn refused_renewal_loses_the_lease_at_once(ctx: Ctx) {
     let timing = ctx.timing();
-    let faulty = FaultyBackend::new(ctx.factory().replica().await.expect("replica"), timing.ttl);
-    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let (faulty, a) = super::faulty_replica(&ctx, timing.ttl).await;
     let name = ctx.name("refused");
     let opts = ctx.opts();
     let guard = a.locker.try_lock(&name, &opts).await.expect("free lock");
@@ -122,8 +116,7 @@ pub(super) async fn refused_renewal_loses_the_lease_at_once(ctx: Ctx) {
 /// the lock once the backend is back.
 pub(super) async fn waiting_acquire_rides_out_an_outage(ctx: Ctx) {
     let timing = ctx.timing();
-    let faulty = FaultyBackend::new(ctx.factory().replica().await.expect("replica"), timing.ttl);
-    let a = ctx.replica_over(Arc::new(faulty.clone()));
+    let (faulty, a) = super::faulty_replica(&ctx, timing.ttl).await;
     let name = ctx.name("outage");
     faulty.set(Fault::Down);
     let heal = {

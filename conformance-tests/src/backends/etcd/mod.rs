@@ -180,6 +180,14 @@ impl EtcdFactory {
     pub async fn connect(&self) -> Result<EtcdBackend, BoxError> {
         server::connect_when_ready(self.builder()?).await
     }
+
+    /// A backend as [`EtcdFactory::connect`] makes, and a saboteur of its
+    /// own client beside it, under the library's default key prefix.
+    pub async fn connect_with_saboteur(&self) -> Result<(EtcdBackend, EtcdSaboteur), BoxError> {
+        let backend = self.connect().await?;
+        let saboteur = EtcdSaboteur::connect_default(&self.endpoints()?).await?;
+        Ok((backend, saboteur))
+    }
 }
 
 #[async_trait]

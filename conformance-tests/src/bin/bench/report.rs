@@ -56,23 +56,8 @@ pub(crate) fn print_table(rows: &[Row]) {
             .unwrap_or(0)
     };
     let widths = [width(0), width(1), width(2)];
-    println!(
-        "| {:w0$} | {:w1$} | {:w2$} | {} |",
-        head[0],
-        head[1],
-        head[2],
-        head[3],
-        w0 = widths[0],
-        w1 = widths[1],
-        w2 = widths[2]
-    );
-    println!(
-        "|{}|{}|{}|---|",
-        "-".repeat(widths[0] + 2),
-        "-".repeat(widths[1] + 2),
-        "-".repeat(widths[2] + 2)
-    );
-    for c in &cells {
+    // The last column is left unpadded, as Markdown allows.
+    let line = |c: &[&str]| {
         println!(
             "| {:w0$} | {:w1$} | {:w2$} | {} |",
             c[0],
@@ -83,6 +68,16 @@ pub(crate) fn print_table(rows: &[Row]) {
             w1 = widths[1],
             w2 = widths[2]
         );
+    };
+    line(&head);
+    println!(
+        "|{}|{}|{}|---|",
+        "-".repeat(widths[0] + 2),
+        "-".repeat(widths[1] + 2),
+        "-".repeat(widths[2] + 2)
+    );
+    for c in &cells {
+        line(&c.each_ref().map(String::as_str));
     }
 }
 

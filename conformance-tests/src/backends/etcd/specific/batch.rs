@@ -11,7 +11,7 @@ use lock_core::{
 use tokio::time::{sleep, Instant};
 
 use super::ensure;
-use crate::backends::etcd::{EtcdFactory, EtcdSaboteur};
+use crate::backends::etcd::EtcdFactory;
 use crate::{Ctx, Saboteur};
 
 /// More leases than one read transaction may carry (etcd allows 128 ops).
@@ -26,8 +26,7 @@ pub(super) async fn batch_renewal_reports_each_lease(
     f: Arc<EtcdFactory>,
     ctx: Ctx,
 ) -> Result<(), Failed> {
-    let backend = f.connect().await?;
-    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
+    let (backend, sab) = f.connect_with_saboteur().await?;
     // Long enough that acquiring 300 locks on a loaded machine fits in it
     // (5 s did not, with a load average of 10 on 2 cores).
     let ttl = Duration::from_secs(10);
@@ -85,8 +84,7 @@ pub(super) async fn batch_renewal_sees_rewrites_on_the_lease(
     f: Arc<EtcdFactory>,
     ctx: Ctx,
 ) -> Result<(), Failed> {
-    let backend = f.connect().await?;
-    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
+    let (backend, sab) = f.connect_with_saboteur().await?;
     let ttl = Duration::from_secs(10);
     let requests = acquire_each(&backend, &ctx, "rewrite", 3, ttl).await?;
     let lease = sab.lease_of(&requests[0].name).await?;

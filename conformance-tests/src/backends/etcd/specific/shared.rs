@@ -30,8 +30,7 @@ pub(super) async fn acquire_near_lease_lapse_gets_full_ttl(
     f: Arc<EtcdFactory>,
     ctx: Ctx,
 ) -> Result<(), Failed> {
-    let backend = f.connect().await?;
-    let sab = EtcdSaboteur::connect_default(&f.endpoints()?).await?;
+    let (backend, sab) = f.connect_with_saboteur().await?;
     let ttl = TTL.max(backend.min_ttl());
     let (a, b) = (ctx.name("lapse-a"), ctx.name("lapse-b"));
     let (oa, ob) = (OwnerToken::generate()?, OwnerToken::generate()?);
