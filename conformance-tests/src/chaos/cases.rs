@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{BackendErrorKind, Error, LockGuard, LockName, LockOptions, Locker};
+use lock_core::{BackendErrorKind, Error, LockGuard, LockName, LockOptions, Locker, LossReason};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::case_timing;
@@ -120,6 +120,28 @@ pub(super) async fn wind_down(
     row.leaked += leak_probe(h.locker, h.name, h.opts).await;
 }
 
+/// The holder's loss during a fault that began at `fault_at` (`expect` is
+/// the failure message should there be none): counted in `row.abort`, and
+/// no later than the holder's local `deadline` plus `tol`. When it was
+/// lost and why.
+pub(super) fn aborted_in_time(
+    row: &mut Row,
+    lost: Option<(Instant, LossReason)>,
+    expect: &str,
+    fault_at: Instant,
+    deadline: Instant,
+    tol: Duration,
+) -> (Instant, LossReason) {
+    let (lost_at, reason) = lost.expect(expect);
+    row.abort.push(lost_at - fault_at);
+    assert!(
+        lost_at <= deadline + tol,
+        "abort {:?} after the deadline ({reason:?})",
+        lost_at - deadline
+    );
+    (lost_at, reason)
+}
+
 /// Tries `name` through `replica` while a fault holds, which must refuse
 /// it (`refused` says what a grant would mean); how long the call blocked,
 /// also counted in `row.max_blocked`.
@@ -217,13 +239,8 @@ pub(super) async fn server_stall(ctx: Ctx, target: Target) {
         let lost = holder.lost_by(thaw_at).await;
         sleep_until(thaw_at).await;
         server.resume().expect("SIGCONT the server");
-        let (lost_at, reason) = lost.expect("the holder aborted while the server was frozen");
-        row.abort.push(lost_at - fault_at);
-        assert!(
-            lost_at <= deadline + tol,
-            "abort {:?} after the deadline ({reason:?})",
-            lost_at - deadline
-        );
+        let expect = "the holder aborted while the server was frozen";
+        let (lost_at, _) = aborted_in_time(&mut row, lost, expect, fault_at, deadline, tol);
         let (acquired_at, succ) =
             successor_takes(&successor, &name, &opts, ttl * 4, &resource).await;
         assert!(

@@ -41,7 +41,8 @@ use tokio_postgres::Client;
 
 use super::case_timing;
 use super::cases::{
-    lost_holder_winds_down, refused_during_fault, successor_takes, wind_down, Handover,
+    aborted_in_time, lost_holder_winds_down, refused_during_fault, successor_takes, wind_down,
+    Handover,
 };
 use super::figures::{self, Row};
 use super::holder::{stops_saying_held, Holder, Resource, PUSH_LAG};
@@ -291,6 +292,14 @@ fn successor_waits(
     tokio::spawn(async move { successor_takes(&s, &n, &o, wait, &r).await })
 }
 
+/// Closes a case's `row` after its `iterations`, first saying `note` (what
+/// the figures table does not show) on stdout.
+fn finish(mut row: Row, iterations: usize, note: String) {
+    row.iterations = iterations;
+    println!("postgres::{}: {note}", row.case);
+    row.finish();
+}
+
 /// `min/p50/max` in milliseconds.
 fn spread(samples: &[Duration]) -> String {
     let mut ms: Vec<u128> = samples.iter().map(Duration::as_millis).collect();
@@ -432,12 +441,11 @@ async fn holder_pause(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize, hold
         let h = Handover::new(&successor, &name, &opts);
         wind_down(&mut row, h, guard, &resource, acquired_at, (writes, late)).await;
     }
-    row.iterations = iterations;
-    println!(
-        "postgres::chaos_holder_pause: successor acquired {} after the thaw",
-        spread(&handed_over)
+    finish(
+        row,
+        iterations,
+        format!("successor acquired {} after the thaw", spread(&handed_over)),
     );
-    row.finish();
 }
 
 /// X2: the holder's server process is stopped (SIGSTOP) for 1.5 × TTL. Calls
@@ -503,13 +511,8 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         sleep_until(thaw_at).await;
         let thaw_sent = Instant::now();
         drop(frozen);
-        let (lost_at, reason) = lost.expect("the holder aborted while its session was frozen");
-        row.abort.push(lost_at - fault_at);
-        assert!(
-            lost_at <= deadline + tol,
-            "abort {:?} after the deadline ({reason})",
-            lost_at - deadline
-        );
+        let expect = "the holder aborted while its session was frozen";
+        let (_, reason) = aborted_in_time(&mut row, lost, expect, fault_at, deadline, tol);
         assert_eq!(reason, LossReason::BackendError, "why the holder aborted");
         let (acquired_at, succ) = waiter.await.expect("successor task");
         assert!(
@@ -538,12 +541,11 @@ async fn server_stall(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             "a call blocked {blocked:?} on the frozen session"
         );
     }
-    row.iterations = iterations;
-    println!(
-        "postgres::chaos_server_stall: successor acquired {} after the thaw",
-        spread(&after_thaw)
+    finish(
+        row,
+        iterations,
+        format!("successor acquired {} after the thaw", spread(&after_thaw)),
     );
-    row.finish();
 }
 
 /// X3: the holder reaches the server through the fault proxy, which
@@ -630,12 +632,14 @@ async fn partition(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
         lost_holder_winds_down(&mut row, holder, ttl, h, succ, &resource, acquired_at).await;
         row.leaked += usize::from(setup.holder_of(key).await.is_some());
     }
-    row.iterations = iterations;
-    println!(
-        "postgres::chaos_partition: server freed the partitioned holder's lock {} after the cut",
-        spread(&freed)
+    finish(
+        row,
+        iterations,
+        format!(
+            "server freed the partitioned holder's lock {} after the cut",
+            spread(&freed)
+        ),
     );
-    row.finish();
 }
 
 /// Bytes waiting in the receive queue of server process `pid`'s socket.
@@ -786,11 +790,13 @@ async fn session_kill(f: Arc<PostgresFactory>, ctx: Ctx, iterations: usize) {
             row.leaked += usize::from(setup.holder_of(key).await.is_some());
         }
     }
-    row.iterations = iterations;
-    println!(
-        "postgres::chaos_session_kill: holder aborted {} after an idle kill, {} after a kill during renewal",
-        spread(&detection[0]),
-        spread(&detection[1])
+    finish(
+        row,
+        iterations,
+        format!(
+            "holder aborted {} after an idle kill, {} after a kill during renewal",
+            spread(&detection[0]),
+            spread(&detection[1])
+        ),
     );
-    row.finish();
 }
