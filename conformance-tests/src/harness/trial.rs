@@ -15,8 +15,7 @@ use crate::{BoxError, Suite};
 pub type TrialBody<A> = fn(A) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 
 /// Runs one trial's body on a two-worker runtime of its own, failing the
-/// trial past `limit`. A runtime per trial keeps a body that leaves tasks
-/// behind (a stopped server's connections) from slowing the next one.
+/// trial past `limit`.
 pub fn run_bounded<E: Into<Failed>>(
     body: impl Future<Output = Result<(), E>>,
     limit: Duration,
