@@ -271,15 +271,7 @@ pub(super) async fn server_keepalive_follows_max_ttl(
 
 /// The keepalive timer `ss` shows for the server process `pid`'s socket.
 fn keepalive_timer(port: u16, pid: i32) -> Result<Duration, BoxError> {
-    let out = Command::new("ss")
-        .args(["-tnoHp", "state", "established"])
-        .arg(format!("( sport = :{port} )"))
-        .output()?;
-    let text = String::from_utf8(out.stdout)?;
-    let line = text
-        .lines()
-        .find(|l| l.contains(&format!("pid={pid},")))
-        .ok_or_else(|| format!("ss shows no socket of pid {pid}:\n{text}"))?;
+    let line = super::partition::ss_line("-tnoHp", port, pid)?;
     let timer = line
         .split("timer:(keepalive,")
         .nth(1)

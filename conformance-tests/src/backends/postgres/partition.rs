@@ -52,17 +52,24 @@ impl Drop for Blackhole {
     }
 }
 
-/// The client port of the server process `pid`'s connection, from `ss`.
-pub(crate) fn client_port(server_port: u16, pid: i32) -> Result<u16, BoxError> {
+/// What `ss` (run with `flags`) shows of the established connection that
+/// the server process `pid` serves on `server_port`.
+pub(super) fn ss_line(flags: &str, server_port: u16, pid: i32) -> Result<String, BoxError> {
     let out = Command::new("ss")
-        .args(["-tnHp", "state", "established"])
+        .args([flags, "state", "established"])
         .arg(format!("( sport = :{server_port} )"))
         .output()?;
     let text = String::from_utf8(out.stdout)?;
     let line = text
         .lines()
         .find(|l| l.contains(&format!("pid={pid},")))
-        .ok_or_else(|| format!("ss shows no socket of pid {pid}"))?;
+        .ok_or_else(|| format!("ss shows no socket of pid {pid}:\n{text}"))?;
+    Ok(line.to_owned())
+}
+
+/// The client port of the server process `pid`'s connection, from `ss`.
+pub(crate) fn client_port(server_port: u16, pid: i32) -> Result<u16, BoxError> {
+    let line = ss_line("-tnHp", server_port, pid)?;
     // Columns: Recv-Q Send-Q Local:Port Peer:Port Process
     let peer = line
         .split_whitespace()

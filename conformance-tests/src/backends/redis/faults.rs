@@ -12,6 +12,7 @@ use tokio::time::{sleep, timeout, Instant};
 
 use super::specific::{ensure, locker_over, lost_within, opts, plain, tracing_line, TOLERANCE};
 use super::{config_for, server, RedisFactory, OP_TIMEOUT, TTL};
+use crate::harness::ServerProcess;
 use crate::BoxError;
 
 pub(super) async fn renewal_survives_script_flush(f: Arc<RedisFactory>) -> Result<(), BoxError> {
@@ -76,9 +77,7 @@ pub(super) async fn renewal_survives_script_flush(f: Arc<RedisFactory>) -> Resul
 }
 
 pub(super) async fn paused_server_gives_timeouts(f: Arc<RedisFactory>) -> Result<(), BoxError> {
-    let srv = server::start_plain()?;
-    let url = format!("redis://127.0.0.1:{}", srv.port());
-    let backend = connect_at(&f, &url).await?;
+    let (srv, url, backend) = own_server(&f).await?;
     let (locker, metrics) = locker_over(Arc::new(backend.clone()))?;
     let name = LockName::new("specific/paused")?;
     let before = Instant::now();
@@ -129,9 +128,7 @@ pub(super) async fn paused_server_gives_timeouts(f: Arc<RedisFactory>) -> Result
 }
 
 pub(super) async fn restart_reports_expired(f: Arc<RedisFactory>) -> Result<(), BoxError> {
-    let srv = server::start_plain()?;
-    let url = format!("redis://127.0.0.1:{}", srv.port());
-    let backend = connect_at(&f, &url).await?;
+    let (srv, url, backend) = own_server(&f).await?;
     let (locker, _) = locker_over(Arc::new(backend.clone()))?;
     let name = LockName::new("specific/restart")?;
     let guard = locker.try_lock(&name, &opts()).await?;
@@ -163,6 +160,15 @@ pub(super) async fn restart_reports_expired(f: Arc<RedisFactory>) -> Result<(), 
     ));
     g.release().await?;
     Ok(())
+}
+
+/// A plain server of the case's own (to pause or restart), its URL, and a
+/// backend on it as [`connect_at`] makes.
+async fn own_server(f: &RedisFactory) -> Result<(ServerProcess, String, RedisBackend), BoxError> {
+    let srv = server::start_plain()?;
+    let url = format!("redis://127.0.0.1:{}", srv.port());
+    let backend = connect_at(f, &url).await?;
+    Ok((srv, url, backend))
 }
 
 /// A backend of the test profile on `url`, its keys under `f`'s prefix.
