@@ -58,6 +58,12 @@ pub struct PgSaboteur {
 }
 
 impl PgSaboteur {
+    /// The answer of `sql`, a one-boolean query over a key's two halves.
+    async fn on_key(&self, sql: &str, key: AdvisoryKey) -> Result<bool, BoxError> {
+        let row = self.client.query_one(sql, &[&key.key1, &key.key2]).await?;
+        Ok(row.get(0))
+    }
+
     /// A saboteur mapping names as `config` does, over `client`.
     pub fn new(client: Client, config: PostgresConfig) -> Self {
         Self {
@@ -97,13 +103,8 @@ impl Saboteur for PgSaboteur {
         while !got && Instant::now() < deadline {
             sleep(Duration::from_millis(5)).await;
             got = self
-                .client
-                .query_one(
-                    "SELECT pg_try_advisory_lock($1, $2)",
-                    &[&key.key1, &key.key2],
-                )
-                .await?
-                .get(0);
+                .on_key("SELECT pg_try_advisory_lock($1, $2)", key)
+                .await?;
         }
         if !got {
             return Err(format!("{name} could not be taken after killing its holder").into());
@@ -133,14 +134,12 @@ impl Saboteur for PgSaboteur {
     async fn clear(&self, name: &LockName) -> Result<(), BoxError> {
         let key = self.config.key_for(name);
         for _ in 0..10 {
-            let unlocked: bool = self
-                .client
-                .query_one(
+            let unlocked = self
+                .on_key(
                     "SELECT pg_advisory_unlock($1, $2) FROM (SELECT set_config('client_min_messages', 'error', false)) s",
-                    &[&key.key1, &key.key2],
+                    key,
                 )
-                .await?
-                .get(0);
+                .await?;
             if !unlocked {
                 break;
             }

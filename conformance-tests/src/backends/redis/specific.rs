@@ -205,31 +205,24 @@ async fn renew_many_reports_each_lease(f: Arc<RedisFactory>) -> Result<(), BoxEr
         got == [LeaseStatus::Held, LeaseStatus::Expired, LeaseStatus::Stolen],
         format!("renew_many answered {got:?}"),
     )?;
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(backend.key_for(&names[0]))
-        .query_async(&mut c)
-        .await?;
+    let pttl = key_int(&mut c, "PTTL", backend.key_for(&names[0])).await?;
     ensure(
         pttl > 5_000,
         format!("the held lease was not extended: {pttl} ms"),
     )?;
-    let thief: i64 = redis::cmd("PTTL")
-        .arg(backend.key_for(&names[2]))
-        .query_async(&mut c)
-        .await?;
+    let thief = key_int(&mut c, "PTTL", backend.key_for(&names[2])).await?;
     ensure(thief <= 5_000, "the thief's lease was extended")?;
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg(backend.key_for(&names[1]))
-        .query_async(&mut c)
-        .await?;
+    let exists = key_int(&mut c, "EXISTS", backend.key_for(&names[1])).await?;
     ensure(exists == 0, "an expired lease was re-created")?;
     for name in &names {
-        let _: i64 = redis::cmd("DEL")
-            .arg(backend.key_for(name))
-            .query_async(&mut c)
-            .await?;
+        key_int(&mut c, "DEL", backend.key_for(name)).await?;
     }
     Ok(())
+}
+
+/// `cmd key` for a command that answers an integer (`PTTL`, `EXISTS`, `DEL`).
+async fn key_int(c: &mut MultiplexedConnection, cmd: &str, key: String) -> Result<i64, BoxError> {
+    Ok(redis::cmd(cmd).arg(key).query_async(c).await?)
 }
 
 async fn release_notifies_subscribers(f: Arc<RedisFactory>) -> Result<(), BoxError> {
