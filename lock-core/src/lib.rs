@@ -77,7 +77,7 @@ pub use options::{LockOptions, MAX_TTL};
 pub use outcome::{RunError, RunOutcome, SkipReason};
 pub use start_check::{StartCheck, StartVerdict};
 pub use tick_record::{OnStale, TickAnswer, TickRecord, TickWrite};
-pub use ticks::{start_checked_apart, TickStore};
+pub use ticks::{start_checked_apart, write_ticks_apart, TickStore};
 pub use token::OwnerToken;
 
 /// Re-exported so backends and callers name the same `async_trait`.

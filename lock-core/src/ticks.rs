@@ -120,12 +120,7 @@ pub trait TickStore: fmt::Debug + Send + Sync {
         writes: &[(LockName, i64, TickWrite)],
         keep: Duration,
     ) -> Vec<Result<TickAnswer, BackendError>> {
-        join_all(
-            writes
-                .iter()
-                .map(|(job, tick, write)| self.write_tick(job, *tick, write, keep)),
-        )
-        .await
+        write_ticks_apart(self, writes, keep).await
     }
 
     /// Whether [`TickStore::start_checked_many`] makes its checks and its
@@ -208,6 +203,24 @@ fn no_records() -> BackendError {
         BackendErrorKind::Config,
         "this tick store keeps no tick records (TickStore::write_tick); use a backend's own tick store",
     )
+}
+
+/// Sends each write of `writes` as its own [`TickStore::write_tick`], all
+/// at once, one answer per item in order: the default of
+/// [`TickStore::write_ticks_many`], and what a store that batches writes
+/// only on some deployments (Redis Cluster, whose batches span slots) sends
+/// on the others. Not cancel safe in the sense of [`TickStore::write_tick`].
+pub async fn write_ticks_apart<S: TickStore + ?Sized>(
+    store: &S,
+    writes: &[(LockName, i64, TickWrite)],
+    keep: Duration,
+) -> Vec<Result<TickAnswer, BackendError>> {
+    join_all(
+        writes
+            .iter()
+            .map(|(job, tick, write)| store.write_tick(job, *tick, write, keep)),
+    )
+    .await
 }
 
 /// [`TickStore::start_checked_many`] made apart: the server's clock, the

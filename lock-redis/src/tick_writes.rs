@@ -121,7 +121,7 @@ impl RedisBackend {
 
     /// A tick's record, the job's latest completed tick and the tick's mark:
     /// the keys one tick write reads and writes, in the scripts' order.
-    fn record_keys(&self, job: &LockName, tick: i64) -> [String; 3] {
+    pub(crate) fn record_keys(&self, job: &LockName, tick: i64) -> [String; 3] {
         let keys = &self.shared().keys;
         [
             keys.tick_record(job, tick),

@@ -4,11 +4,10 @@ use std::time::Duration;
 
 use redis::FromRedisValue;
 
-use futures_util::future::join_all;
 use lock_core::tick_record::decode;
 use lock_core::{
-    async_trait, start_checked_apart, BackendError, LockName, OnStale, StartCheck, StartVerdict,
-    TickAnswer, TickRecord, TickStore, TickWrite,
+    async_trait, start_checked_apart, write_ticks_apart, BackendError, LockName, OnStale,
+    StartCheck, StartVerdict, TickAnswer, TickRecord, TickStore, TickWrite,
 };
 
 use crate::backend::Shared;
@@ -84,11 +83,7 @@ impl TickStore for RedisBackend {
         keep: Duration,
     ) -> Result<TickAnswer, BackendError> {
         let shared = self.shared();
-        let keys = [
-            shared.keys.tick_record(job, tick),
-            shared.keys.tick(job),
-            shared.keys.tick_mark(job, tick),
-        ];
+        let keys = self.record_keys(job, tick);
         let args = write_args(write, keep_ms(keep), tick);
         let after: Option<String> =
             run_write(shared, "write tick record", &WRITE_TICK, &keys, &args).await?;
@@ -120,12 +115,7 @@ impl TickStore for RedisBackend {
             return Vec::new();
         }
         if !self.writes_ticks_in_one_call() {
-            return join_all(
-                writes
-                    .iter()
-                    .map(|(job, tick, write)| self.write_tick(job, *tick, write, keep)),
-            )
-            .await;
+            return write_ticks_apart(self, writes, keep).await;
         }
         self.write_ticks_batch(writes, keep).await
     }
