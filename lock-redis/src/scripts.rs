@@ -475,9 +475,9 @@ return out
 /// Checked `Started` writes (lock-core's `StartCheck::verdict`, then the
 /// write where the checks pass), each its own step in order, against one
 /// reading of the server's clock. `KEYS` holds three keys per tick as for
-/// [`WRITE_TICK`]; `ARGV` eight arguments per tick: the token, the start's
-/// Unix ms, the replica, the stale policy, keep in ms, the tick, the
-/// tolerance in ms, and `1` when the tick is late on the replica's clock.
+/// [`WRITE_TICK`]; `ARGV` nine arguments per tick: the seven of a
+/// [`WRITE_TICK`] (the operation `S`), then the tolerance in ms, and `1`
+/// when the tick is late on the replica's clock.
 /// Returns a pair per tick: `H` and the server's clock (ahead), `M`
 /// (marked), `V` and the latest completed tick (covered), `W` and the
 /// record after the write, or `E` and a latest tick that is no number.
@@ -489,8 +489,8 @@ local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for j = 1, #KEYS / 3 do
-  local k, a = 3 * (j - 1), 8 * (j - 1)
-  local tick, tol = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  local k, a = 3 * (j - 1), 9 * (j - 1)
+  local tick, tol = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
   if tick - now > tol then
     out[j] = {'H', string.format('%d', now)}
   elseif redis.call('exists', KEYS[k + 3]) == 1 then
@@ -500,11 +500,11 @@ for j = 1, #KEYS / 3 do
     local l = last and tonumber(last)
     if last and not l then
       out[j] = {'E', last}
-    elseif l and (l == tick or (l > tick and (ARGV[a + 8] == '1' or l - tick > tol))) then
+    elseif l and (l == tick or (l > tick and (ARGV[a + 9] == '1' or l - tick > tol))) then
       out[j] = {'V', last}
     else
-      out[j] = {'W', write_tick(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], 'S', ARGV[a + 1],
-        ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]) or false}
+      out[j] = {'W', write_tick(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2],
+        ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]) or false}
     end
   end
 end

@@ -19,7 +19,7 @@ use lock_core::{BackendError, LockName, StartCheck, StartVerdict, TickAnswer, Ti
 
 use crate::error::{config, protocol};
 use crate::scripts::{CHECKED_STARTS, WRITE_TICKS};
-use crate::ticks::{keep_ms, parse_record, run_write, stale_arg, write_args};
+use crate::ticks::{keep_ms, parse_record, run_write, write_args};
 use crate::RedisBackend;
 
 impl RedisBackend {
@@ -76,28 +76,17 @@ impl RedisBackend {
         let target = shared.conn.target();
         let keep = keep_ms(keep);
         let mut keys = Vec::with_capacity(starts.len() * 3);
-        let mut args = Vec::with_capacity(starts.len() * 8);
+        let mut args = Vec::with_capacity(starts.len() * 9);
         for (job, tick, write, check) in starts {
-            let TickWrite::Start {
-                token,
-                replica,
-                at,
-                on_stale,
-            } = write
-            else {
+            if !matches!(write, TickWrite::Start { .. }) {
                 let e = config(
                     "a checked start carries a Started write; send completions with write_tick",
                 );
                 return e.for_each(starts.len());
-            };
+            }
             keys.extend(self.record_keys(job, *tick));
+            args.extend(write_args(write, keep.clone(), *tick));
             args.extend([
-                token.to_string(),
-                at.to_string(),
-                replica.clone(),
-                stale_arg(*on_stale).to_owned(),
-                keep.clone(),
-                tick.to_string(),
                 check.tolerance_ms.to_string(),
                 if check.late { "1" } else { "0" }.to_owned(),
             ]);

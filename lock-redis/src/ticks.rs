@@ -179,7 +179,7 @@ pub(crate) fn keep_ms(keep: Duration) -> String {
 }
 
 /// The stale policy as the tick scripts spell it.
-pub(crate) fn stale_arg(on_stale: OnStale) -> &'static str {
+fn stale_arg(on_stale: OnStale) -> &'static str {
     match on_stale {
         OnStale::Refuse => "R",
         OnStale::Abandon => "A",
