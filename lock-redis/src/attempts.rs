@@ -134,6 +134,28 @@ pub(crate) struct Attempt {
     pending: Option<PendingGuard>,
 }
 
+impl Attempt {
+    /// An attempt to take `name` for `owner` for `ms` milliseconds, not yet
+    /// queued.
+    fn new(
+        shared: &Shared,
+        name: &LockName,
+        owner: &OwnerToken,
+        ms: u64,
+        holder: Option<&Identity>,
+    ) -> Self {
+        Self {
+            key: shared.keys.lock(name),
+            meta: shared.keys.meta(name),
+            owner: *owner,
+            token: owner.to_hex(),
+            ms,
+            identity: holder.map_or_else(String::new, |h| h.as_str().to_owned()),
+            pending: None,
+        }
+    }
+}
+
 impl Attempts {
     /// Waits until no attempt of `owner` can still take a lock after a
     /// command sent now. Returns at once when none is queued. Bounded by
@@ -171,15 +193,7 @@ pub(crate) async fn acquire(
     ms: u64,
     holder: Option<&Identity>,
 ) -> Result<AcquireAttempt, BackendError> {
-    let attempt = Attempt {
-        key: shared.keys.lock(name),
-        meta: shared.keys.meta(name),
-        owner: *owner,
-        token: owner.to_hex(),
-        ms,
-        identity: holder.map_or_else(String::new, |h| h.as_str().to_owned()),
-        pending: None,
-    };
+    let attempt = Attempt::new(shared, name, owner, ms, holder);
     let got = lane::call::<Acquires>(shared, attempt).await?;
     answer(shared.fencing, got, shared.conn.target())
 }
@@ -194,15 +208,7 @@ pub(crate) async fn alone(
     holder: Option<&Identity>,
 ) -> Result<AcquireAttempt, BackendError> {
     let fence = shared.fencing.then(|| shared.keys.fence_for(name));
-    let attempt = Attempt {
-        key: shared.keys.lock(name),
-        meta: shared.keys.meta(name),
-        owner: *owner,
-        token: owner.to_hex(),
-        ms,
-        identity: holder.map_or_else(String::new, |h| h.as_str().to_owned()),
-        pending: None,
-    };
+    let attempt = Attempt::new(shared, name, owner, ms, holder);
     let got = single(shared, attempt, fence).await?;
     answer(shared.fencing, got, shared.conn.target())
 }
