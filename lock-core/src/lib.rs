@@ -70,7 +70,9 @@ pub use metrics::{AcquireOutcome, LockMetrics, RenewalOutcome};
 /// the scheduler's metrics use so that every user of one registry shares one
 /// set of series. For crates that add metrics of their own beside these.
 pub mod shared_metrics {
-    pub use crate::metrics::{register_shared, MetricSet, SharedRegistrationError};
+    pub use crate::metrics::{
+        in_default_registry, register_shared, MetricSet, SharedRegistrationError,
+    };
 }
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, MAX_TTL};

@@ -18,7 +18,7 @@ pub(crate) use label::LabelMetrics;
 
 type LabelMap = HashMap<Arc<str>, Arc<LabelMetrics>, foldhash::fast::RandomState>;
 
-pub use shared::{register_shared, MetricSet, SharedRegistrationError};
+pub use shared::{in_default_registry, register_shared, MetricSet, SharedRegistrationError};
 
 /// The outcome label of `distributed_lock_acquisitions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -162,11 +162,7 @@ impl LockMetrics {
     /// [`Error::Config`] if other code already registered metrics of these names there.
     pub fn default_registry() -> Result<Self, Error> {
         static DEFAULT: OnceLock<LockMetrics> = OnceLock::new();
-        if let Some(metrics) = DEFAULT.get() {
-            return Ok(metrics.clone());
-        }
-        let metrics = Self::register(prometheus::default_registry())?;
-        Ok(DEFAULT.get_or_init(|| metrics).clone())
+        in_default_registry(&DEFAULT, Self::register)
     }
 
     fn unregistered() -> prometheus::Result<Self> {

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -78,6 +78,26 @@ pub fn register_shared<M: MetricSet>(
             .ok_or(SharedRegistrationError::TakenByOthers),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Returns the set `cell` keeps for the process-wide default registry,
+/// registering it there with `register` on the first call that succeeds.
+/// A set type's `default_registry` passes a `static` cell of its own, so
+/// each set is registered there once however often it is asked for.
+///
+/// # Errors
+///
+/// Whatever `register` answers; the cell stays empty then, so a later call
+/// tries again.
+pub fn in_default_registry<M: Clone, E>(
+    cell: &'static OnceLock<M>,
+    register: impl FnOnce(&Registry) -> Result<M, E>,
+) -> Result<M, E> {
+    if let Some(set) = cell.get() {
+        return Ok(set.clone());
+    }
+    let set = register(prometheus::default_registry())?;
+    Ok(cell.get_or_init(|| set).clone())
 }
 
 /// One live registration; only the registry holding it keeps it alive.

@@ -5,7 +5,9 @@ mod decisions;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use lock_core::shared_metrics::{register_shared, MetricSet, SharedRegistrationError};
+use lock_core::shared_metrics::{
+    in_default_registry, register_shared, MetricSet, SharedRegistrationError,
+};
 use prometheus::core::Collector;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -168,11 +170,7 @@ impl RateLimitMetrics {
     /// As [`register`](Self::register).
     pub fn default_registry() -> Result<Self> {
         static DEFAULT: OnceLock<RateLimitMetrics> = OnceLock::new();
-        if let Some(metrics) = DEFAULT.get() {
-            return Ok(metrics.clone());
-        }
-        let metrics = Self::register(prometheus::default_registry())?;
-        Ok(DEFAULT.get_or_init(|| metrics).clone())
+        in_default_registry(&DEFAULT, Self::register)
     }
 
     fn unregistered() -> prometheus::Result<Self> {
