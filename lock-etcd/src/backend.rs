@@ -27,12 +27,22 @@ impl Inner {
         at: &Attempt,
         key: &str,
     ) -> Result<Option<KeyValue>, BackendError> {
+        self.get_for("get", at, key).await
+    }
+
+    /// [`Inner::get`], its error saying `op` (`read`, `get`) of the key.
+    pub(crate) async fn get_for(
+        &self,
+        op: &str,
+        at: &Attempt,
+        key: &str,
+    ) -> Result<Option<KeyValue>, BackendError> {
         let mut resp = at
             .client
             .kv_client()
             .get(key, None)
             .await
-            .map_err(|e| convert(&format!("get {key}"), e))?;
+            .map_err(|e| convert(&format!("{op} {key}"), e))?;
         Ok(resp.take_kvs().into_iter().next())
     }
 

@@ -10,7 +10,7 @@ use lock_core::tick_record::{decode, encode};
 use lock_core::{BackendError, LockName, TickAnswer, TickRecord, TickWrite};
 
 use crate::connection::Connected;
-use crate::error::{convert, protocol};
+use crate::error::protocol;
 
 /// Records: `#runs/<job>#<encoded tick>`, a contiguous range per job like
 /// the marks, pruned the same way.
@@ -41,13 +41,7 @@ impl Connected {
         self.inner
             .members
             .run(self.inner.timeout, "read tick record", |at| async move {
-                let mut resp = at
-                    .client
-                    .kv_client()
-                    .get(key.as_str(), None)
-                    .await
-                    .map_err(|e| convert(&format!("read {key}"), e))?;
-                match resp.take_kvs().first() {
+                match self.inner.get_for("read", &at, key).await? {
                     None => Ok((None, 0)),
                     Some(kv) => std::str::from_utf8(kv.value())
                         .ok()

@@ -94,13 +94,7 @@ impl TickStore for Connected {
         self.inner
             .members
             .run(self.inner.timeout, "read tick", |at| async move {
-                let mut resp = at
-                    .client
-                    .kv_client()
-                    .get(key.as_str(), None)
-                    .await
-                    .map_err(|e| convert(&format!("read {key}"), e))?;
-                match resp.take_kvs().first() {
+                match self.inner.get_for("read", &at, key).await? {
                     None => Ok(None),
                     Some(kv) => decode(kv.value())
                         .map(Some)
