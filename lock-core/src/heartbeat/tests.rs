@@ -19,10 +19,7 @@ impl LockBackend for Unreached {
         _: &OwnerToken,
         _: Duration,
     ) -> Result<AcquireAttempt, BackendError> {
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "unreached",
-        ))
+        Err(unreached())
     }
     async fn renew(
         &self,
@@ -30,23 +27,18 @@ impl LockBackend for Unreached {
         _: &OwnerToken,
         _: Duration,
     ) -> Result<LeaseStatus, BackendError> {
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "unreached",
-        ))
+        Err(unreached())
     }
     async fn check(&self, _: &LockName, _: &OwnerToken) -> Result<LeaseStatus, BackendError> {
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "unreached",
-        ))
+        Err(unreached())
     }
     async fn release(&self, _: &LockName, _: &OwnerToken) -> Result<ReleaseOutcome, BackendError> {
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "unreached",
-        ))
+        Err(unreached())
     }
+}
+
+fn unreached() -> BackendError {
+    BackendError::new(BackendErrorKind::Unavailable, "unreached")
 }
 
 fn lease(id: u64, backend: &Arc<dyn LockBackend>, background: &Background) -> Arc<LeaseState> {
