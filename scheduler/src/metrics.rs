@@ -3,7 +3,9 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use lock_core::shared_metrics::{register_shared, MetricSet, SharedRegistrationError};
+use lock_core::shared_metrics::{
+    in_default_registry, register_shared, MetricSet, SharedRegistrationError,
+};
 use prometheus::core::Collector;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -159,11 +161,7 @@ impl SchedulerMetrics {
     /// [`Error::Metrics`] if other code registered metrics of these names there.
     pub fn default_registry() -> Result<Self> {
         static DEFAULT: OnceLock<SchedulerMetrics> = OnceLock::new();
-        if let Some(metrics) = DEFAULT.get() {
-            return Ok(metrics.clone());
-        }
-        let metrics = Self::register(prometheus::default_registry())?;
-        Ok(DEFAULT.get_or_init(|| metrics).clone())
+        in_default_registry(&DEFAULT, Self::register)
     }
 
     fn unregistered() -> prometheus::Result<Self> {
