@@ -119,13 +119,21 @@ pub(crate) async fn execute(
             return TickOutcome::FencedOut;
         }
     };
+    let lost = match lease.verify().await {
+        Ok(()) => false,
+        Err(LockError::LockLost { reason, .. }) => {
+            warn!(job = label, tick = %tick.at, %reason, "tick lock found lost after the run finished and was recorded complete");
+            true
+        }
+        Err(e) => {
+            warn!(job = label, error = %e, "could not re-verify the tick lock; relying on its local deadline");
+            lease.assert_held().is_err()
+        }
+    };
     // A panicked run's lock is freed at once (the crate's documented
     // contract): its `Completed` record alone keeps the tick from running
-    // again, so no mark is needed. Otherwise the lock is kept as the tick's
-    // mark; setting the hold asks the backend whether the lock is still
-    // held, so it needs no check of its own first (a lock lost meanwhile is
-    // released there instead of kept).
-    if outcome == TickOutcome::Panicked {
+    // again, so no mark is needed.
+    if lost || outcome == TickOutcome::Panicked {
         let _ = guard.release().await;
     } else {
         mark_done(rt, job, tick, guard, recorded).await;
@@ -248,9 +256,6 @@ async fn mark_done(rt: &Arc<Runtime>, job: &JobSpec, tick: Tick, guard: LockGuar
     match result {
         Ok(()) => {
             debug!(job = job.label(), tick = %tick.at, ?hold, "tick done; lock kept as its completion mark")
-        }
-        Err(LockError::LockLost { reason, .. }) => {
-            warn!(job = job.label(), tick = %tick.at, %reason, "tick lock found lost after the run finished; its record alone guards the tick")
         }
         Err(e) => {
             info!(job = job.label(), tick = %tick.at, error = %e, "could not keep the completion mark; the recorded tick still guards it")
