@@ -31,6 +31,10 @@ pub enum Fault {
     /// Let everything through, but answer every check with `Expired`
     /// without asking the server, as if the lease had just ended there.
     ChecksExpire = 5,
+    /// Let everything through, but answer every renewal with `Expired`
+    /// without asking the server, as a server that lost the lease's record
+    /// (a failover, a stale replica) would, while the key may still be there.
+    RenewalsExpire = 6,
 }
 
 /// One renewal round trip: when it started and ended, and how many leases it carried.
@@ -121,6 +125,7 @@ impl FaultyBackend {
             3 => Fault::RefuseRenewals,
             4 => Fault::StallReleases,
             5 => Fault::ChecksExpire,
+            6 => Fault::RenewalsExpire,
             _ => Fault::None,
         }
     }
@@ -146,7 +151,10 @@ impl FaultyBackend {
                 lock_core::BackendErrorKind::Config,
                 "injected: the server refuses this session",
             )),
-            Fault::StallRenewals | Fault::StallReleases | Fault::ChecksExpire => Ok(()),
+            Fault::StallRenewals
+            | Fault::StallReleases
+            | Fault::ChecksExpire
+            | Fault::RenewalsExpire => Ok(()),
         }
     }
 }
@@ -175,6 +183,9 @@ impl LockBackend for FaultyBackend {
     ) -> Result<LeaseStatus, BackendError> {
         let start = Instant::now();
         self.gate(CallKind::Renew).await?;
+        if self.fault() == Fault::RenewalsExpire {
+            return Ok(LeaseStatus::Expired);
+        }
         let answer = self.inner.renew(name, owner, ttl).await;
         self.log_renewal(start, 1);
         answer
@@ -210,6 +221,9 @@ impl LockBackend for FaultyBackend {
     ) -> Result<Vec<LeaseStatus>, BackendError> {
         let start = Instant::now();
         self.gate(CallKind::Renew).await?;
+        if self.fault() == Fault::RenewalsExpire {
+            return Ok(vec![LeaseStatus::Expired; requests.len()]);
+        }
         let answer = self.inner.renew_many(requests).await;
         self.log_renewal(start, requests.len());
         answer

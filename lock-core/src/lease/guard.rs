@@ -82,8 +82,9 @@ impl LockGuard {
     /// drift margin); then it ends as [`LossReason::Released`] for all of them.
     ///
     /// A hold that cannot be set is never left half done: when it is refused
-    /// (out of range, below the backend's minimum TTL) or the backend fails
-    /// to set it, the lock is released before the error returns, since
+    /// (out of range, below the backend's minimum TTL), the backend fails
+    /// to set it, or it answers that the lease is gone (unless it is held by
+    /// someone else), the lock is released before the error returns, since
     /// nothing else would end it on a session backend or on a lease shared
     /// with other locks.
     ///
@@ -151,7 +152,18 @@ impl LockGuard {
                             Err(state.lost_error(reason))
                         }
                     }
-                    Ok(status) => Err(self.handle.lose_on(status)),
+                    Ok(status) => {
+                        let lost = self.handle.lose_on(status);
+                        if status != LeaseStatus::Stolen {
+                            // As in `release`, and as a guard dropped after a
+                            // check that answered the same would: the key may
+                            // outlive what the backend answered (a reply from
+                            // a replica behind, a record lost in a failover),
+                            // and the release is owner-checked.
+                            let _ = (**backend).release(&state.name, &state.owner).await;
+                        }
+                        Err(lost)
+                    }
                     Err(e) => {
                         // The hold was not set, so nothing would end the
                         // lock: a session keeps it for its life, and etcd's
