@@ -6,7 +6,8 @@
 //! for a seconds-long smoke run, `-- --only memory` for one backend,
 //! `-- --acquire-only` for the acquire+release rows alone, `-- --sched-only`
 //! for the scheduler-at-scale rows alone (with `--only memory` for one
-//! backend's), `-- --sweep-only` for the renewal-sweep rows alone, `-- --pg-sessions 1,2,4,8,16` for the lock session counts of
+//! backend's, `--sched-mode per-tick` or `leader` for one mode's,
+//! `--sched-seconds 300` for a longer window than the full run's 60 s), `-- --sweep-only` for the renewal-sweep rows alone, `-- --pg-sessions 1,2,4,8,16` for the lock session counts of
 //! the Postgres 10,000-lease rows, `-- --only postgres-sessions` for the
 //! Postgres-only rows alone).
 //! Backends whose server cannot be had are listed as SKIPPED; one whose
@@ -156,13 +157,13 @@ enum Rows {
 
 /// The scheduler-at-scale rows, per tick and leader. A measurement that
 /// errors becomes a FAILED row of its own, so the other rows still show.
-async fn sched_rows(ctx: &Ctx, source: &FloorSource, mode: Mode) -> Vec<Row> {
+async fn sched_rows(ctx: &Ctx, source: &FloorSource, mode: Mode, shape: sched::Shape) -> Vec<Row> {
     let mut rows = Vec::new();
-    for leader in [false, true] {
+    for leader in shape.modes() {
         let kind = if leader { "leader" } else { "per-tick" };
         let row = match tokio::time::timeout(
-            sched::TIME_BOUND,
-            sched::at_scale(ctx, source, leader, mode),
+            shape.time_bound(),
+            sched::at_scale(ctx, source, leader, mode, shape),
         )
         .await
         .unwrap_or_else(|_| Err("did not finish in time".into()))
@@ -203,11 +204,12 @@ async fn bench_backend(
     source: FloorSource,
     mode: Mode,
     only: Rows,
+    shape: sched::Shape,
     run_id: &str,
 ) -> Result<Vec<Row>, BoxError> {
     let ctx = Ctx::new(Arc::clone(&factory), run_id, "bench");
     if only == Rows::SchedOnly {
-        return Ok(sched_rows(&ctx, &source, mode).await);
+        return Ok(sched_rows(&ctx, &source, mode, shape).await);
     }
     let mut rows = Vec::new();
     let done = |row: Row| {
@@ -259,7 +261,7 @@ async fn bench_backend(
     rows.extend(sweep_rows(&ctx, &source, mode, done).await?);
     rows.push(done(measures::handoff(&ctx, mode).await?));
     rows.push(done(failover::failover(&ctx, mode).await?));
-    rows.extend(sched_rows(&ctx, &source, mode).await);
+    rows.extend(sched_rows(&ctx, &source, mode, shape).await);
     Ok(rows)
 }
 
@@ -290,6 +292,7 @@ fn main() -> Result<(), BoxError> {
         Some(i) => pg::parse_sessions(args.get(i + 1).map_or("", String::as_str))?,
         None => pg::default_sessions(mode),
     };
+    let shape = sched::Shape::from_args(&args)?;
     let run_id = format!("{:08x}", getrandom::u32().map_err(|e| e.to_string())?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -301,7 +304,14 @@ fn main() -> Result<(), BoxError> {
         match found {
             Availability::Ready((factory, source)) => {
                 eprintln!("{backend}: measuring");
-                match runtime.block_on(bench_backend(factory, source, mode, rows_wanted, &run_id)) {
+                match runtime.block_on(bench_backend(
+                    factory,
+                    source,
+                    mode,
+                    rows_wanted,
+                    shape,
+                    &run_id,
+                )) {
                     Ok(r) => rows.extend(r),
                     Err(e) => {
                         failed = true;

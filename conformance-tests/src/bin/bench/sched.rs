@@ -26,9 +26,69 @@ use crate::Mode;
 /// How long each replica's shutdown may take before its runs are aborted.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
-/// The longest one measurement may take: the full run, an election,
+/// How long one measurement may take beyond its window: an election,
 /// shutdowns and connections, with room to spare.
-pub(crate) const TIME_BOUND: Duration = Duration::from_secs(180);
+const TIME_BOUND_SLACK: Duration = Duration::from_secs(120);
+
+/// The longest window `--sched-seconds` takes: an hour, so the measurement's
+/// time bound stays an hour and two minutes at most.
+const MAX_SECONDS: u64 = 3_600;
+
+/// Which scheduler rows to measure and for how long, from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Shape {
+    /// `--sched-seconds N`: the full run's length instead of 60 s, for a
+    /// window long enough that one bad second does not set its p99.
+    seconds: Option<u64>,
+    /// `--sched-mode per-tick` or `leader`: that mode's row alone.
+    leader: Option<bool>,
+}
+
+impl Shape {
+    /// Reads `--sched-seconds` and `--sched-mode` from `args`.
+    pub(crate) fn from_args(args: &[String]) -> Result<Self, BoxError> {
+        let value = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .map(|i| args.get(i + 1).map_or("", String::as_str))
+        };
+        let seconds = match value("--sched-seconds") {
+            None => None,
+            Some(v) => match v.parse::<u64>() {
+                Ok(n) if (3..=MAX_SECONDS).contains(&n) => Some(n),
+                _ => {
+                    return Err(format!(
+                        "--sched-seconds takes whole seconds from 3 to {MAX_SECONDS}, not {v:?}"
+                    )
+                    .into())
+                }
+            },
+        };
+        let leader = match value("--sched-mode") {
+            None => None,
+            Some("per-tick") => Some(false),
+            Some("leader") => Some(true),
+            Some(v) => {
+                return Err(format!("--sched-mode takes per-tick or leader, not {v:?}").into())
+            }
+        };
+        Ok(Self { seconds, leader })
+    }
+
+    /// The modes to measure, per tick first: `false` per tick, `true` leader.
+    pub(crate) fn modes(self) -> Vec<bool> {
+        match self.leader {
+            Some(leader) => vec![leader],
+            None => vec![false, true],
+        }
+    }
+
+    /// The longest one measurement may take: its window, an election,
+    /// shutdowns and connections.
+    pub(crate) fn time_bound(self) -> Duration {
+        Duration::from_secs(self.seconds.unwrap_or(60)) + TIME_BOUND_SLACK
+    }
+}
 
 /// Replicas per measurement, as the performance target asks.
 const REPLICAS: usize = 3;
@@ -42,11 +102,12 @@ const LAG_P99_BOUND_MS: f64 = 100.0;
 /// How many jobs for how long: the target's sizes in full, a smoke run in
 /// short mode (a debug build on a loaded CI machine, whose whole short
 /// bench must stay well under 2 minutes: one whole second is measured).
-fn size(backend: &str, mode: Mode) -> (usize, u64) {
+fn size(backend: &str, mode: Mode, shape: Shape) -> (usize, u64) {
+    let seconds = shape.seconds.unwrap_or(60);
     match mode {
         Mode::Short => (20, 3),
-        Mode::Full if backend.starts_with("etcd") => (100, 60),
-        Mode::Full => (1_000, 60),
+        Mode::Full if backend.starts_with("etcd") => (100, seconds),
+        Mode::Full => (1_000, seconds),
     }
 }
 
@@ -161,11 +222,12 @@ pub(crate) async fn at_scale(
     source: &FloorSource,
     leader: bool,
     mode: Mode,
+    shape: Shape,
 ) -> Result<Row, BoxError> {
     let backend = ctx.factory().name().to_owned();
     let server = ServerWork::of(source);
     let server_before = server.read().await?;
-    let (jobs, seconds) = size(&backend, mode);
+    let (jobs, seconds) = size(&backend, mode, shape);
     let kind = if leader { "leader" } else { "per-tick" };
     // A service's defaults, where the backend allows them: the suite's short
     // TTLs would measure leases lapsing under a starved CPU, not the
@@ -293,6 +355,22 @@ pub(crate) async fn at_scale(
         .figure("lag p50 ms", format!("{:.1}", tally.lag_ms(50.0)))
         .figure("lag p99 ms", format!("{:.1}", tally.lag_ms(99.0)))
         .figure("lag max ms", format!("{:.1}", tally.lag_ms(100.0)))
+        .figure(
+            "seconds p99 > 100 ms",
+            format!(
+                "{}/{}",
+                tally.seconds_over(LAG_P99_BOUND_MS),
+                tally.seconds()
+            ),
+        )
+        .figure(
+            "per-second p99 p50/p90 ms",
+            format!(
+                "{:.1}/{:.1}",
+                tally.second_p99_ms(50.0),
+                tally.second_p99_ms(90.0)
+            ),
+        )
         .figure(
             "cpu %/replica",
             format!("{:.1}", 100.0 * cpu / REPLICAS as f64),

@@ -57,6 +57,10 @@ pub(crate) struct Tally {
     pub(crate) example: Option<String>,
     /// Start minus scheduled tick, in ms, sorted.
     lags_ms: Vec<f64>,
+    /// Each tick second's own lag p99, in ms, sorted: a window's p99 is its
+    /// worst 1 %, which one bad second can fill; these say how many seconds
+    /// were bad.
+    second_p99s_ms: Vec<f64>,
 }
 
 impl Tally {
@@ -77,14 +81,27 @@ impl Tally {
         let ticks = usize::try_from(end.saturating_sub(first)).unwrap_or(0);
         let mut per: HashMap<(usize, i64), Vec<usize>> = HashMap::new();
         let mut lags_ms = Vec::new();
+        let mut by_second: HashMap<i64, Vec<f64>> = HashMap::new();
         for r in runs.iter().filter(|r| in_window(&r.tick)) {
             per.entry((r.job, r.tick.timestamp_millis()))
                 .or_default()
                 .push(r.replica);
             let lag_us = (r.at - r.tick).num_microseconds().unwrap_or(i64::MAX);
             lags_ms.push(lag_us as f64 / 1000.0);
+            by_second
+                .entry(r.tick.timestamp_millis().div_euclid(1000))
+                .or_default()
+                .push(lag_us as f64 / 1000.0);
         }
         lags_ms.sort_by(f64::total_cmp);
+        let mut second_p99s_ms: Vec<f64> = by_second
+            .into_values()
+            .map(|mut lags| {
+                lags.sort_by(f64::total_cmp);
+                percentile(&lags, 99.0)
+            })
+            .collect();
+        second_p99s_ms.sort_by(f64::total_cmp);
         let mut outcomes: HashMap<(&str, i64), Vec<(usize, TickOutcome)>> = HashMap::new();
         for e in ended
             .iter()
@@ -128,17 +145,42 @@ impl Tally {
                 .count(),
             example,
             lags_ms,
+            second_p99s_ms,
         }
     }
 
     /// The `p`th percentile of the lag in ms (0 without runs).
     pub(crate) fn lag_ms(&self, p: f64) -> f64 {
-        let Some(last) = self.lags_ms.len().checked_sub(1) else {
-            return 0.0;
-        };
-        let rank = ((p / 100.0) * last as f64).round() as usize;
-        self.lags_ms.get(rank.min(last)).copied().unwrap_or(0.0)
+        percentile(&self.lags_ms, p)
     }
+
+    /// Tick seconds with at least one run in the window.
+    pub(crate) fn seconds(&self) -> usize {
+        self.second_p99s_ms.len()
+    }
+
+    /// Tick seconds whose own lag p99 exceeds `bound_ms`.
+    pub(crate) fn seconds_over(&self, bound_ms: f64) -> usize {
+        self.second_p99s_ms
+            .iter()
+            .filter(|p| **p > bound_ms)
+            .count()
+    }
+
+    /// The `p`th percentile, over the window's seconds, of each second's
+    /// lag p99 in ms (0 without runs).
+    pub(crate) fn second_p99_ms(&self, p: f64) -> f64 {
+        percentile(&self.second_p99s_ms, p)
+    }
+}
+
+/// The `p`th percentile of `sorted` (0 if empty), by nearest rank.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return 0.0;
+    };
+    let rank = ((p / 100.0) * last as f64).round() as usize;
+    sorted.get(rank.min(last)).copied().unwrap_or(0.0)
 }
 
 /// Passes tick-store calls through, counting them: they are backend round
