@@ -13,7 +13,7 @@ use super::{deadline_after, LeaseHandle, LeaseState};
 use crate::heartbeat::HeartbeatHandle;
 use crate::local::LocalClaim;
 use crate::options::{drift_for, MAX_TTL};
-use crate::{Error, LeaseStatus, LossReason, ReleaseOutcome, Result};
+use crate::{Error, LeaseStatus, LockBackend, LossReason, ReleaseOutcome, Result};
 
 /// Ownership of a held lock. Dropping it ends the lease for every handle at
 /// once, stops renewal and releases the lock in the background;
@@ -129,10 +129,7 @@ impl LockGuard {
         let outcome = match (&state.backend, state.check_valid(sent_at)) {
             (None, _) => state.finish(sent_at).map_err(|r| state.lost_error(r)),
             (Some(backend), Err(reason)) => {
-                if reason != LossReason::Stolen {
-                    // As in `release`: the key may outlive the local deadline.
-                    let _ = (**backend).release(&state.name, &state.owner).await;
-                }
+                release_lost_key(&**backend, &state, reason == LossReason::Stolen).await;
                 Err(state.lost_error(reason))
             }
             (Some(backend), Ok(())) => {
@@ -154,14 +151,7 @@ impl LockGuard {
                     }
                     Ok(status) => {
                         let lost = self.handle.lose_on(status);
-                        if status != LeaseStatus::Stolen {
-                            // As in `release`, and as a guard dropped after a
-                            // check that answered the same would: the key may
-                            // outlive what the backend answered (a reply from
-                            // a replica behind, a record lost in a failover),
-                            // and the release is owner-checked.
-                            let _ = (**backend).release(&state.name, &state.owner).await;
-                        }
+                        release_lost_key(&**backend, &state, status == LeaseStatus::Stolen).await;
                         Err(lost)
                     }
                     Err(e) => {
@@ -205,10 +195,7 @@ impl LockGuard {
         let outcome = match (&state.backend, state.finish(now)) {
             (None, done) => done.map_err(|r| state.lost_error(r)),
             (Some(backend), Err(reason)) => {
-                if reason != LossReason::Stolen {
-                    // Best effort: the key may outlive our local deadline.
-                    let _ = (**backend).release(&state.name, &state.owner).await;
-                }
+                release_lost_key(&**backend, state, reason == LossReason::Stolen).await;
                 Err(state.lost_error(reason))
             }
             (Some(backend), Ok(())) => match (**backend).release(&state.name, &state.owner).await {
@@ -226,6 +213,17 @@ impl LockGuard {
         self.finished = true;
         debug!(lock = %state.name, ok = outcome.is_ok(), "lock released");
         outcome
+    }
+}
+
+/// Frees the key of a lease that ended as lost, unless it was `stolen` (the
+/// key is someone else's then). Best effort and owner-checked: the key may
+/// outlive the local deadline, or what the backend answered (a reply from a
+/// replica behind, a record lost in a failover), and a guard dropped after a
+/// check that answered the same frees it too.
+async fn release_lost_key(backend: &dyn LockBackend, state: &LeaseState, stolen: bool) {
+    if !stolen {
+        let _ = backend.release(&state.name, &state.owner).await;
     }
 }
 
